@@ -1,0 +1,171 @@
+//! The device layer: the `DeviceBackend` trait every pool is written against, device properties,
+//! and the choice between the CUDA driver and the simulated device.
+
+pub mod cuda;
+pub mod sim;
+
+use crate::error::BackendError;
+use serde::Serialize;
+use std::fmt;
+use std::sync::Arc;
+
+/// A device virtual address, as the CUDA driver hands them out.
+pub type DevicePtr = u64;
+
+/// A stream handle: 0 is the device's default (legacy) stream; on CUDA other values are `CUstream`s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+/// Free and total bytes of one device, as `cuMemGetInfo` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct MemInfo {
+    pub free: u64,
+    pub total: u64,
+}
+
+impl MemInfo {
+    pub fn used(&self) -> u64 {
+        self.total.saturating_sub(self.free)
+    }
+}
+
+/// Which implementation sits behind a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Cuda,
+    Sim,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::Sim => "sim",
+        })
+    }
+}
+
+/// What a device is and can do: the fields `gpumem devices` prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceProperties {
+    pub index: usize,
+    pub name: String,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the form nvidia-smi and dcgm-exporter use.
+    pub uuid: String,
+    pub simulated: bool,
+    pub total_memory_bytes: u64,
+    pub compute_capability: (u32, u32),
+    pub multiprocessor_count: u32,
+    pub max_threads_per_block: u32,
+    pub max_threads_per_multiprocessor: u32,
+    pub shared_memory_per_block_bytes: u64,
+    pub memory_clock_khz: u32,
+    pub memory_bus_width_bits: u32,
+    pub total_constant_memory_bytes: u64,
+    pub unified_addressing: bool,
+    pub supports_fp16: bool,
+    pub supports_bf16: bool,
+    pub memory_pools_supported: bool,
+    pub virtual_memory_supported: bool,
+    pub allocation_granularity_bytes: u64,
+}
+
+/// One device driver as the pools see it. Every method names the device it acts on, so one
+/// backend serves all devices of a host; implementations make the device's context current
+/// themselves. The virtual-memory methods mirror `cuMemAddressReserve` / `cuMemCreate` +
+/// `cuMemMap` / `cuMemUnmap` + `cuMemRelease`, which let a pool grow and shrink in pages.
+pub trait DeviceBackend: Send + Sync + fmt::Debug {
+    fn kind(&self) -> BackendKind;
+    fn device_count(&self) -> usize;
+    fn properties(&self, device: usize) -> Result<DeviceProperties, BackendError>;
+    fn mem_info(&self, device: usize) -> Result<MemInfo, BackendError>;
+    /// Size, in bytes, of the pages `map` works in (2 MiB on current NVIDIA GPUs).
+    fn granularity(&self, device: usize) -> Result<u64, BackendError>;
+
+    /// Allocates `size` bytes straight from the driver (`cuMemAlloc`).
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
+    /// Returns memory from [`alloc`](Self::alloc) to the driver (`cuMemFree`).
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError>;
+
+    /// Reserves `size` bytes (a multiple of the granularity) of address space; no memory yet.
+    fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
+    /// Gives back an address range; everything in it must be unmapped first.
+    fn release_address_range(
+        &self,
+        device: usize,
+        base: DevicePtr,
+        size: u64,
+    ) -> Result<(), BackendError>;
+    /// Backs `[addr, addr + size)` — page aligned, inside a reserved range, not yet mapped —
+    /// with new physical memory readable and writable by the device.
+    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError>;
+    /// Unmaps pages mapped by [`map`](Self::map) and returns their physical memory.
+    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError>;
+
+    /// Waits until all work queued on `stream` has finished.
+    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError>;
+}
+
+/// The `--backend` choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// CUDA when the driver loads and reports a device, else the simulated device.
+    Auto,
+    /// The CUDA driver; an error when it is unavailable.
+    Cuda,
+    /// The simulated device.
+    Sim,
+}
+
+/// An opened backend and a sentence saying why it was chosen (the first log line).
+pub struct OpenedBackend {
+    pub backend: Arc<dyn DeviceBackend>,
+    pub reason: String,
+}
+
+/// Opens the backend the user asked for. `auto` falls back to the simulated device when the
+/// CUDA driver is missing, broken or has no devices; `cuda` turns that into an error.
+pub fn open_backend(
+    choice: BackendChoice,
+    sim: sim::SimConfig,
+) -> Result<OpenedBackend, BackendError> {
+    match choice {
+        BackendChoice::Sim => Ok(OpenedBackend {
+            backend: Arc::new(sim::SimBackend::new(sim)),
+            reason: "backend sim: simulated device requested with --backend sim".to_string(),
+        }),
+        BackendChoice::Cuda => {
+            let backend = cuda::CudaBackend::open()?;
+            let reason = format!(
+                "backend cuda: CUDA driver loaded with {} device(s)",
+                backend.device_count()
+            );
+            Ok(OpenedBackend {
+                backend: Arc::new(backend),
+                reason,
+            })
+        }
+        BackendChoice::Auto => match cuda::CudaBackend::open() {
+            Ok(backend) => {
+                let reason = format!(
+                    "backend cuda: auto picked the CUDA driver, which reports {} device(s)",
+                    backend.device_count()
+                );
+                Ok(OpenedBackend {
+                    backend: Arc::new(backend),
+                    reason,
+                })
+            }
+            Err(why) => Ok(OpenedBackend {
+                backend: Arc::new(sim::SimBackend::new(sim)),
+                reason: format!("backend sim: auto fell back to the simulated device because {why}"),
+            }),
+        },
+    }
+}

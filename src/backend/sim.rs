@@ -1,0 +1,402 @@
+//! The simulated device: capacity, 2 MiB granularity, address ranges and page mapping like the
+//! CUDA driver, memory used by other processes, and faults injected on demand — so the pools run
+//! the same code on a laptop or in CI as on a GPU.
+
+use super::{
+    BackendKind, DeviceBackend, DevicePtr, DeviceProperties, MemInfo, StreamId,
+};
+use crate::error::BackendError;
+use crate::units::{align_up, GIB, MIB};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Address space each simulated device hands out (16 TiB), far more than any pool reserves.
+const ADDRESS_SPACE_PER_DEVICE: u64 = 1 << 44;
+/// Where device 0's addresses start; like the driver's, they are never 0.
+const ADDRESS_BASE: u64 = 0x7000_0000_0000;
+
+/// One simulated device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimDeviceSpec {
+    pub name: String,
+    pub total_bytes: u64,
+    /// Memory taken by other processes (and the driver), never available to us.
+    pub used_by_others: u64,
+}
+
+impl Default for SimDeviceSpec {
+    fn default() -> Self {
+        SimDeviceSpec {
+            name: "Simulated H100".to_string(),
+            total_bytes: 80 * GIB,
+            used_by_others: 0,
+        }
+    }
+}
+
+/// The simulated host: its devices and the page size they allocate in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    pub devices: Vec<SimDeviceSpec>,
+    pub granularity: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            devices: vec![SimDeviceSpec::default()],
+            granularity: 2 * MIB,
+        }
+    }
+}
+
+/// Faults to inject; shared, so a test can arm them while pools are running.
+#[derive(Debug, Default)]
+pub struct SimFaults {
+    /// Fail the k-th call that takes memory (`alloc` or `map`, counted from 1); 0 = never.
+    fail_alloc_call: AtomicU64,
+    /// Every `alloc` and `map` call so far, on all devices.
+    alloc_calls: AtomicU64,
+    fail_frees: AtomicBool,
+    fail_mem_info: AtomicBool,
+}
+
+impl SimFaults {
+    /// Makes the `k`-th memory-taking call from now fail (1 = the next one).
+    pub fn fail_nth_alloc_from_now(&self, k: u64) {
+        let done = self.alloc_calls.load(Ordering::SeqCst);
+        self.fail_alloc_call.store(done + k, Ordering::SeqCst);
+    }
+    pub fn set_fail_frees(&self, on: bool) {
+        self.fail_frees.store(on, Ordering::SeqCst);
+    }
+    pub fn set_fail_mem_info(&self, on: bool) {
+        self.fail_mem_info.store(on, Ordering::SeqCst);
+    }
+    pub fn clear(&self) {
+        self.fail_alloc_call.store(0, Ordering::SeqCst);
+        self.set_fail_frees(false);
+        self.set_fail_mem_info(false);
+    }
+
+    fn on_alloc_call(&self) -> Result<(), BackendError> {
+        let call = self.alloc_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_alloc_call.load(Ordering::SeqCst) == call {
+            return Err(BackendError::Injected("allocation call failed"));
+        }
+        Ok(())
+    }
+}
+
+/// First-fit allocator over a device's address space, so addresses are unique while live and
+/// reused after release, as the driver's are.
+#[derive(Debug)]
+struct AddressSpace {
+    free: BTreeMap<u64, u64>,
+}
+
+impl AddressSpace {
+    fn new(base: u64, size: u64) -> Self {
+        AddressSpace {
+            free: BTreeMap::from([(base, size)]),
+        }
+    }
+
+    fn take(&mut self, size: u64) -> Option<u64> {
+        let (&start, &len) = self.free.iter().find(|(_, &len)| len >= size)?;
+        self.free.remove(&start);
+        if len > size {
+            self.free.insert(start + size, len - size);
+        }
+        Some(start)
+    }
+
+    fn give_back(&mut self, mut start: u64, mut size: u64) {
+        if let Some((&prev, &prev_len)) = self.free.range(..start).next_back() {
+            if prev + prev_len == start {
+                self.free.remove(&prev);
+                start = prev;
+                size += prev_len;
+            }
+        }
+        if let Some(next_len) = self.free.remove(&(start + size)) {
+            size += next_len;
+        }
+        self.free.insert(start, size);
+    }
+}
+
+#[derive(Debug)]
+struct SimDevice {
+    spec: SimDeviceSpec,
+    /// Physical bytes held by this process: direct allocations plus mapped pages.
+    used: u64,
+    direct: HashMap<DevicePtr, u64>,
+    reserved: BTreeMap<DevicePtr, u64>,
+    mapped: HashSet<DevicePtr>,
+    addresses: AddressSpace,
+}
+
+impl SimDevice {
+    fn free_bytes(&self) -> u64 {
+        self.spec
+            .total_bytes
+            .saturating_sub(self.spec.used_by_others)
+            .saturating_sub(self.used)
+    }
+
+    fn take_physical(&mut self, device: usize, size: u64) -> Result<(), BackendError> {
+        let free = self.free_bytes();
+        if size > free {
+            return Err(BackendError::OutOfMemory {
+                device,
+                requested: size,
+                free,
+            });
+        }
+        self.used += size;
+        Ok(())
+    }
+
+    fn inside_reservation(&self, addr: u64, size: u64) -> bool {
+        self.reserved
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, &len)| addr + size <= base + len)
+    }
+}
+
+/// A host of simulated devices. Cheap to share: pools hold it behind an `Arc`.
+#[derive(Debug)]
+pub struct SimBackend {
+    granularity: u64,
+    devices: Vec<Mutex<SimDevice>>,
+    faults: Arc<SimFaults>,
+}
+
+impl SimBackend {
+    pub fn new(config: SimConfig) -> Self {
+        let devices = config
+            .devices
+            .into_iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let base = ADDRESS_BASE + index as u64 * ADDRESS_SPACE_PER_DEVICE;
+                Mutex::new(SimDevice {
+                    spec,
+                    used: 0,
+                    direct: HashMap::new(),
+                    reserved: BTreeMap::new(),
+                    mapped: HashSet::new(),
+                    addresses: AddressSpace::new(base, ADDRESS_SPACE_PER_DEVICE),
+                })
+            })
+            .collect();
+        SimBackend {
+            granularity: config.granularity,
+            devices,
+            faults: Arc::new(SimFaults::default()),
+        }
+    }
+
+    /// The fault switches, for tests and the demo.
+    pub fn faults(&self) -> Arc<SimFaults> {
+        Arc::clone(&self.faults)
+    }
+
+    /// Changes how much memory other processes hold, as when a neighbour loads a model.
+    pub fn set_used_by_others(&self, device: usize, bytes: u64) -> Result<(), BackendError> {
+        self.device(device)?.lock().spec.used_by_others = bytes;
+        Ok(())
+    }
+
+    fn device(&self, device: usize) -> Result<&Mutex<SimDevice>, BackendError> {
+        self.devices.get(device).ok_or(BackendError::InvalidDevice {
+            requested: device,
+            count: self.devices.len(),
+        })
+    }
+
+    fn check_pages(&self, call: &'static str, addr: u64, size: u64) -> Result<(), BackendError> {
+        if size == 0 || addr % self.granularity != 0 || size % self.granularity != 0 {
+            return Err(BackendError::InvalidArgument {
+                call,
+                reason: format!(
+                    "address {addr:#x} and size {size} must be non-zero multiples of the {} byte granularity",
+                    self.granularity
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn pages(&self, addr: u64, size: u64) -> impl Iterator<Item = u64> {
+        (addr..addr + size).step_by(self.granularity as usize)
+    }
+}
+
+impl DeviceBackend for SimBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sim
+    }
+
+    fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn properties(&self, device: usize) -> Result<DeviceProperties, BackendError> {
+        let spec = self.device(device)?.lock().spec.clone();
+        Ok(DeviceProperties {
+            index: device,
+            name: spec.name,
+            uuid: format!("GPU-5157a000-0000-4000-8000-{device:012x}"),
+            simulated: true,
+            total_memory_bytes: spec.total_bytes,
+            compute_capability: (9, 0),
+            multiprocessor_count: 132,
+            max_threads_per_block: 1024,
+            max_threads_per_multiprocessor: 2048,
+            shared_memory_per_block_bytes: 48 * 1024,
+            memory_clock_khz: 2_619_000,
+            memory_bus_width_bits: 5120,
+            total_constant_memory_bytes: 64 * 1024,
+            unified_addressing: true,
+            supports_fp16: true,
+            supports_bf16: true,
+            memory_pools_supported: true,
+            virtual_memory_supported: true,
+            allocation_granularity_bytes: self.granularity,
+        })
+    }
+
+    fn mem_info(&self, device: usize) -> Result<MemInfo, BackendError> {
+        let state = self.device(device)?.lock();
+        if self.faults.fail_mem_info.load(Ordering::SeqCst) {
+            return Err(BackendError::Injected("mem_info failed"));
+        }
+        Ok(MemInfo {
+            free: state.free_bytes(),
+            total: state.spec.total_bytes,
+        })
+    }
+
+    fn granularity(&self, device: usize) -> Result<u64, BackendError> {
+        self.device(device)?;
+        Ok(self.granularity)
+    }
+
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        let mut state = self.device(device)?.lock();
+        if size == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "alloc",
+                reason: "size is zero".to_string(),
+            });
+        }
+        self.faults.on_alloc_call()?;
+        let rounded = align_up(size, self.granularity);
+        state.take_physical(device, rounded)?;
+        let Some(ptr) = state.addresses.take(rounded) else {
+            state.used -= rounded;
+            return Err(BackendError::OutOfMemory {
+                device,
+                requested: size,
+                free: 0,
+            });
+        };
+        state.direct.insert(ptr, rounded);
+        Ok(ptr)
+    }
+
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        if self.faults.fail_frees.load(Ordering::SeqCst) {
+            return Err(BackendError::Injected("free failed"));
+        }
+        let size = state
+            .direct
+            .remove(&ptr)
+            .ok_or(BackendError::InvalidAddress { device, ptr })?;
+        state.used -= size;
+        state.addresses.give_back(ptr, size);
+        Ok(())
+    }
+
+    fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        let mut state = self.device(device)?.lock();
+        self.check_pages("reserve_address_range", 0, size)?;
+        let base = state
+            .addresses
+            .take(size)
+            .ok_or(BackendError::InvalidArgument {
+                call: "reserve_address_range",
+                reason: format!("no {size} byte range of address space is left"),
+            })?;
+        state.reserved.insert(base, size);
+        Ok(base)
+    }
+
+    fn release_address_range(
+        &self,
+        device: usize,
+        base: DevicePtr,
+        size: u64,
+    ) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        if state.reserved.get(&base) != Some(&size) {
+            return Err(BackendError::InvalidAddress { device, ptr: base });
+        }
+        if self.pages(base, size).any(|page| state.mapped.contains(&page)) {
+            return Err(BackendError::InvalidArgument {
+                call: "release_address_range",
+                reason: "pages in the range are still mapped".to_string(),
+            });
+        }
+        state.reserved.remove(&base);
+        state.addresses.give_back(base, size);
+        Ok(())
+    }
+
+    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        self.check_pages("map", addr, size)?;
+        if !state.inside_reservation(addr, size) {
+            return Err(BackendError::InvalidAddress { device, ptr: addr });
+        }
+        if self.pages(addr, size).any(|page| state.mapped.contains(&page)) {
+            return Err(BackendError::InvalidArgument {
+                call: "map",
+                reason: format!("a page in {addr:#x}+{size} is already mapped"),
+            });
+        }
+        self.faults.on_alloc_call()?;
+        state.take_physical(device, size)?;
+        for page in self.pages(addr, size) {
+            state.mapped.insert(page);
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        self.check_pages("unmap", addr, size)?;
+        if let Some(page) = self.pages(addr, size).find(|p| !state.mapped.contains(p)) {
+            return Err(BackendError::InvalidAddress { device, ptr: page });
+        }
+        if self.faults.fail_frees.load(Ordering::SeqCst) {
+            return Err(BackendError::Injected("unmap failed"));
+        }
+        for page in self.pages(addr, size) {
+            state.mapped.remove(&page);
+        }
+        state.used -= size;
+        Ok(())
+    }
+
+    fn synchronize_stream(&self, device: usize, _stream: StreamId) -> Result<(), BackendError> {
+        // Simulated work completes as it is queued, so there is never anything to wait for.
+        self.device(device).map(|_| ())
+    }
+}

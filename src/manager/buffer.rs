@@ -1,0 +1,124 @@
+//! What an allocation returns: `DeviceBuffer`, which gives its memory back when dropped, and the
+//! options an allocation takes.
+
+use super::tag::Tag;
+use crate::backend::{DevicePtr, StreamId};
+use crate::error::BackendError;
+use crate::pool::{DirectPool, Pool, PoolKind};
+use std::fmt;
+use std::sync::Arc;
+
+/// Options for [`MemoryManager::alloc`](super::MemoryManager::alloc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocOptions {
+    /// Alignment of the device pointer: a power of two up to the 2 MiB page (default 256).
+    pub alignment: u64,
+    pub tag: Option<Tag>,
+    /// The stream that will use the buffer; its memory is reused at once on the same stream.
+    pub stream: StreamId,
+}
+
+impl Default for AllocOptions {
+    fn default() -> Self {
+        AllocOptions {
+            alignment: 256,
+            tag: None,
+            stream: StreamId::DEFAULT,
+        }
+    }
+}
+
+impl AllocOptions {
+    pub fn tagged(tag: Tag) -> Self {
+        AllocOptions {
+            tag: Some(tag),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_alignment(mut self, alignment: u64) -> Self {
+        self.alignment = alignment;
+        self
+    }
+
+    pub fn on_stream(mut self, stream: StreamId) -> Self {
+        self.stream = stream;
+        self
+    }
+}
+
+pub(crate) enum Origin {
+    Pooled {
+        pool: Arc<Pool>,
+        kind: PoolKind,
+        block: u32,
+    },
+    Direct(Arc<DirectPool>),
+}
+
+/// Device memory owned by the caller; freed when dropped (or by [`free`](Self::free), which
+/// reports a driver error instead of logging it).
+pub struct DeviceBuffer {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: u64,
+    pub(crate) device: usize,
+    pub(crate) tag: Option<Tag>,
+    pub(crate) stream: StreamId,
+    pub(crate) origin: Option<Origin>,
+}
+
+impl DeviceBuffer {
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// The size that was requested (the block behind it may be slightly larger).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    pub fn tag(&self) -> Option<Tag> {
+        self.tag
+    }
+
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Frees now. The memory is reusable at once on the buffer's stream.
+    pub fn free(mut self) -> Result<(), BackendError> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), BackendError> {
+        match self.origin.take() {
+            Some(Origin::Pooled { pool, kind, block }) => pool.free(kind, block),
+            Some(Origin::Direct(pool)) => pool.free(self.ptr),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            // Nothing to return an error to; the pool counted it in its driver errors.
+            tracing::warn!(device = self.device, ptr = self.ptr, %error, "freeing a device buffer failed");
+        }
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .field("tag", &self.tag)
+            .finish()
+    }
+}

@@ -1,0 +1,71 @@
+//! How a `MemoryManager` allocates: strategy, sharding, caching and limits.
+
+use crate::pool::PoolSettings;
+use crate::units::MIB;
+use serde::Serialize;
+use std::time::Duration;
+
+/// Pooled (the caching allocator) or direct (every request to the driver: the baseline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Caching arenas over the driver's virtual memory API.
+    Pooled,
+    /// No pooling: `cuMemAlloc`/`cuMemFree` for every request.
+    Direct,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManagerConfig {
+    pub strategy: Strategy,
+    /// Backend device indices to manage; `None` manages every device.
+    pub devices: Option<Vec<usize>>,
+    /// Independent pools per device and stream, picked by thread, so threads rarely share a
+    /// lock. 0 picks one per core, at most 8.
+    pub shards: usize,
+    /// Requests up to this size are served from the small pool.
+    pub small_max_bytes: u64,
+    /// Idle pages each pool keeps mapped for reuse (the rest go back to the driver at once).
+    pub idle_pages_kept: usize,
+    /// `maintain()` returns pages idle for longer than this to the driver; `None` keeps them.
+    pub release_idle_after: Option<Duration>,
+    /// Cap on the bytes all pools of one device may hold from the driver.
+    pub max_pool_bytes: Option<u64>,
+    /// Record each allocation's creation time (for leak ages); ids, sizes and tags are always kept.
+    pub track_allocations: bool,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            strategy: Strategy::Pooled,
+            devices: None,
+            shards: 0,
+            small_max_bytes: MIB,
+            idle_pages_kept: 16,
+            release_idle_after: Some(Duration::from_secs(60)),
+            max_pool_bytes: None,
+            track_allocations: true,
+        }
+    }
+}
+
+impl ManagerConfig {
+    pub(crate) fn shard_count(&self) -> usize {
+        if self.shards > 0 {
+            return self.shards;
+        }
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8)
+    }
+
+    pub(crate) fn pool_settings(&self, device_total: u64) -> PoolSettings {
+        PoolSettings {
+            small_max: self.small_max_bytes,
+            idle_pages_kept: self.idle_pages_kept,
+            span: device_total,
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! `MemoryManager`: the public allocator. Routes each request to the pool of its device,
+//! stream and thread shard, turns driver refusals into errors a caller can act on (releasing
+//! cached memory and retrying once first), and gives cached memory back on request.
+
+mod buffer;
+pub mod config;
+mod tag;
+pub mod views;
+
+pub use buffer::{AllocOptions, DeviceBuffer};
+pub use config::{ManagerConfig, Strategy};
+pub use tag::Tag;
+
+use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
+use crate::error::{AllocError, BackendError};
+use crate::pool::{
+    ArenaError, DeviceReserve, DirectPool, LiveInfo, Pool, PoolSettings, MIN_BLOCK,
+};
+use crate::units::align_up;
+use buffer::Origin;
+use parking_lot::RwLock;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Each thread gets a small number once: it picks the thread's shard and prefixes its
+/// allocation ids, so neither needs a shared counter on the hot path.
+static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_SLOT: usize = NEXT_THREAD_SLOT.fetch_add(1, Relaxed);
+    static NEXT_LOCAL_ID: Cell<u64> = const { Cell::new(0) };
+}
+
+fn next_allocation_id() -> (usize, u64) {
+    let slot = THREAD_SLOT.with(|s| *s);
+    let local = NEXT_LOCAL_ID.with(|n| {
+        let id = n.get();
+        n.set(id + 1);
+        id
+    });
+    (slot, ((slot as u64) << 40) | local)
+}
+
+/// Counters of one device kept outside the pools.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceEvents {
+    pub ooms: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+/// Everything the manager keeps for one device.
+pub(crate) struct ManagedDevice {
+    pub index: usize,
+    pub properties: DeviceProperties,
+    pub page_size: u64,
+    settings: PoolSettings,
+    default_stream: Box<[Arc<Pool>]>,
+    other_streams: RwLock<HashMap<StreamId, Arc<[Arc<Pool>]>>>,
+    pub direct: Arc<DirectPool>,
+    pub reserve: Arc<DeviceReserve>,
+    pub events: DeviceEvents,
+}
+
+impl ManagedDevice {
+    fn shards(&self, backend: &Arc<dyn DeviceBackend>, stream: StreamId, count: usize) -> Vec<Arc<Pool>> {
+        (0..count)
+            .map(|_| {
+                Arc::new(Pool::new(
+                    Arc::clone(backend),
+                    self.index,
+                    stream,
+                    self.settings,
+                    Arc::clone(&self.reserve),
+                ))
+            })
+            .collect()
+    }
+
+    /// Every pool of the device, default stream first.
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        let mut pools: Vec<Arc<Pool>> = self.default_stream.to_vec();
+        let others = self.other_streams.read();
+        let mut streams: Vec<_> = others.keys().copied().collect();
+        streams.sort();
+        for stream in streams {
+            pools.extend(others[&stream].iter().cloned());
+        }
+        pools
+    }
+}
+
+/// The GPU memory manager. Cheap to clone (shared inside); `Send + Sync`.
+#[derive(Clone)]
+pub struct MemoryManager {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub backend: Arc<dyn DeviceBackend>,
+    pub config: ManagerConfig,
+    pub epoch: Instant,
+    pub devices: Vec<ManagedDevice>,
+    /// Backend device index -> position in `devices`.
+    slot_of: Vec<Option<usize>>,
+    shard_count: usize,
+}
+
+impl MemoryManager {
+    /// A manager for the configured devices of `backend`. Nothing is allocated yet.
+    pub fn new(backend: Arc<dyn DeviceBackend>, config: ManagerConfig) -> Result<Self, BackendError> {
+        let count = backend.device_count();
+        let indices: Vec<usize> = match &config.devices {
+            Some(list) => list.clone(),
+            None => (0..count).collect(),
+        };
+        let shard_count = config.shard_count();
+        let mut slot_of = vec![None; count];
+        let mut devices = Vec::with_capacity(indices.len());
+        for index in indices {
+            let properties = backend.properties(index)?;
+            let page_size = backend.granularity(index)?;
+            let settings = config.pool_settings(align_up(properties.total_memory_bytes, page_size));
+            let reserve = Arc::new(DeviceReserve::default());
+            let direct = Arc::new(DirectPool::new(Arc::clone(&backend), index, Arc::clone(&reserve))?);
+            let mut device = ManagedDevice {
+                index,
+                properties,
+                page_size,
+                settings,
+                default_stream: Box::new([]),
+                other_streams: RwLock::new(HashMap::new()),
+                direct,
+                reserve,
+                events: DeviceEvents::default(),
+            };
+            device.default_stream = device
+                .shards(&backend, StreamId::DEFAULT, shard_count)
+                .into_boxed_slice();
+            slot_of[index] = Some(devices.len());
+            devices.push(device);
+        }
+        Ok(MemoryManager {
+            shared: Arc::new(Shared {
+                backend,
+                config,
+                epoch: Instant::now(),
+                devices,
+                slot_of,
+                shard_count,
+            }),
+        })
+    }
+
+    pub fn backend(&self) -> &Arc<dyn DeviceBackend> {
+        &self.shared.backend
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.shared.config
+    }
+
+    /// Backend indices of the managed devices.
+    pub fn device_indices(&self) -> Vec<usize> {
+        self.shared.devices.iter().map(|d| d.index).collect()
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub(crate) fn device(&self, device: usize) -> Result<&ManagedDevice, BackendError> {
+        self.shared
+            .slot_of
+            .get(device)
+            .copied()
+            .flatten()
+            .map(|slot| &self.shared.devices[slot])
+            .ok_or(BackendError::InvalidDevice {
+                requested: device,
+                count: self.shared.backend.device_count(),
+            })
+    }
+
+    /// Allocates `size` bytes on `device`.
+    pub fn alloc(
+        &self,
+        device: usize,
+        size: u64,
+        options: &AllocOptions,
+    ) -> Result<DeviceBuffer, AllocError> {
+        if size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        let managed = self.device(device)?;
+        let align = options.alignment;
+        if !align.is_power_of_two() || align > managed.page_size {
+            return Err(AllocError::InvalidAlignment(align));
+        }
+        let total = managed.properties.total_memory_bytes;
+        if size > total {
+            return Err(AllocError::TooLarge {
+                device,
+                requested: size,
+                total,
+            });
+        }
+        let (thread_slot, id) = next_allocation_id();
+        let live = LiveInfo {
+            id,
+            requested: size,
+            created_ns: if self.shared.config.track_allocations {
+                self.shared.epoch.elapsed().as_nanos() as u64
+            } else {
+                0
+            },
+            tag: options.tag.map_or(tag::UNTAGGED, Tag::id),
+        };
+        let block_size = align_up(size, MIN_BLOCK);
+        let (ptr, origin) = match self.shared.config.strategy {
+            config::Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
+            config::Strategy::Pooled => {
+                let pool = self.pool_for(managed, options.stream, thread_slot);
+                self.alloc_pooled(managed, pool, block_size, align, live)?
+            }
+        };
+        Ok(DeviceBuffer {
+            ptr,
+            size,
+            device,
+            tag: options.tag,
+            stream: options.stream,
+            origin: Some(origin),
+        })
+    }
+
+    fn pool_for(&self, managed: &ManagedDevice, stream: StreamId, thread_slot: usize) -> Arc<Pool> {
+        let shard = thread_slot % self.shared.shard_count;
+        if stream == StreamId::DEFAULT {
+            return Arc::clone(&managed.default_stream[shard]);
+        }
+        if let Some(pools) = managed.other_streams.read().get(&stream) {
+            return Arc::clone(&pools[shard]);
+        }
+        let mut streams = managed.other_streams.write();
+        let pools = streams.entry(stream).or_insert_with(|| {
+            managed
+                .shards(&self.shared.backend, stream, self.shared.shard_count)
+                .into()
+        });
+        Arc::clone(&pools[shard])
+    }
+
+    fn alloc_pooled(
+        &self,
+        managed: &ManagedDevice,
+        pool: Arc<Pool>,
+        size: u64,
+        align: u64,
+        live: LiveInfo,
+    ) -> Result<(u64, Origin), AllocError> {
+        let kind = pool.kind_for(size);
+        let limit = self.shared.config.max_pool_bytes;
+        let may_map = |bytes: u64| {
+            limit.is_none_or(|cap| managed.reserve.reserved_bytes.load(Relaxed) + bytes <= cap)
+        };
+        let first = pool.alloc(kind, size, align, live, may_map);
+        let outcome = match first {
+            Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) => {
+                // Cached pages of every pool on the device may be what stands in the way.
+                managed.events.retries.fetch_add(1, Relaxed);
+                self.release_cached_on(managed, |_, _| true);
+                pool.alloc(kind, size, align, live, may_map)
+            }
+            other => other,
+        };
+        match outcome {
+            Ok(placed) => Ok((
+                placed.ptr,
+                Origin::Pooled {
+                    pool,
+                    kind,
+                    block: placed.block,
+                },
+            )),
+            Err(error) => Err(self.explain_failure(managed, live.requested, error)),
+        }
+    }
+
+    fn alloc_direct(
+        &self,
+        managed: &ManagedDevice,
+        size: u64,
+        live: LiveInfo,
+    ) -> Result<(u64, Origin), AllocError> {
+        match managed.direct.alloc(size, live) {
+            Ok(ptr) => Ok((ptr, Origin::Direct(Arc::clone(&managed.direct)))),
+            Err(error) => Err(self.explain_failure(managed, live.requested, ArenaError::Backend(error))),
+        }
+    }
+
+    fn explain_failure(&self, managed: &ManagedDevice, requested: u64, error: ArenaError) -> AllocError {
+        let reserved = managed.reserve.reserved_bytes.load(Relaxed);
+        let out_of_memory = |managed: &ManagedDevice| {
+            managed.events.ooms.fetch_add(1, Relaxed);
+            let info = self.shared.backend.mem_info(managed.index).ok();
+            AllocError::OutOfMemory {
+                device: managed.index,
+                requested,
+                device_free: info.map_or(0, |i| i.free),
+                device_total: info.map_or(managed.properties.total_memory_bytes, |i| i.total),
+                reserved,
+                in_use: self.in_use_bytes(managed),
+            }
+        };
+        match error {
+            ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::AddressSpaceFull => {
+                out_of_memory(managed)
+            }
+            ArenaError::OverLimit => {
+                managed.events.ooms.fetch_add(1, Relaxed);
+                AllocError::PoolLimit {
+                    device: managed.index,
+                    requested,
+                    in_use: reserved,
+                    limit: self.shared.config.max_pool_bytes.unwrap_or(0),
+                }
+            }
+            ArenaError::Backend(other) => AllocError::Backend(other),
+        }
+    }
+
+    fn in_use_bytes(&self, managed: &ManagedDevice) -> u64 {
+        let pooled: u64 = managed
+            .pools()
+            .iter()
+            .map(|p| {
+                p.slot(crate::pool::PoolKind::Small).counters.read().in_use_bytes
+                    + p.slot(crate::pool::PoolKind::Large).counters.read().in_use_bytes
+            })
+            .sum();
+        pooled + managed.direct.counters.read().in_use_bytes
+    }
+
+    /// Frees a buffer now (the same as dropping it, but reports a driver error).
+    pub fn free(&self, buffer: DeviceBuffer) -> Result<(), BackendError> {
+        buffer.free()
+    }
+
+    /// Unmaps idle pages on one device while `keep_going(bytes_so_far, idle_since)`; returns bytes.
+    fn release_cached_on(
+        &self,
+        managed: &ManagedDevice,
+        mut keep_going: impl FnMut(u64, Instant) -> bool,
+    ) -> u64 {
+        let mut released = 0;
+        for pool in managed.pools() {
+            let before = released;
+            match pool.release_idle(|bytes, since| keep_going(before + bytes, since)) {
+                Ok(bytes) => released += bytes,
+                Err(error) => {
+                    tracing::warn!(device = managed.index, %error, "could not return cached memory to the driver")
+                }
+            }
+        }
+        released
+    }
+
+    /// Returns cached memory to the driver until the pools of every device together hold at
+    /// most `target_bytes` (or nothing cached is left). Returns the bytes released.
+    pub fn trim(&self, target_bytes: u64) -> u64 {
+        let mut released = 0;
+        for managed in &self.shared.devices {
+            let held: u64 = self.reserved_bytes();
+            if held <= target_bytes {
+                break;
+            }
+            let excess = held - target_bytes;
+            released += self.release_cached_on(managed, |bytes, _| bytes < excess);
+        }
+        released
+    }
+
+    /// Returns every cached page to the driver; live buffers are untouched.
+    pub fn empty_cache(&self) -> u64 {
+        self.shared
+            .devices
+            .iter()
+            .map(|managed| self.release_cached_on(managed, |_, _| true))
+            .sum()
+    }
+
+    /// Periodic upkeep: returns pages idle for longer than `release_idle_after`.
+    pub fn maintain(&self) -> u64 {
+        let Some(age) = self.shared.config.release_idle_after else {
+            return 0;
+        };
+        self.release_idle_older_than(age)
+    }
+
+    pub fn release_idle_older_than(&self, age: Duration) -> u64 {
+        let now = Instant::now();
+        self.shared
+            .devices
+            .iter()
+            .map(|managed| {
+                self.release_cached_on(managed, |_, since| now.saturating_duration_since(since) >= age)
+            })
+            .sum()
+    }
+
+    /// Bytes held from the driver by all pools of all devices.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.shared
+            .devices
+            .iter()
+            .map(|d| d.reserve.reserved_bytes.load(Relaxed))
+            .sum()
+    }
+
+    /// Restarts every peak from the current values.
+    pub fn reset_peaks(&self) {
+        for managed in &self.shared.devices {
+            for pool in managed.pools() {
+                pool.reset_peaks();
+            }
+            managed.direct.counters.reset_peaks();
+            managed.reserve.reset_peak();
+        }
+    }
+}

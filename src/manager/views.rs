@@ -1,0 +1,162 @@
+//! Read-only views of a manager for stats and snapshots: per device and per pool counters
+//! (lock-free reads of atomics) and the live allocations with their ages (walks each arena).
+
+use super::{ManagedDevice, MemoryManager, Tag};
+use crate::error::BackendError;
+use crate::pool::{CounterValues, LiveInfo, PoolKind};
+use serde::Serialize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// One kind of pool on one device, all streams and shards added up.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolView {
+    pub device: usize,
+    pub pool: PoolKind,
+    #[serde(flatten)]
+    pub counters: CounterValues,
+    /// Reserved bytes not handed out: `reserved - in_use`.
+    pub cached_free_bytes: u64,
+    /// The largest block that could be handed out without calling the driver.
+    pub largest_cached_free_block_bytes: u64,
+    /// `1 - largest_cached_free_block / cached_free` (0 when nothing is cached).
+    pub fragmentation_ratio: f64,
+    pub idle_pages: u64,
+}
+
+/// Totals of one device.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceStats {
+    pub device: usize,
+    #[serde(flatten)]
+    pub counters: CounterValues,
+    pub ooms: u64,
+    pub oom_retries: u64,
+}
+
+/// A live allocation, for the leak tracker.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveAllocation {
+    pub id: u64,
+    pub device: usize,
+    pub ptr: u64,
+    pub requested_bytes: u64,
+    pub block_bytes: u64,
+    pub tag: Option<String>,
+    pub pool: PoolKind,
+    /// Zero when allocation tracking is off.
+    pub age: Duration,
+}
+
+pub fn fragmentation(largest_free_block: u64, cached_free: u64) -> f64 {
+    if cached_free == 0 {
+        0.0
+    } else {
+        1.0 - largest_free_block.min(cached_free) as f64 / cached_free as f64
+    }
+}
+
+impl MemoryManager {
+    /// Totals for `device`, read lock-free. The reserved peak is exact; the other peaks are
+    /// exact while one pool is active and otherwise the sum of each pool's own peak.
+    pub fn device_stats(&self, device: usize) -> Result<DeviceStats, BackendError> {
+        let managed = self.device(device)?;
+        let mut counters = CounterValues::default();
+        for pool in managed.pools() {
+            for kind in [PoolKind::Small, PoolKind::Large] {
+                counters.add(&pool.slot(kind).counters.read());
+            }
+        }
+        counters.add(&managed.direct.counters.read());
+        counters.reserved_bytes = managed.reserve.reserved_bytes.load(Relaxed);
+        counters.peak_reserved_bytes = managed.reserve.peak_reserved_bytes.load(Relaxed);
+        Ok(DeviceStats {
+            device,
+            counters,
+            ooms: managed.events.ooms.load(Relaxed),
+            oom_retries: managed.events.retries.load(Relaxed),
+        })
+    }
+
+    /// Per device and pool kind; walks the arenas, so call it at snapshot time, not per request.
+    pub fn pool_views(&self) -> Vec<PoolView> {
+        let mut views = Vec::new();
+        for managed in &self.shared().devices {
+            views.extend(self.pool_views_of(managed));
+        }
+        views
+    }
+
+    fn pool_views_of(&self, managed: &ManagedDevice) -> Vec<PoolView> {
+        let pools = managed.pools();
+        let mut views = Vec::new();
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            let mut counters = CounterValues::default();
+            let (mut largest, mut idle) = (0, 0);
+            for pool in &pools {
+                counters.add(&pool.slot(kind).counters.read());
+                let arena = pool.arena_view(kind);
+                largest = largest.max(arena.largest_cached_free_block);
+                idle += arena.idle_pages;
+            }
+            views.push(pool_view(managed.index, kind, counters, largest, idle));
+        }
+        let direct = managed.direct.counters.read();
+        if direct.requests > 0 {
+            views.push(pool_view(managed.index, PoolKind::Direct, direct, 0, 0));
+        }
+        views
+    }
+
+    /// Every live allocation with its age, oldest first.
+    pub fn live_allocations(&self) -> Vec<LiveAllocation> {
+        let now_ns = self.shared().epoch.elapsed().as_nanos() as u64;
+        let tracking = self.shared().config.track_allocations;
+        let mut live = Vec::new();
+        let record = |device: usize, pool: PoolKind, ptr: u64, size: u64, info: LiveInfo| LiveAllocation {
+            id: info.id,
+            device,
+            ptr,
+            requested_bytes: info.requested,
+            block_bytes: size,
+            tag: Tag::from_id(info.tag).map(Tag::name),
+            pool,
+            age: if tracking {
+                Duration::from_nanos(now_ns.saturating_sub(info.created_ns))
+            } else {
+                Duration::ZERO
+            },
+        };
+        for managed in &self.shared().devices {
+            for pool in managed.pools() {
+                pool.for_each_live(|kind, ptr, size, info| {
+                    live.push(record(managed.index, kind, ptr, size, info))
+                });
+            }
+            managed.direct.for_each_live(|ptr, size, info| {
+                live.push(record(managed.index, PoolKind::Direct, ptr, size, info))
+            });
+        }
+        live.sort_by(|a, b| b.age.cmp(&a.age).then(a.id.cmp(&b.id)));
+        live
+    }
+}
+
+fn pool_view(
+    device: usize,
+    pool: PoolKind,
+    counters: CounterValues,
+    largest: u64,
+    idle_pages: u64,
+) -> PoolView {
+    let cached_free = counters.reserved_bytes.saturating_sub(counters.in_use_bytes);
+    PoolView {
+        device,
+        pool,
+        counters,
+        cached_free_bytes: cached_free,
+        largest_cached_free_block_bytes: largest.min(cached_free),
+        fragmentation_ratio: fragmentation(largest, cached_free),
+        idle_pages,
+    }
+}

@@ -1,0 +1,270 @@
+//! One arena: a reserved range of device address space, a TLSF index of its blocks, and the
+//! pages the driver has backed. Blocks live anywhere in the range; a page is mapped while a
+//! live block touches it, and kept for reuse (idle) or unmapped when it is not.
+
+use super::pages::{runs_of, PageRun, PageTable};
+use super::tlsf::{BlockState, LiveInfo, Tlsf};
+use crate::backend::{DeviceBackend, DevicePtr, StreamId};
+use crate::error::BackendError;
+use std::time::Instant;
+
+/// Why an arena could not place a block.
+#[derive(Debug)]
+pub enum ArenaError {
+    /// The arena's address range has no hole large enough (as good as out of memory).
+    AddressSpaceFull,
+    /// Mapping the block's pages would pass the pool's size cap.
+    OverLimit,
+    /// The driver refused to map the block's pages.
+    Backend(BackendError),
+}
+
+/// A block handed out by [`Arena::alloc`].
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    pub block: u32,
+    pub ptr: DevicePtr,
+    /// Bytes of pages mapped for this block (0 on a pool hit).
+    pub mapped_bytes: u64,
+    pub map_calls: u64,
+}
+
+/// Pages given back to the driver.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Released {
+    pub bytes: u64,
+    pub calls: u64,
+}
+
+pub struct Arena {
+    device: usize,
+    stream: StreamId,
+    base: DevicePtr,
+    span: u64,
+    page_size: u64,
+    page_shift: u32,
+    tlsf: Tlsf,
+    pages: PageTable,
+    runs: Vec<PageRun>,
+}
+
+impl Arena {
+    /// Reserves `span` bytes of address space on `device` (no memory is mapped yet).
+    pub fn new(
+        backend: &dyn DeviceBackend,
+        device: usize,
+        stream: StreamId,
+        span: u64,
+    ) -> Result<Self, BackendError> {
+        let page_size = backend.granularity(device)?;
+        if !page_size.is_power_of_two() {
+            return Err(BackendError::InvalidArgument {
+                call: "granularity",
+                reason: format!("page size {page_size} is not a power of two"),
+            });
+        }
+        let span = crate::units::align_up(span, page_size);
+        let base = backend.reserve_address_range(device, span)?;
+        Ok(Arena {
+            device,
+            stream,
+            base,
+            span,
+            page_size,
+            page_shift: page_size.trailing_zeros(),
+            tlsf: Tlsf::new(span),
+            pages: PageTable::default(),
+            runs: Vec::new(),
+        })
+    }
+
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    pub fn reserved_bytes(&self) -> u64 {
+        self.pages.mapped_pages() as u64 * self.page_size
+    }
+
+    pub fn idle_pages(&self) -> usize {
+        self.pages.idle_pages()
+    }
+
+    #[inline]
+    fn page_span(&self, offset: u64, size: u64) -> (u32, u32) {
+        let first = (offset >> self.page_shift) as u32;
+        let last = ((offset + size - 1) >> self.page_shift) as u32;
+        (first, last)
+    }
+
+    /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
+    /// `may_map(bytes)` is asked before any page is mapped, to enforce the pool's cap.
+    #[inline]
+    pub fn alloc(
+        &mut self,
+        backend: &dyn DeviceBackend,
+        size: u64,
+        align: u64,
+        live: LiveInfo,
+        may_map: impl FnOnce(u64) -> bool,
+    ) -> Result<Placed, ArenaError> {
+        let block = self
+            .tlsf
+            .alloc(size, align, live)
+            .ok_or(ArenaError::AddressSpaceFull)?;
+        let offset = self.tlsf.block(block).offset;
+        let (first, last) = self.page_span(offset, size);
+        self.runs.clear();
+        self.pages.unmapped_runs(first, last, &mut self.runs);
+        let mut mapped = Released::default();
+        if !self.runs.is_empty() {
+            let wanted: u64 = self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
+            let outcome = if may_map(wanted) {
+                self.map_runs(backend)
+            } else {
+                Err(ArenaError::OverLimit)
+            };
+            match outcome {
+                Ok(done) => mapped = done,
+                Err(error) => {
+                    self.tlsf.free(block);
+                    return Err(error);
+                }
+            }
+        }
+        self.pages.acquire(first, last);
+        Ok(Placed {
+            block,
+            ptr: self.base + offset,
+            mapped_bytes: mapped.bytes,
+            map_calls: mapped.calls,
+        })
+    }
+
+    /// Maps every run in `self.runs`; on failure unmaps what this call mapped.
+    fn map_runs(&mut self, backend: &dyn DeviceBackend) -> Result<Released, ArenaError> {
+        let now = Instant::now();
+        let mut done = Released::default();
+        for index in 0..self.runs.len() {
+            let run = self.runs[index];
+            let (addr, bytes) = self.run_range(run);
+            if let Err(error) = backend.map(self.device, addr, bytes) {
+                for earlier in &self.runs[..index] {
+                    let (addr, bytes) = self.run_range(*earlier);
+                    // The pages were mapped a moment ago and nothing uses them; if the driver
+                    // cannot unmap them now, they stay mapped and are released with the arena.
+                    if backend.unmap(self.device, addr, bytes).is_err() {
+                        self.pages.mark_mapped(*earlier, now);
+                    }
+                }
+                return Err(ArenaError::Backend(error));
+            }
+            done.bytes += bytes;
+            done.calls += 1;
+        }
+        for index in 0..self.runs.len() {
+            self.pages.mark_mapped(self.runs[index], now);
+        }
+        Ok(done)
+    }
+
+    fn run_range(&self, run: PageRun) -> (DevicePtr, u64) {
+        (
+            self.base + ((run.first as u64) << self.page_shift),
+            (run.count as u64) << self.page_shift,
+        )
+    }
+
+    /// Frees a block handed out by [`alloc`](Self::alloc); returns its size and live info.
+    #[inline]
+    pub fn free(&mut self, block: u32, now: impl FnOnce() -> Instant) -> (u64, LiveInfo) {
+        let (offset, size, live) = {
+            let b = self.tlsf.block(block);
+            debug_assert_eq!(b.state, BlockState::Used);
+            (b.offset, b.size, b.live)
+        };
+        let (first, last) = self.page_span(offset, size);
+        self.pages.release(first, last, now);
+        self.tlsf.free(block);
+        (size, live)
+    }
+
+    /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so.
+    /// Waits for the arena's stream first: its queued work may still touch the pages.
+    pub fn release_idle(
+        &mut self,
+        backend: &dyn DeviceBackend,
+        keep_going: impl FnMut(usize, Instant) -> bool,
+    ) -> Result<Released, BackendError> {
+        let pages = self.pages.take_idle(keep_going);
+        if pages.is_empty() {
+            return Ok(Released::default());
+        }
+        if let Err(error) = backend.synchronize_stream(self.device, self.stream) {
+            self.pages.restore_idle(&pages, Instant::now());
+            return Err(error);
+        }
+        let mut released = Released::default();
+        let runs = runs_of(pages);
+        for (index, run) in runs.iter().enumerate() {
+            let (addr, bytes) = self.run_range(*run);
+            if let Err(error) = backend.unmap(self.device, addr, bytes) {
+                let now = Instant::now();
+                for left in &runs[index..] {
+                    let pages: Vec<u32> = (left.first..left.first + left.count).collect();
+                    self.pages.restore_idle(&pages, now);
+                }
+                return Err(error);
+            }
+            released.bytes += bytes;
+            released.calls += 1;
+        }
+        Ok(released)
+    }
+
+    /// Live blocks: (device pointer, block size, live info).
+    pub fn live_blocks(&self) -> impl Iterator<Item = (DevicePtr, u64, LiveInfo)> + '_ {
+        self.tlsf
+            .blocks()
+            .filter(|b| b.state == BlockState::Used)
+            .map(|b| (self.base + b.offset, b.size, b.live))
+    }
+
+    /// The largest run of free bytes lying entirely in mapped pages: what could be handed out
+    /// right now without asking the driver.
+    pub fn largest_cached_free_block(&self) -> u64 {
+        let mut largest = 0;
+        for block in self.tlsf.blocks().filter(|b| b.state == BlockState::Free) {
+            let end = block.offset + block.size;
+            let mut start = block.offset;
+            while start < end {
+                let page = (start >> self.page_shift) as u32;
+                let page_end = ((page as u64 + 1) << self.page_shift).min(end);
+                if self.pages.is_mapped(page) {
+                    let run_start = start;
+                    let mut run_end = page_end;
+                    while run_end < end && self.pages.is_mapped((run_end >> self.page_shift) as u32)
+                    {
+                        run_end = (run_end + self.page_size).min(end);
+                    }
+                    largest = largest.max(run_end - run_start);
+                    start = run_end;
+                } else {
+                    start = page_end;
+                }
+            }
+        }
+        largest
+    }
+
+    /// Unmaps everything and gives the address range back. Live blocks must be gone.
+    pub fn destroy(mut self, backend: &dyn DeviceBackend) -> Result<Released, BackendError> {
+        let released = self.release_idle(backend, |_, _| true)?;
+        backend.release_address_range(self.device, self.base, self.span)?;
+        Ok(released)
+    }
+
+    pub fn live_block_count(&self) -> usize {
+        self.tlsf.used_blocks()
+    }
+}

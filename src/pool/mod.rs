@@ -1,0 +1,298 @@
+//! Allocator pools, written once over [`DeviceBackend`]: a [`Pool`] holds the arenas of one
+//! device, stream and shard (small requests and large ones apart, as their lifetimes differ),
+//! and [`DirectPool`] sends every request to the driver (the no-pool baseline).
+
+pub mod arena;
+pub mod direct;
+pub mod pages;
+pub mod stats;
+pub mod tlsf;
+
+pub use arena::{ArenaError, Placed, Released};
+pub use direct::DirectPool;
+pub use stats::{CounterValues, PoolCounters};
+pub use tlsf::{LiveInfo, MIN_BLOCK};
+
+use crate::backend::{DeviceBackend, DevicePtr, StreamId};
+use crate::error::BackendError;
+use arena::Arena;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bytes held from the driver by all pools of one device, with its exact peak. Changed only
+/// when the driver is called (the miss path), so sharing it across threads costs nothing hot.
+#[derive(Debug, Default)]
+pub struct DeviceReserve {
+    pub reserved_bytes: AtomicU64,
+    pub peak_reserved_bytes: AtomicU64,
+}
+
+impl DeviceReserve {
+    pub fn grow(&self, bytes: u64) {
+        let now = self.reserved_bytes.fetch_add(bytes, Relaxed) + bytes;
+        self.peak_reserved_bytes.fetch_max(now, Relaxed);
+    }
+
+    pub fn shrink(&self, bytes: u64) {
+        self.reserved_bytes.fetch_sub(bytes, Relaxed);
+    }
+
+    pub fn reset_peak(&self) {
+        self.peak_reserved_bytes
+            .store(self.reserved_bytes.load(Relaxed), Relaxed);
+    }
+}
+
+/// Which pool a request is served from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolKind {
+    /// Requests up to `small_max` bytes (1 MiB by default).
+    Small,
+    /// Everything larger.
+    Large,
+    /// Straight to the driver, no caching.
+    Direct,
+}
+
+impl PoolKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Small => "small",
+            PoolKind::Large => "large",
+            PoolKind::Direct => "direct",
+        }
+    }
+}
+
+/// Sizing and caching policy of the pooled strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Largest request served by the small pool.
+    pub small_max: u64,
+    /// Idle pages a pool keeps mapped for reuse before it unmaps the oldest.
+    pub idle_pages_kept: usize,
+    /// Address space each arena reserves (device memory, so an arena never runs out first).
+    pub span: u64,
+}
+
+/// One arena and its counters.
+pub struct ArenaSlot {
+    arena: Mutex<Option<Arena>>,
+    pub counters: PoolCounters,
+}
+
+impl ArenaSlot {
+    fn new() -> Self {
+        ArenaSlot {
+            arena: Mutex::new(None),
+            counters: PoolCounters::default(),
+        }
+    }
+}
+
+/// The pools of one device, stream and shard.
+pub struct Pool {
+    backend: Arc<dyn DeviceBackend>,
+    pub device: usize,
+    pub stream: StreamId,
+    settings: PoolSettings,
+    reserve: Arc<DeviceReserve>,
+    small: ArenaSlot,
+    large: ArenaSlot,
+}
+
+/// Per-arena figures computed at snapshot time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ArenaView {
+    pub largest_cached_free_block: u64,
+    pub idle_pages: u64,
+}
+
+impl Pool {
+    pub fn new(
+        backend: Arc<dyn DeviceBackend>,
+        device: usize,
+        stream: StreamId,
+        settings: PoolSettings,
+        reserve: Arc<DeviceReserve>,
+    ) -> Self {
+        Pool {
+            backend,
+            device,
+            stream,
+            settings,
+            reserve,
+            small: ArenaSlot::new(),
+            large: ArenaSlot::new(),
+        }
+    }
+
+    #[inline]
+    pub fn kind_for(&self, size: u64) -> PoolKind {
+        if size <= self.settings.small_max {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+
+    pub fn slot(&self, kind: PoolKind) -> &ArenaSlot {
+        match kind {
+            PoolKind::Small | PoolKind::Direct => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    /// Places a block of `size` bytes (a multiple of 512) for a request of `live.requested`.
+    #[inline]
+    pub fn alloc(
+        &self,
+        kind: PoolKind,
+        size: u64,
+        align: u64,
+        live: LiveInfo,
+        may_map: impl FnOnce(u64) -> bool,
+    ) -> Result<Placed, ArenaError> {
+        let slot = self.slot(kind);
+        let mut guard = slot.arena.lock();
+        let arena = match guard.as_mut() {
+            Some(arena) => arena,
+            None => {
+                let arena = Arena::new(&*self.backend, self.device, self.stream, self.settings.span)
+                    .map_err(ArenaError::Backend)?;
+                guard.insert(arena)
+            }
+        };
+        match arena.alloc(&*self.backend, size, align, live, may_map) {
+            Ok(placed) => {
+                if placed.map_calls > 0 {
+                    slot.counters.on_reserve(placed.mapped_bytes, placed.map_calls);
+                    self.reserve.grow(placed.mapped_bytes);
+                }
+                slot.counters
+                    .on_alloc(live.requested, size, placed.map_calls == 0);
+                Ok(placed)
+            }
+            Err(error) => {
+                slot.counters.on_failed_request();
+                if matches!(error, ArenaError::Backend(_)) {
+                    slot.counters.on_driver_error();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Frees a block; unmaps the oldest idle pages beyond the configured cache.
+    #[inline]
+    pub fn free(&self, kind: PoolKind, block: u32) -> Result<(), BackendError> {
+        let slot = self.slot(kind);
+        let mut guard = slot.arena.lock();
+        let Some(arena) = guard.as_mut() else {
+            return Ok(());
+        };
+        let (size, live) = arena.free(block, Instant::now);
+        slot.counters.on_free(live.requested, size);
+        let kept = self.settings.idle_pages_kept;
+        if arena.idle_pages() > kept {
+            let excess = arena.idle_pages() - kept;
+            let released = arena.release_idle(&*self.backend, |taken, _| taken < excess);
+            self.account_release(slot, released)?;
+        }
+        Ok(())
+    }
+
+    fn account_release(
+        &self,
+        slot: &ArenaSlot,
+        released: Result<Released, BackendError>,
+    ) -> Result<Released, BackendError> {
+        match released {
+            Ok(released) => {
+                slot.counters.on_release(released.bytes, released.calls);
+                self.reserve.shrink(released.bytes);
+                Ok(released)
+            }
+            Err(error) => {
+                slot.counters.on_driver_error();
+                Err(error)
+            }
+        }
+    }
+
+    /// Unmaps idle pages of both arenas, oldest first, while `keep_going(bytes_released_so_far,
+    /// idle_since)` says so.
+    pub fn release_idle(
+        &self,
+        mut keep_going: impl FnMut(u64, Instant) -> bool,
+    ) -> Result<u64, BackendError> {
+        let mut total = 0;
+        for slot in [&self.small, &self.large] {
+            let mut guard = slot.arena.lock();
+            let Some(arena) = guard.as_mut() else {
+                continue;
+            };
+            let page = arena.page_size();
+            let before = total;
+            let released = arena.release_idle(&*self.backend, |taken, since| {
+                keep_going(before + taken as u64 * page, since)
+            });
+            total += self.account_release(slot, released)?.bytes;
+        }
+        Ok(total)
+    }
+
+    /// Live blocks of both arenas as (kind, pointer, block size, info), under each arena's lock.
+    pub fn for_each_live(&self, mut visit: impl FnMut(PoolKind, DevicePtr, u64, LiveInfo)) {
+        for (kind, slot) in [(PoolKind::Small, &self.small), (PoolKind::Large, &self.large)] {
+            if let Some(arena) = slot.arena.lock().as_ref() {
+                for (ptr, size, live) in arena.live_blocks() {
+                    visit(kind, ptr, size, live);
+                }
+            }
+        }
+    }
+
+    /// Figures that need a walk over the arena (snapshot time only).
+    pub fn arena_view(&self, kind: PoolKind) -> ArenaView {
+        match self.slot(kind).arena.lock().as_ref() {
+            Some(arena) => ArenaView {
+                largest_cached_free_block: arena.largest_cached_free_block(),
+                idle_pages: arena.idle_pages() as u64,
+            },
+            None => ArenaView::default(),
+        }
+    }
+
+    pub fn reset_peaks(&self) {
+        for slot in [&self.small, &self.large] {
+            let _guard = slot.arena.lock();
+            slot.counters.reset_peaks();
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for slot in [&self.small, &self.large] {
+            let Some(arena) = slot.arena.lock().take() else {
+                continue;
+            };
+            let live = arena.live_block_count();
+            if live > 0 {
+                // Buffers hold the pool alive, so this only happens if one was leaked with
+                // mem::forget: keep the address range rather than free memory still in use.
+                tracing::warn!(device = self.device, live, "pool dropped with live blocks; leaving its memory mapped");
+                std::mem::forget(arena);
+                continue;
+            }
+            if let Err(error) = arena.destroy(&*self.backend) {
+                tracing::warn!(device = self.device, %error, "could not release a pool's memory on shutdown");
+            }
+        }
+    }
+}

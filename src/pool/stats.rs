@@ -1,0 +1,167 @@
+//! Per-pool counters: written only by the holder of the pool's lock (plain relaxed loads and
+//! stores, no read-modify-write), read lock-free by snapshots.
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Debug, Default)]
+pub struct PoolCounters {
+    pub requested_bytes: AtomicU64,
+    pub in_use_bytes: AtomicU64,
+    pub reserved_bytes: AtomicU64,
+    pub peak_requested_bytes: AtomicU64,
+    pub peak_in_use_bytes: AtomicU64,
+    pub peak_reserved_bytes: AtomicU64,
+    pub live_allocations: AtomicU64,
+    pub allocations: AtomicU64,
+    pub frees: AtomicU64,
+    /// Allocation requests that reached this pool.
+    pub requests: AtomicU64,
+    /// Requests served without a driver call.
+    pub hits: AtomicU64,
+    pub driver_allocs: AtomicU64,
+    pub driver_frees: AtomicU64,
+    pub driver_errors: AtomicU64,
+}
+
+#[inline]
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.store(counter.load(Relaxed) + by, Relaxed);
+}
+
+#[inline]
+fn drop_by(counter: &AtomicU64, by: u64) {
+    counter.store(counter.load(Relaxed).saturating_sub(by), Relaxed);
+}
+
+#[inline]
+fn raise_peak(peak: &AtomicU64, value: u64) {
+    if value > peak.load(Relaxed) {
+        peak.store(value, Relaxed);
+    }
+}
+
+impl PoolCounters {
+    /// A request was served: `size` bytes of blocks holding `requested` bytes.
+    #[inline]
+    pub fn on_alloc(&self, requested: u64, size: u64, hit: bool) {
+        bump(&self.requests, 1);
+        bump(&self.allocations, 1);
+        bump(&self.live_allocations, 1);
+        if hit {
+            bump(&self.hits, 1);
+        }
+        bump(&self.requested_bytes, requested);
+        bump(&self.in_use_bytes, size);
+        raise_peak(&self.peak_requested_bytes, self.requested_bytes.load(Relaxed));
+        raise_peak(&self.peak_in_use_bytes, self.in_use_bytes.load(Relaxed));
+    }
+
+    /// A request failed after reaching the pool.
+    pub fn on_failed_request(&self) {
+        bump(&self.requests, 1);
+    }
+
+    #[inline]
+    pub fn on_free(&self, requested: u64, size: u64) {
+        bump(&self.frees, 1);
+        drop_by(&self.live_allocations, 1);
+        drop_by(&self.requested_bytes, requested);
+        drop_by(&self.in_use_bytes, size);
+    }
+
+    /// The driver gave the pool `bytes` more in `calls` calls.
+    pub fn on_reserve(&self, bytes: u64, calls: u64) {
+        bump(&self.driver_allocs, calls);
+        bump(&self.reserved_bytes, bytes);
+        raise_peak(&self.peak_reserved_bytes, self.reserved_bytes.load(Relaxed));
+    }
+
+    /// The pool returned `bytes` to the driver in `calls` calls.
+    pub fn on_release(&self, bytes: u64, calls: u64) {
+        bump(&self.driver_frees, calls);
+        drop_by(&self.reserved_bytes, bytes);
+    }
+
+    pub fn on_driver_error(&self) {
+        bump(&self.driver_errors, 1);
+    }
+
+    /// Peaks restart from the current values (call with the pool's lock held).
+    pub fn reset_peaks(&self) {
+        for (peak, current) in [
+            (&self.peak_requested_bytes, &self.requested_bytes),
+            (&self.peak_in_use_bytes, &self.in_use_bytes),
+            (&self.peak_reserved_bytes, &self.reserved_bytes),
+        ] {
+            peak.store(current.load(Relaxed), Relaxed);
+        }
+    }
+
+    pub fn read(&self) -> CounterValues {
+        CounterValues {
+            requested_bytes: self.requested_bytes.load(Relaxed),
+            in_use_bytes: self.in_use_bytes.load(Relaxed),
+            reserved_bytes: self.reserved_bytes.load(Relaxed),
+            peak_requested_bytes: self.peak_requested_bytes.load(Relaxed),
+            peak_in_use_bytes: self.peak_in_use_bytes.load(Relaxed),
+            peak_reserved_bytes: self.peak_reserved_bytes.load(Relaxed),
+            live_allocations: self.live_allocations.load(Relaxed),
+            allocations: self.allocations.load(Relaxed),
+            frees: self.frees.load(Relaxed),
+            requests: self.requests.load(Relaxed),
+            hits: self.hits.load(Relaxed),
+            driver_allocs: self.driver_allocs.load(Relaxed),
+            driver_frees: self.driver_frees.load(Relaxed),
+            driver_errors: self.driver_errors.load(Relaxed),
+        }
+    }
+}
+
+/// A plain copy of [`PoolCounters`] at one instant; adds up across pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CounterValues {
+    pub requested_bytes: u64,
+    pub in_use_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_requested_bytes: u64,
+    pub peak_in_use_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub live_allocations: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub requests: u64,
+    pub hits: u64,
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    pub driver_errors: u64,
+}
+
+impl CounterValues {
+    /// Sums counters; peaks add up too, which is exact when one pool was active and an upper
+    /// bound otherwise (pools peak at different moments).
+    pub fn add(&mut self, other: &CounterValues) {
+        self.requested_bytes += other.requested_bytes;
+        self.in_use_bytes += other.in_use_bytes;
+        self.reserved_bytes += other.reserved_bytes;
+        self.peak_requested_bytes += other.peak_requested_bytes;
+        self.peak_in_use_bytes += other.peak_in_use_bytes;
+        self.peak_reserved_bytes += other.peak_reserved_bytes;
+        self.live_allocations += other.live_allocations;
+        self.allocations += other.allocations;
+        self.frees += other.frees;
+        self.requests += other.requests;
+        self.hits += other.hits;
+        self.driver_allocs += other.driver_allocs;
+        self.driver_frees += other.driver_frees;
+        self.driver_errors += other.driver_errors;
+    }
+
+    pub fn hit_ratio(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.requests as f64
+        }
+    }
+}
