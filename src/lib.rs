@@ -2,12 +2,14 @@
 //! and the observability around it (sampler, Prometheus endpoint, status page, sidecar).
 
 pub mod backend;
+pub mod cli;
 pub mod error;
 pub mod plot;
 pub mod trace;
 pub mod units;
 pub mod pool;
 pub mod manager;
+pub mod replay;
 
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};

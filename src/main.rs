@@ -1,3 +1,5 @@
-//! The `gpumem` binary: parses the command line and hands over to `gpumem::cli`.
+//! The `gpumem` binary: everything lives in `gpumem::cli`; this only sets the exit code.
 
-fn main() {}
+fn main() {
+    std::process::exit(gpumem::cli::run());
+}

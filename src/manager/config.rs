@@ -25,8 +25,10 @@ pub struct ManagerConfig {
     pub shards: usize,
     /// Requests up to this size are served from the small pool.
     pub small_max_bytes: u64,
-    /// Idle pages each pool keeps mapped for reuse (the rest go back to the driver at once).
+    /// Idle pages each pool keeps mapped for reuse (the rest go back to the driver at once)...
     pub idle_pages_kept: usize,
+    /// ...or this many per 1024 mapped pages, whichever is more.
+    pub idle_per_mille: usize,
     /// `maintain()` returns pages idle for longer than this to the driver; `None` keeps them.
     pub release_idle_after: Option<Duration>,
     /// Cap on the bytes all pools of one device may hold from the driver.
@@ -43,6 +45,7 @@ impl Default for ManagerConfig {
             shards: 0,
             small_max_bytes: MIB,
             idle_pages_kept: 16,
+            idle_per_mille: 64,
             release_idle_after: Some(Duration::from_secs(60)),
             max_pool_bytes: None,
             track_allocations: true,
@@ -65,6 +68,7 @@ impl ManagerConfig {
         PoolSettings {
             small_max: self.small_max_bytes,
             idle_pages_kept: self.idle_pages_kept,
+            idle_per_mille: self.idle_per_mille,
             span: device_total,
         }
     }

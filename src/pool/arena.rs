@@ -86,6 +86,10 @@ impl Arena {
         self.pages.mapped_pages() as u64 * self.page_size
     }
 
+    pub fn mapped_pages(&self) -> usize {
+        self.pages.mapped_pages()
+    }
+
     pub fn idle_pages(&self) -> usize {
         self.pages.idle_pages()
     }

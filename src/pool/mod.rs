@@ -73,8 +73,11 @@ impl PoolKind {
 pub struct PoolSettings {
     /// Largest request served by the small pool.
     pub small_max: u64,
-    /// Idle pages a pool keeps mapped for reuse before it unmaps the oldest.
+    /// Idle pages a pool keeps mapped for reuse before it unmaps the oldest, at least...
     pub idle_pages_kept: usize,
+    /// ...or this many per 1024 mapped pages, whichever is more: a cache that grows with the
+    /// pool, so large pools call the driver less without small ones holding much idle memory.
+    pub idle_per_mille: usize,
     /// Address space each arena reserves (device memory, so an arena never runs out first).
     pub span: u64,
 }
@@ -197,7 +200,10 @@ impl Pool {
         };
         let (size, live) = arena.free(block, Instant::now);
         slot.counters.on_free(live.requested, size);
-        let kept = self.settings.idle_pages_kept;
+        let kept = self
+            .settings
+            .idle_pages_kept
+            .max(arena.mapped_pages() * self.settings.idle_per_mille / 1024);
         if arena.idle_pages() > kept {
             let excess = arena.idle_pages() - kept;
             let released = arena.release_idle(&*self.backend, |taken, _| taken < excess);

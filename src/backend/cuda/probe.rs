@@ -91,10 +91,16 @@ pub(super) fn probe() -> Result<Driver, BackendError> {
 
 /// Loads the first candidate that loads, exactly as cudarc's `culib()` chooses.
 fn load_library() -> Result<(libloading::Library, String), BackendError> {
-    let candidates: Vec<String> = LIBRARY_STEMS
+    let mut candidates: Vec<String> = Vec::new();
+    for candidate in LIBRARY_STEMS
         .iter()
         .flat_map(|stem| cudarc::get_lib_name_candidates(stem))
-        .collect();
+    {
+        // cudarc's list repeats some names; trying one twice changes nothing, so skip repeats.
+        if !candidates.contains(&candidate) {
+            candidates.push(candidate);
+        }
+    }
     for candidate in &candidates {
         // SAFETY: loading runs the library's initialisers. These are the names cudarc loads the
         // NVIDIA driver by, so this is the code cudarc would run anyway; we call nothing through
