@@ -26,7 +26,9 @@ pub enum BackendError {
         message: String,
     },
 
-    #[error("device {device}: address {ptr:#x} is not a live allocation (unknown or already freed)")]
+    #[error(
+        "device {device}: address {ptr:#x} is not a live allocation (unknown or already freed)"
+    )]
     InvalidAddress { device: usize, ptr: u64 },
 
     #[error("invalid argument to {call}: {reason}")]

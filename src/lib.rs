@@ -4,12 +4,12 @@
 pub mod backend;
 pub mod cli;
 pub mod error;
+pub mod manager;
 pub mod plot;
+pub mod pool;
+pub mod replay;
 pub mod trace;
 pub mod units;
-pub mod pool;
-pub mod manager;
-pub mod replay;
 
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};

@@ -118,7 +118,9 @@ pub fn replay(
             peak_reserved as f64 / peak_requested as f64
         },
         driver_allocs: counters.driver_allocs,
-        driver_frees: after.as_ref().map_or(counters.driver_frees, |s| s.counters.driver_frees),
+        driver_frees: after
+            .as_ref()
+            .map_or(counters.driver_frees, |s| s.counters.driver_frees),
         pool_hit_ratio: counters.hit_ratio(),
         ns_per_op: if total == 0 {
             0.0

@@ -16,7 +16,9 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
     if number.is_empty() {
-        return Err(format!("'{text}' is not a byte size (expected e.g. 4096, 512MiB, 2G)"));
+        return Err(format!(
+            "'{text}' is not a byte size (expected e.g. 4096, 512MiB, 2G)"
+        ));
     }
     let multiplier = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
@@ -90,9 +92,13 @@ mod tests {
     fn rejects_garbage_negative_and_unknown_units() {
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("-5").is_err());
-        assert!(parse_bytes("12 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("12 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_bytes("1..2G").is_err());
-        assert!(parse_bytes("99999999999T").unwrap_err().contains("too large"));
+        assert!(parse_bytes("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]

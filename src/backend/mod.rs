@@ -164,7 +164,9 @@ pub fn open_backend(
             }
             Err(why) => Ok(OpenedBackend {
                 backend: Arc::new(sim::SimBackend::new(sim)),
-                reason: format!("backend sim: auto fell back to the simulated device because {why}"),
+                reason: format!(
+                    "backend sim: auto fell back to the simulated device because {why}"
+                ),
             }),
         },
     }

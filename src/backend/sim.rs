@@ -2,9 +2,7 @@
 //! CUDA driver, memory used by other processes, and faults injected on demand — so the pools run
 //! the same code on a laptop or in CI as on a GPU.
 
-use super::{
-    BackendKind, DeviceBackend, DevicePtr, DeviceProperties, MemInfo, StreamId,
-};
+use super::{BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, StreamId};
 use crate::error::BackendError;
 use crate::units::{align_up, GIB, MIB};
 use parking_lot::Mutex;
@@ -12,10 +10,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Address space each simulated device hands out (16 TiB), far more than any pool reserves.
-const ADDRESS_SPACE_PER_DEVICE: u64 = 1 << 44;
+/// Address space each simulated device hands out (64 TiB), far more than its pools reserve.
+const ADDRESS_SPACE_PER_DEVICE: u64 = 1 << 46;
 /// Where device 0's addresses start; like the driver's, they are never 0.
-const ADDRESS_BASE: u64 = 0x7000_0000_0000;
+const ADDRESS_BASE: u64 = 1 << 46;
 
 /// One simulated device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -348,7 +346,10 @@ impl DeviceBackend for SimBackend {
         if state.reserved.get(&base) != Some(&size) {
             return Err(BackendError::InvalidAddress { device, ptr: base });
         }
-        if self.pages(base, size).any(|page| state.mapped.contains(&page)) {
+        if self
+            .pages(base, size)
+            .any(|page| state.mapped.contains(&page))
+        {
             return Err(BackendError::InvalidArgument {
                 call: "release_address_range",
                 reason: "pages in the range are still mapped".to_string(),
@@ -365,7 +366,10 @@ impl DeviceBackend for SimBackend {
         if !state.inside_reservation(addr, size) {
             return Err(BackendError::InvalidAddress { device, ptr: addr });
         }
-        if self.pages(addr, size).any(|page| state.mapped.contains(&page)) {
+        if self
+            .pages(addr, size)
+            .any(|page| state.mapped.contains(&page))
+        {
             return Err(BackendError::InvalidArgument {
                 call: "map",
                 reason: format!("a page in {addr:#x}+{size} is already mapped"),

@@ -102,15 +102,49 @@ fn render_table(reports: &[DeviceReport]) -> String {
         let p = &r.properties;
         out.push_str(&format!("\nGPU {} details\n", p.index));
         let rows = [
-            ("threads per block / per SM", format!("{} / {}", p.max_threads_per_block, p.max_threads_per_multiprocessor)),
-            ("shared memory per block", Bytes(p.shared_memory_per_block_bytes).to_string()),
-            ("constant memory", Bytes(p.total_constant_memory_bytes).to_string()),
-            ("memory clock / bus width", format!("{} MHz / {} bit", p.memory_clock_khz / 1000, p.memory_bus_width_bits)),
-            ("unified addressing", yes_no(p.unified_addressing).to_string()),
-            ("fp16 / bf16", format!("{} / {}", yes_no(p.supports_fp16), yes_no(p.supports_bf16))),
-            ("stream-ordered memory pools", yes_no(p.memory_pools_supported).to_string()),
-            ("virtual memory management", yes_no(p.virtual_memory_supported).to_string()),
-            ("allocation granularity", Bytes(p.allocation_granularity_bytes).to_string()),
+            (
+                "threads per block / per SM",
+                format!(
+                    "{} / {}",
+                    p.max_threads_per_block, p.max_threads_per_multiprocessor
+                ),
+            ),
+            (
+                "shared memory per block",
+                Bytes(p.shared_memory_per_block_bytes).to_string(),
+            ),
+            (
+                "constant memory",
+                Bytes(p.total_constant_memory_bytes).to_string(),
+            ),
+            (
+                "memory clock / bus width",
+                format!(
+                    "{} MHz / {} bit",
+                    p.memory_clock_khz / 1000,
+                    p.memory_bus_width_bits
+                ),
+            ),
+            (
+                "unified addressing",
+                yes_no(p.unified_addressing).to_string(),
+            ),
+            (
+                "fp16 / bf16",
+                format!("{} / {}", yes_no(p.supports_fp16), yes_no(p.supports_bf16)),
+            ),
+            (
+                "stream-ordered memory pools",
+                yes_no(p.memory_pools_supported).to_string(),
+            ),
+            (
+                "virtual memory management",
+                yes_no(p.virtual_memory_supported).to_string(),
+            ),
+            (
+                "allocation granularity",
+                Bytes(p.allocation_granularity_bytes).to_string(),
+            ),
         ];
         for (label, value) in rows {
             out.push_str(&format!("  {label:<30} {value}\n"));

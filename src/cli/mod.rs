@@ -66,7 +66,13 @@ enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     /// Which device driver: auto (CUDA if a GPU is usable, else simulated), cuda, or sim.
-    #[arg(long, env = "GPUMEM_BACKEND", value_enum, default_value = "auto", global = true)]
+    #[arg(
+        long,
+        env = "GPUMEM_BACKEND",
+        value_enum,
+        default_value = "auto",
+        global = true
+    )]
     pub backend: BackendChoice,
 
     /// Devices to use: "all" or a comma-separated list of indices such as 0,2.
@@ -74,7 +80,12 @@ pub struct CommonArgs {
     pub devices: String,
 
     /// Memory of each simulated device (e.g. 80G, 24GiB).
-    #[arg(long, env = "GPUMEM_SIM_MEMORY", default_value = "80GiB", global = true)]
+    #[arg(
+        long,
+        env = "GPUMEM_SIM_MEMORY",
+        default_value = "80GiB",
+        global = true
+    )]
     pub sim_memory: String,
 
     /// Number of simulated devices.
@@ -139,7 +150,9 @@ pub fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usize>, St
             format!("--devices: '{part}' is not a device index (use \"all\" or a list like 0,2; {existing})")
         })?;
         if index >= count {
-            return Err(format!("--devices: device {index} does not exist ({existing})"));
+            return Err(format!(
+                "--devices: device {index} does not exist ({existing})"
+            ));
         }
         if !selected.contains(&index) {
             selected.push(index);
@@ -195,8 +208,13 @@ mod tests {
     #[test]
     fn device_selection_names_what_exists() {
         let err = parse_device_selection("7", 1).unwrap_err();
-        assert!(err.contains("device 7 does not exist (device 0 exists)"), "{err}");
-        assert!(parse_device_selection("x", 2).unwrap_err().contains("not a device index"));
+        assert!(
+            err.contains("device 7 does not exist (device 0 exists)"),
+            "{err}"
+        );
+        assert!(parse_device_selection("x", 2)
+            .unwrap_err()
+            .contains("not a device index"));
         assert!(parse_device_selection("-1", 2).is_err());
     }
 }

@@ -67,7 +67,14 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
     if !args.json {
         println!(
             "{:<20} {:>9} {:>14} {:>14} {:>9} {:>14} {:>7} {:>9}",
-            "TRACE", "EVENTS", "PEAK REQUESTED", "PEAK RESERVED", "RES/PEAK", "DRIVER A/F", "HITS", "NS/OP"
+            "TRACE",
+            "EVENTS",
+            "PEAK REQUESTED",
+            "PEAK RESERVED",
+            "RES/PEAK",
+            "DRIVER A/F",
+            "HITS",
+            "NS/OP"
         );
     }
     for trace in &traces {
@@ -153,12 +160,19 @@ fn plot_path(plot: &Path, trace: &str, several: bool) -> PathBuf {
     if !several {
         return plot.to_path_buf();
     }
-    let stem = plot.file_stem().and_then(|s| s.to_str()).unwrap_or("replay");
+    let stem = plot
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("replay");
     let ext = plot.extension().and_then(|s| s.to_str()).unwrap_or("svg");
     plot.with_file_name(format!("{stem}-{trace}.{ext}"))
 }
 
-fn write_plot(path: &Path, report: &ReplayReport, timeline: &[TimelinePoint]) -> Result<(), CliError> {
+fn write_plot(
+    path: &Path,
+    report: &ReplayReport,
+    timeline: &[TimelinePoint],
+) -> Result<(), CliError> {
     let series_of = |pick: fn(&TimelinePoint) -> u64| -> Vec<(f64, f64)> {
         timeline
             .iter()
@@ -177,9 +191,21 @@ fn write_plot(path: &Path, report: &ReplayReport, timeline: &[TimelinePoint]) ->
         "event",
         "bytes",
         &[
-            Series { label: "requested", color: "#2a7ab9", points: &requested },
-            Series { label: "in use (blocks)", color: "#e08a1e", points: &in_use },
-            Series { label: "reserved from driver", color: "#c0392b", points: &reserved },
+            Series {
+                label: "requested",
+                color: "#2a7ab9",
+                points: &requested,
+            },
+            Series {
+                label: "in use (blocks)",
+                color: "#e08a1e",
+                points: &in_use,
+            },
+            Series {
+                label: "reserved from driver",
+                color: "#c0392b",
+                points: &reserved,
+            },
         ],
     );
     write_file_atomically(path, svg.as_bytes())

@@ -69,7 +69,9 @@ impl ManagerConfig {
             small_max: self.small_max_bytes,
             idle_pages_kept: self.idle_pages_kept,
             idle_per_mille: self.idle_per_mille,
-            span: device_total,
+            // Twice the device: address space is cheap, and a hole-riddled range must never
+            // be what fails an allocation the device could serve.
+            span: device_total.saturating_mul(2),
         }
     }
 }

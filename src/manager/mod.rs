@@ -4,6 +4,7 @@
 
 mod buffer;
 pub mod config;
+pub mod pressure;
 mod tag;
 pub mod views;
 
@@ -13,9 +14,7 @@ pub use tag::Tag;
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError};
-use crate::pool::{
-    ArenaError, DeviceReserve, DirectPool, LiveInfo, Pool, PoolSettings, MIN_BLOCK,
-};
+use crate::pool::{ArenaError, DeviceReserve, DirectPool, LiveInfo, Pool, PoolSettings, MIN_BLOCK};
 use crate::units::align_up;
 use buffer::Origin;
 use parking_lot::RwLock;
@@ -65,7 +64,12 @@ pub(crate) struct ManagedDevice {
 }
 
 impl ManagedDevice {
-    fn shards(&self, backend: &Arc<dyn DeviceBackend>, stream: StreamId, count: usize) -> Vec<Arc<Pool>> {
+    fn shards(
+        &self,
+        backend: &Arc<dyn DeviceBackend>,
+        stream: StreamId,
+        count: usize,
+    ) -> Vec<Arc<Pool>> {
         (0..count)
             .map(|_| {
                 Arc::new(Pool::new(
@@ -110,7 +114,10 @@ pub(crate) struct Shared {
 
 impl MemoryManager {
     /// A manager for the configured devices of `backend`. Nothing is allocated yet.
-    pub fn new(backend: Arc<dyn DeviceBackend>, config: ManagerConfig) -> Result<Self, BackendError> {
+    pub fn new(
+        backend: Arc<dyn DeviceBackend>,
+        config: ManagerConfig,
+    ) -> Result<Self, BackendError> {
         let count = backend.device_count();
         let indices: Vec<usize> = match &config.devices {
             Some(list) => list.clone(),
@@ -124,7 +131,11 @@ impl MemoryManager {
             let page_size = backend.granularity(index)?;
             let settings = config.pool_settings(align_up(properties.total_memory_bytes, page_size));
             let reserve = Arc::new(DeviceReserve::default());
-            let direct = Arc::new(DirectPool::new(Arc::clone(&backend), index, Arc::clone(&reserve))?);
+            let direct = Arc::new(DirectPool::new(
+                Arc::clone(&backend),
+                index,
+                Arc::clone(&reserve),
+            )?);
             let mut device = ManagedDevice {
                 index,
                 properties,
@@ -297,11 +308,18 @@ impl MemoryManager {
     ) -> Result<(u64, Origin), AllocError> {
         match managed.direct.alloc(size, live) {
             Ok(ptr) => Ok((ptr, Origin::Direct(Arc::clone(&managed.direct)))),
-            Err(error) => Err(self.explain_failure(managed, live.requested, ArenaError::Backend(error))),
+            Err(error) => {
+                Err(self.explain_failure(managed, live.requested, ArenaError::Backend(error)))
+            }
         }
     }
 
-    fn explain_failure(&self, managed: &ManagedDevice, requested: u64, error: ArenaError) -> AllocError {
+    fn explain_failure(
+        &self,
+        managed: &ManagedDevice,
+        requested: u64,
+        error: ArenaError,
+    ) -> AllocError {
         let reserved = managed.reserve.reserved_bytes.load(Relaxed);
         let out_of_memory = |managed: &ManagedDevice| {
             managed.events.ooms.fetch_add(1, Relaxed);
@@ -316,9 +334,8 @@ impl MemoryManager {
             }
         };
         match error {
-            ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::AddressSpaceFull => {
-                out_of_memory(managed)
-            }
+            ArenaError::Backend(BackendError::OutOfMemory { .. })
+            | ArenaError::AddressSpaceFull => out_of_memory(managed),
             ArenaError::OverLimit => {
                 managed.events.ooms.fetch_add(1, Relaxed);
                 AllocError::PoolLimit {
@@ -337,8 +354,14 @@ impl MemoryManager {
             .pools()
             .iter()
             .map(|p| {
-                p.slot(crate::pool::PoolKind::Small).counters.read().in_use_bytes
-                    + p.slot(crate::pool::PoolKind::Large).counters.read().in_use_bytes
+                p.slot(crate::pool::PoolKind::Small)
+                    .counters
+                    .read()
+                    .in_use_bytes
+                    + p.slot(crate::pool::PoolKind::Large)
+                        .counters
+                        .read()
+                        .in_use_bytes
             })
             .sum();
         pooled + managed.direct.counters.read().in_use_bytes
@@ -406,7 +429,9 @@ impl MemoryManager {
             .devices
             .iter()
             .map(|managed| {
-                self.release_cached_on(managed, |_, since| now.saturating_duration_since(since) >= age)
+                self.release_cached_on(managed, |_, since| {
+                    now.saturating_duration_since(since) >= age
+                })
             })
             .sum()
     }

@@ -113,20 +113,21 @@ impl MemoryManager {
         let now_ns = self.shared().epoch.elapsed().as_nanos() as u64;
         let tracking = self.shared().config.track_allocations;
         let mut live = Vec::new();
-        let record = |device: usize, pool: PoolKind, ptr: u64, size: u64, info: LiveInfo| LiveAllocation {
-            id: info.id,
-            device,
-            ptr,
-            requested_bytes: info.requested,
-            block_bytes: size,
-            tag: Tag::from_id(info.tag).map(Tag::name),
-            pool,
-            age: if tracking {
-                Duration::from_nanos(now_ns.saturating_sub(info.created_ns))
-            } else {
-                Duration::ZERO
-            },
-        };
+        let record =
+            |device: usize, pool: PoolKind, ptr: u64, size: u64, info: LiveInfo| LiveAllocation {
+                id: info.id,
+                device,
+                ptr,
+                requested_bytes: info.requested,
+                block_bytes: size,
+                tag: Tag::from_id(info.tag).map(Tag::name),
+                pool,
+                age: if tracking {
+                    Duration::from_nanos(now_ns.saturating_sub(info.created_ns))
+                } else {
+                    Duration::ZERO
+                },
+            };
         for managed in &self.shared().devices {
             for pool in managed.pools() {
                 pool.for_each_live(|kind, ptr, size, info| {
@@ -149,7 +150,9 @@ fn pool_view(
     largest: u64,
     idle_pages: u64,
 ) -> PoolView {
-    let cached_free = counters.reserved_bytes.saturating_sub(counters.in_use_bytes);
+    let cached_free = counters
+        .reserved_bytes
+        .saturating_sub(counters.in_use_bytes);
     PoolView {
         device,
         pool,

@@ -122,7 +122,8 @@ impl Arena {
         self.pages.unmapped_runs(first, last, &mut self.runs);
         let mut mapped = Released::default();
         if !self.runs.is_empty() {
-            let wanted: u64 = self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
+            let wanted: u64 =
+                self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
             let outcome = if may_map(wanted) {
                 self.map_runs(backend)
             } else {

@@ -2,8 +2,8 @@
 //! baseline pooling is measured against, and a switch for debugging with driver tools.
 
 use super::stats::PoolCounters;
-use super::DeviceReserve;
 use super::tlsf::LiveInfo;
+use super::DeviceReserve;
 use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::BackendError;
 use crate::units::align_up;

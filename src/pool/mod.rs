@@ -78,7 +78,7 @@ pub struct PoolSettings {
     /// ...or this many per 1024 mapped pages, whichever is more: a cache that grows with the
     /// pool, so large pools call the driver less without small ones holding much idle memory.
     pub idle_per_mille: usize,
-    /// Address space each arena reserves (device memory, so an arena never runs out first).
+    /// Address space each arena reserves.
     pub span: u64,
 }
 
@@ -165,15 +165,17 @@ impl Pool {
         let arena = match guard.as_mut() {
             Some(arena) => arena,
             None => {
-                let arena = Arena::new(&*self.backend, self.device, self.stream, self.settings.span)
-                    .map_err(ArenaError::Backend)?;
+                let arena =
+                    Arena::new(&*self.backend, self.device, self.stream, self.settings.span)
+                        .map_err(ArenaError::Backend)?;
                 guard.insert(arena)
             }
         };
         match arena.alloc(&*self.backend, size, align, live, may_map) {
             Ok(placed) => {
                 if placed.map_calls > 0 {
-                    slot.counters.on_reserve(placed.mapped_bytes, placed.map_calls);
+                    slot.counters
+                        .on_reserve(placed.mapped_bytes, placed.map_calls);
                     self.reserve.grow(placed.mapped_bytes);
                 }
                 slot.counters
@@ -254,7 +256,10 @@ impl Pool {
 
     /// Live blocks of both arenas as (kind, pointer, block size, info), under each arena's lock.
     pub fn for_each_live(&self, mut visit: impl FnMut(PoolKind, DevicePtr, u64, LiveInfo)) {
-        for (kind, slot) in [(PoolKind::Small, &self.small), (PoolKind::Large, &self.large)] {
+        for (kind, slot) in [
+            (PoolKind::Small, &self.small),
+            (PoolKind::Large, &self.large),
+        ] {
             if let Some(arena) = slot.arena.lock().as_ref() {
                 for (ptr, size, live) in arena.live_blocks() {
                     visit(kind, ptr, size, live);
@@ -292,7 +297,11 @@ impl Drop for Pool {
             if live > 0 {
                 // Buffers hold the pool alive, so this only happens if one was leaked with
                 // mem::forget: keep the address range rather than free memory still in use.
-                tracing::warn!(device = self.device, live, "pool dropped with live blocks; leaving its memory mapped");
+                tracing::warn!(
+                    device = self.device,
+                    live,
+                    "pool dropped with live blocks; leaving its memory mapped"
+                );
                 std::mem::forget(arena);
                 continue;
             }

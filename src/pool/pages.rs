@@ -114,7 +114,8 @@ impl PageTable {
             if self.live_blocks[p] == 0 {
                 self.state[p] = PageState::Idle;
                 // Read the clock only when a page actually goes idle, not on every free.
-                let at = *since.get_or_insert_with(|| now.take().map_or_else(Instant::now, |f| f()));
+                let at =
+                    *since.get_or_insert_with(|| now.take().map_or_else(Instant::now, |f| f()));
                 self.push_idle(page, at);
             }
         }
@@ -133,7 +134,8 @@ impl PageTable {
         if self.idle_queue.len() > 4 * self.idle_pages + 1024 {
             let (state, generation) = (&self.state, &self.generation);
             self.idle_queue.retain(|e| {
-                state[e.page as usize] == PageState::Idle && generation[e.page as usize] == e.generation
+                state[e.page as usize] == PageState::Idle
+                    && generation[e.page as usize] == e.generation
             });
         }
     }
@@ -144,7 +146,8 @@ impl PageTable {
         let mut taken = Vec::new();
         while let Some(entry) = self.idle_queue.front().copied() {
             let p = entry.page as usize;
-            let current = self.state[p] == PageState::Idle && self.generation[p] == entry.generation;
+            let current =
+                self.state[p] == PageState::Idle && self.generation[p] == entry.generation;
             if current && !keep_going(taken.len(), entry.since) {
                 break;
             }

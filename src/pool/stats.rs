@@ -53,7 +53,10 @@ impl PoolCounters {
         }
         bump(&self.requested_bytes, requested);
         bump(&self.in_use_bytes, size);
-        raise_peak(&self.peak_requested_bytes, self.requested_bytes.load(Relaxed));
+        raise_peak(
+            &self.peak_requested_bytes,
+            self.requested_bytes.load(Relaxed),
+        );
         raise_peak(&self.peak_in_use_bytes, self.in_use_bytes.load(Relaxed));
     }
 

@@ -217,7 +217,8 @@ impl Tlsf {
         if block.size == size {
             return;
         }
-        let (rest_offset, rest_size, next) = (block.offset + size, block.size - size, block.next_phys);
+        let (rest_offset, rest_size, next) =
+            (block.offset + size, block.size - size, block.next_phys);
         let rest = self.new_block(rest_offset, rest_size, index, next);
         if next != NIL {
             self.blocks[next as usize].prev_phys = rest;

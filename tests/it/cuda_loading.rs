@@ -8,6 +8,13 @@ use gpumem::backend::{DeviceBackend, StreamId};
 use gpumem::error::BackendError;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+
+/// The GPU tests compare device free memory before and after; run them one at a time.
+fn gpu_lock() -> MutexGuard<'static, ()> {
+    static GPU: Mutex<()> = Mutex::new(());
+    GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn gpu_required() -> bool {
     std::env::var("GPUMEM_REQUIRE_GPU").is_ok_and(|value| value == "1")
@@ -82,6 +89,7 @@ fn driver_with_no_devices_is_a_clear_error() {
 
 #[test]
 fn real_gpu_properties_memory_and_pages() {
+    let _serial = gpu_lock();
     let backend = match CudaBackend::open() {
         Ok(backend) => backend,
         Err(err) if !gpu_required() => {
@@ -242,4 +250,34 @@ fn run_devices_with(dir: &Path) -> String {
     assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr}");
     assert!(lines[0].starts_with("gpumem: "), "{stderr}");
     lines[0].to_string()
+}
+
+#[test]
+fn real_gpu_drop_gives_back_pages_still_mapped() {
+    let _serial = gpu_lock();
+    let open = || match CudaBackend::open() {
+        Ok(backend) => Some(backend),
+        Err(err) if !gpu_required() => {
+            eprintln!("skipped: no usable CUDA driver ({err})");
+            None
+        }
+        Err(err) => panic!("GPUMEM_REQUIRE_GPU=1 but the CUDA backend did not open: {err}"),
+    };
+    // `observer` holds its own reference to the primary context, so it outlives `leaky`'s drop.
+    let Some(observer) = open() else { return };
+    let Some(leaky) = open() else { return };
+    let props = observer.properties(0).expect("properties of device 0");
+    if !props.virtual_memory_supported {
+        return;
+    }
+    let page = props.allocation_granularity_bytes;
+    let before = observer.mem_info(0).expect("mem_info").free;
+    let base = leaky.reserve_address_range(0, 2 * page).expect("reserve");
+    leaky.map(0, base, 2 * page).expect("map 2 pages");
+    assert_eq!(
+        observer.mem_info(0).expect("mem_info").free,
+        before - 2 * page
+    );
+    drop(leaky);
+    assert_eq!(observer.mem_info(0).expect("mem_info").free, before);
 }

@@ -3,7 +3,7 @@
 
 use super::check;
 use crate::error::BackendError;
-use cudarc::driver::sys;
+use cudarc::driver::sys::{self, CUresult};
 
 /// Every driver function the CUDA backend calls, by the exact symbol cudarc resolves for it
 /// (cudarc's `sys::cuMemAlloc_v2` loads `cuMemAlloc_v2`, and so on). Keep in step with the calls in
@@ -56,7 +56,17 @@ pub(super) fn probe() -> Result<Driver, BackendError> {
 
     // SAFETY: every symbol cudarc resolves from here on exists in the library it will load (the
     // same name we just loaded); `cuInit` takes plain flags, and 0 is the only valid value.
-    check("cuInit", unsafe { sys::cuInit(0) }).map_err(unavailable)?;
+    let result = unsafe { sys::cuInit(0) };
+    if result == CUresult::CUDA_ERROR_STUB_LIBRARY {
+        return Err(BackendError::DriverUnavailable {
+            reason: format!(
+                "{library_name} is the CUDA toolkit's stub library, not the NVIDIA driver (cuInit \
+                 returned CUDA_ERROR_STUB_LIBRARY); take the toolkit's stubs directory off \
+                 LD_LIBRARY_PATH"
+            ),
+        });
+    }
+    check("cuInit", result).map_err(unavailable)?;
 
     let mut driver_version = 0;
     // SAFETY: valid out-pointer; the driver is initialised.

@@ -1,0 +1,172 @@
+//! The DeviceBackend contract: one body per property, run against the simulated device and,
+//! when a GPU is present, the CUDA driver.
+
+use crate::support::{all_backends, sim_backend};
+use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::units::MIB;
+use gpumem::{BackendError, DeviceBackend};
+
+fn each_backend(check: impl Fn(&dyn DeviceBackend)) {
+    for backend in all_backends() {
+        eprintln!("contract on {}", backend.kind());
+        check(&*backend);
+    }
+}
+
+#[test]
+fn reports_devices_with_sane_properties() {
+    each_backend(|b| {
+        assert!(b.device_count() >= 1);
+        for index in 0..b.device_count() {
+            let p = b.properties(index).unwrap();
+            assert_eq!(p.index, index);
+            assert!(
+                p.uuid.starts_with("GPU-") && p.uuid.len() == 40,
+                "{}",
+                p.uuid
+            );
+            assert!(p.total_memory_bytes > 0);
+            assert!(p.allocation_granularity_bytes.is_power_of_two());
+            assert_eq!(
+                b.granularity(index).unwrap(),
+                p.allocation_granularity_bytes
+            );
+            let info = b.mem_info(index).unwrap();
+            assert!(info.free <= info.total);
+            assert_eq!(info.total, p.total_memory_bytes);
+        }
+    });
+}
+
+#[test]
+fn rejects_devices_that_do_not_exist() {
+    each_backend(|b| {
+        let missing = b.device_count();
+        let expected = BackendError::InvalidDevice {
+            requested: missing,
+            count: missing,
+        };
+        assert_eq!(b.properties(missing).unwrap_err(), expected);
+        assert_eq!(b.mem_info(missing).unwrap_err(), expected);
+        assert_eq!(b.alloc(missing, MIB).unwrap_err(), expected);
+    });
+}
+
+#[test]
+fn direct_allocations_are_unique_aligned_and_freed_once() {
+    each_backend(|b| {
+        let before = b.mem_info(0).unwrap().free;
+        let first = b.alloc(0, 64 * MIB).unwrap();
+        let second = b.alloc(0, 64 * MIB).unwrap();
+        assert_eq!(first % 256, 0);
+        assert_eq!(second % 256, 0);
+        assert!(
+            first + 64 * MIB <= second || second + 64 * MIB <= first,
+            "overlap"
+        );
+        let during = b.mem_info(0).unwrap().free;
+        assert!(
+            before - during >= 128 * MIB,
+            "free dropped by {}",
+            before - during
+        );
+        b.free(0, first).unwrap();
+        b.free(0, second).unwrap();
+        assert!(matches!(
+            b.free(0, first),
+            Err(BackendError::InvalidAddress { .. }) | Err(BackendError::DriverCall { .. })
+        ));
+    });
+}
+
+#[test]
+fn refuses_more_than_the_device_has() {
+    each_backend(|b| {
+        let total = b.mem_info(0).unwrap().total;
+        let err = b.alloc(0, total + total / 2).unwrap_err();
+        assert!(matches!(err, BackendError::OutOfMemory { .. }), "{err:?}");
+    });
+}
+
+#[test]
+fn mapped_pages_take_exactly_their_bytes() {
+    each_backend(|b| {
+        let page = b.granularity(0).unwrap();
+        let base = b.reserve_address_range(0, 8 * page).unwrap();
+        let before = b.mem_info(0).unwrap().free;
+        b.map(0, base + page, 2 * page).unwrap();
+        let mapped = b.mem_info(0).unwrap().free;
+        assert_eq!(before - mapped, 2 * page);
+        assert!(
+            b.map(0, base + 2 * page, page).is_err(),
+            "a page cannot be mapped twice"
+        );
+        assert!(
+            b.map(0, base + 1, page).is_err(),
+            "unaligned map is refused"
+        );
+        b.unmap(0, base + page, 2 * page).unwrap();
+        assert_eq!(b.mem_info(0).unwrap().free, before);
+        b.release_address_range(0, base, 8 * page).unwrap();
+    });
+}
+
+#[test]
+fn sim_counts_memory_of_other_processes() {
+    let sim = SimBackend::new(SimConfig {
+        devices: vec![SimDeviceSpec {
+            name: "small".into(),
+            total_bytes: 1024 * MIB,
+            used_by_others: 256 * MIB,
+        }],
+        granularity: 2 * MIB,
+    });
+    assert_eq!(sim.mem_info(0).unwrap().free, 768 * MIB);
+    let err = sim.alloc(0, 770 * MIB).unwrap_err();
+    assert_eq!(
+        err,
+        BackendError::OutOfMemory {
+            device: 0,
+            requested: 770 * MIB,
+            free: 768 * MIB
+        }
+    );
+    let ptr = sim.alloc(0, 768 * MIB).unwrap();
+    assert_eq!(sim.mem_info(0).unwrap().free, 0);
+    sim.free(0, ptr).unwrap();
+    sim.set_used_by_others(0, 0).unwrap();
+    assert_eq!(sim.mem_info(0).unwrap().free, 1024 * MIB);
+}
+
+#[test]
+fn sim_rounds_allocations_to_its_granularity() {
+    let sim = sim_backend();
+    let before = sim.mem_info(0).unwrap().free;
+    let ptr = sim.alloc(0, 1).unwrap();
+    assert_eq!(before - sim.mem_info(0).unwrap().free, 2 * MIB);
+    sim.free(0, ptr).unwrap();
+}
+
+#[test]
+fn sim_injects_the_faults_it_is_told_to() {
+    let sim = sim_backend();
+    let faults = sim.faults();
+    faults.fail_nth_alloc_from_now(2);
+    let first = sim.alloc(0, MIB).unwrap();
+    assert_eq!(
+        sim.alloc(0, MIB),
+        Err(BackendError::Injected("allocation call failed"))
+    );
+    let third = sim.alloc(0, MIB).unwrap();
+    faults.set_fail_frees(true);
+    assert!(sim.free(0, first).is_err());
+    faults.set_fail_mem_info(true);
+    assert!(sim.mem_info(0).is_err());
+    faults.clear();
+    sim.free(0, first).unwrap();
+    sim.free(0, third).unwrap();
+    assert_eq!(
+        sim.mem_info(0).unwrap().free,
+        sim.mem_info(0).unwrap().total
+    );
+}

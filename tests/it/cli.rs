@@ -1,0 +1,181 @@
+//! The binary as a user runs it: exit codes, one-line errors, no panics.
+
+use std::process::{Command, Output};
+
+fn gpumem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .env("GPUMEM_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn devices_lists_the_simulated_device() {
+    let out = gpumem(&["devices", "--backend", "sim"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Simulated H100 (simulated)"), "{text}");
+    assert!(text.contains("80.00 GiB"), "{text}");
+}
+
+#[test]
+fn devices_json_is_an_array_of_devices() {
+    let out = gpumem(&[
+        "devices",
+        "--backend",
+        "sim",
+        "--sim-devices",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = json.as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1]["index"], 1);
+    assert_eq!(devices[0]["simulated"], true);
+    assert!(devices[0]["uuid"].as_str().unwrap().starts_with("GPU-"));
+    assert_eq!(devices[0]["free_bytes"], devices[0]["total_memory_bytes"]);
+}
+
+#[test]
+fn a_missing_device_exits_2_naming_those_that_exist() {
+    let out = gpumem(&["devices", "--backend", "sim", "--devices", "7"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("device 7 does not exist (device 0 exists)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flag_values_exit_2() {
+    for args in [
+        &["devices", "--backend", "tpu"][..],
+        &["devices", "--sim-memory", "lots"],
+        &["devices", "--sim-memory", "-4G"],
+        &["devices", "--sim-devices", "0"],
+        &["devices", "--devices", "zero"],
+        &["replay"],
+        &["replay", "--strategy", "magic", "x.trace"],
+    ] {
+        let out = gpumem(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{args:?}");
+    }
+}
+
+#[test]
+fn env_variables_set_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["devices", "--json"])
+        .env("GPUMEM_BACKEND", "sim")
+        .env("GPUMEM_SIM_MEMORY", "24GiB")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json[0]["total_memory_bytes"], 24u64 << 30);
+}
+
+#[test]
+fn first_log_line_says_which_backend_and_why() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["devices", "--backend", "sim"])
+        .env("GPUMEM_LOG", "info")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(first.contains("backend sim"), "{err}");
+}
+
+fn write_trace(dir: &std::path::Path, name: &str, body: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+#[test]
+fn replay_reports_the_promised_json_fields() {
+    let dir = tempdir();
+    let trace = write_trace(
+        &dir,
+        "tiny.trace",
+        "# {\"name\": \"tiny\"}\na 1 1000 0\na 2 3000000 0\nf 1\na 3 500 0\nf 2\nf 3\n",
+    );
+    let plot = dir.join("tiny.svg");
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--json",
+        "--plot",
+        plot.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "trace",
+        "events",
+        "peak_requested_bytes",
+        "peak_reserved_bytes",
+        "reserved_over_peak",
+        "driver_allocs",
+        "driver_frees",
+        "pool_hit_ratio",
+        "ns_per_op",
+    ] {
+        assert!(report.get(field).is_some(), "missing {field}: {report}");
+    }
+    assert_eq!(report["trace"], "tiny");
+    assert_eq!(report["events"], 6);
+    assert_eq!(report["peak_requested_bytes"], 3_001_000);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") || svg.starts_with("<?xml"),
+        "{svg:.80}"
+    );
+}
+
+#[test]
+fn a_malformed_trace_exits_2_with_the_line_and_writes_no_plot() {
+    let dir = tempdir();
+    let trace = write_trace(&dir, "bad.trace", "a 1 100 0\nx 2\n");
+    let plot = dir.join("bad.svg");
+    let out = gpumem(&[
+        "replay",
+        "--plot",
+        plot.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("line 2") && err.contains("unknown op"),
+        "{err}"
+    );
+    assert!(!plot.exists());
+    assert!(out.stdout.is_empty());
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "gpumem-cli-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,0 +1,7 @@
+//! The integration test binary: one crate, one module per area.
+
+mod allocator;
+mod backend_contract;
+mod cli;
+mod cuda_loading;
+mod support;
