@@ -96,7 +96,10 @@ impl DeviceBuffer {
 
     fn release(&mut self) -> Result<(), BackendError> {
         match self.origin.take() {
-            Some(Origin::Pooled { pool, kind, block }) => pool.free(kind, block),
+            Some(Origin::Pooled { pool, kind, block }) => {
+                pool.free(kind, block);
+                Ok(())
+            }
             Some(Origin::Direct(pool)) => pool.free(self.ptr),
             None => Ok(()),
         }

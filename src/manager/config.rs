@@ -25,9 +25,12 @@ pub struct ManagerConfig {
     pub shards: usize,
     /// Requests up to this size are served from the small pool.
     pub small_max_bytes: u64,
-    /// Idle pages each pool keeps mapped for reuse (the rest go back to the driver at once)...
+    /// Freed pages stay mapped (cached for reuse) while a device's pools map no more than the
+    /// recent peak of pages under live blocks plus a slack of this many pages...
     pub idle_pages_kept: usize,
-    /// ...or this many per 1024 mapped pages, whichever is more.
+    /// ...or this many per 1024 of that peak, whichever is more. Beyond it, the oldest idle
+    /// pages go back to the driver. So the pools keep what the workload needed lately (steps
+    /// that repeat hit the cache) while holding at most a small slack above its real peak.
     pub idle_per_mille: usize,
     /// `maintain()` returns pages idle for longer than this to the driver; `None` keeps them.
     pub release_idle_after: Option<Duration>,
@@ -44,8 +47,8 @@ impl Default for ManagerConfig {
             devices: None,
             shards: 0,
             small_max_bytes: MIB,
-            idle_pages_kept: 16,
-            idle_per_mille: 64,
+            idle_pages_kept: 4,
+            idle_per_mille: 8,
             release_idle_after: Some(Duration::from_secs(60)),
             max_pool_bytes: None,
             track_allocations: true,
@@ -67,8 +70,6 @@ impl ManagerConfig {
     pub(crate) fn pool_settings(&self, device_total: u64) -> PoolSettings {
         PoolSettings {
             small_max: self.small_max_bytes,
-            idle_pages_kept: self.idle_pages_kept,
-            idle_per_mille: self.idle_per_mille,
             // Twice the device: address space is cheap, and a hole-riddled range must never
             // be what fails an allocation the device could serve.
             span: device_total.saturating_mul(2),

@@ -14,7 +14,9 @@ pub use tag::Tag;
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError};
-use crate::pool::{ArenaError, DeviceReserve, DirectPool, LiveInfo, Pool, PoolSettings, MIN_BLOCK};
+use crate::pool::{
+    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Pool, PoolSettings, MIN_BLOCK,
+};
 use crate::units::align_up;
 use buffer::Origin;
 use parking_lot::RwLock;
@@ -48,6 +50,8 @@ fn next_allocation_id() -> (usize, u64) {
 pub(crate) struct DeviceEvents {
     pub ooms: AtomicU64,
     pub retries: AtomicU64,
+    /// Most pages under live blocks seen at a cache check, this window and the last.
+    live_pages_peak: [AtomicUsize; 2],
 }
 
 /// Everything the manager keeps for one device.
@@ -110,6 +114,7 @@ pub(crate) struct Shared {
     /// Backend device index -> position in `devices`.
     slot_of: Vec<Option<usize>>,
     shard_count: usize,
+    window_started: parking_lot::Mutex<Instant>,
 }
 
 impl MemoryManager {
@@ -161,6 +166,7 @@ impl MemoryManager {
                 devices,
                 slot_of,
                 shard_count,
+                window_started: parking_lot::Mutex::new(Instant::now()),
             }),
         })
     }
@@ -273,11 +279,26 @@ impl MemoryManager {
         live: LiveInfo,
     ) -> Result<(u64, Origin), AllocError> {
         let kind = pool.kind_for(size);
-        let limit = self.shared.config.max_pool_bytes;
-        let may_map = |bytes: u64| {
-            limit.is_none_or(|cap| managed.reserve.reserved_bytes.load(Relaxed) + bytes <= cap)
+        let within_cap = |bytes: u64| {
+            let limit = self.shared.config.max_pool_bytes;
+            if limit.is_none_or(|cap| managed.reserve.reserved_bytes.load(Relaxed) + bytes <= cap) {
+                MapDecision::Allow
+            } else {
+                MapDecision::OverLimit
+            }
         };
-        let first = pool.alloc(kind, size, align, live, may_map);
+        let within_budget = |bytes: u64| match self.cache_budget_check(managed, bytes) {
+            MapDecision::Allow => within_cap(bytes),
+            other => other,
+        };
+        let mut first = pool.alloc(kind, size, align, live, within_budget);
+        if let Err(ArenaError::NeedsRoom(excess)) = first {
+            // The arena's own idle pages were not enough: other pools give back their oldest,
+            // so mapping new pages never lifts the device above its recent peak plus slack.
+            self.release_cached_on(managed, |bytes, _| bytes < excess);
+            first = pool.alloc(kind, size, align, live, within_cap);
+        }
+        let may_map = within_cap;
         let outcome = match first {
             Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) => {
                 // Cached pages of every pool on the device may be what stands in the way.
@@ -346,6 +367,8 @@ impl MemoryManager {
                 }
             }
             ArenaError::Backend(other) => AllocError::Backend(other),
+            // Only asked for with a budget check, and the retry runs without one.
+            ArenaError::NeedsRoom(_) => out_of_memory(managed),
         }
     }
 
@@ -365,6 +388,31 @@ impl MemoryManager {
             })
             .sum();
         pooled + managed.direct.counters.read().in_use_bytes
+    }
+
+    /// Whether mapping `bytes` more keeps the device's pools within their cache budget: the
+    /// recent peak of pages under live blocks plus a slack. Asked only before the driver is
+    /// called (a miss), so the hot path never pays for it.
+    fn cache_budget_check(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
+        let (mut mapped, mut live) = (0, 0);
+        for pool in managed.pools() {
+            let (m, l) = pool.page_census();
+            mapped += m;
+            live += l;
+        }
+        let new_pages = bytes / managed.page_size;
+        let peaks = &managed.events.live_pages_peak;
+        peaks[0].fetch_max((live + new_pages) as usize, Relaxed);
+        let peak = peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64;
+        let config = &self.shared.config;
+        let slack = (config.idle_pages_kept as u64).max(peak * config.idle_per_mille as u64 / 1024);
+        let budget = peak + slack;
+        let idle = mapped.saturating_sub(live);
+        if mapped + new_pages <= budget || idle == 0 {
+            return MapDecision::Allow;
+        }
+        let excess_pages = (mapped + new_pages - budget).min(idle);
+        MapDecision::NeedsRoom(excess_pages * managed.page_size)
     }
 
     /// Frees a buffer now (the same as dropping it, but reports a driver error).
@@ -415,11 +463,22 @@ impl MemoryManager {
             .sum()
     }
 
-    /// Periodic upkeep: returns pages idle for longer than `release_idle_after`.
+    /// Periodic upkeep (the sampler calls it every interval): returns pages idle for longer
+    /// than `release_idle_after`, and every `release_idle_after` starts a new window for the
+    /// live-page peak that sizes the cache, so a burst long past stops pinning memory.
     pub fn maintain(&self) -> u64 {
         let Some(age) = self.shared.config.release_idle_after else {
             return 0;
         };
+        let mut window = self.shared.window_started.lock();
+        if window.elapsed() >= age {
+            *window = Instant::now();
+            for managed in &self.shared.devices {
+                let peaks = &managed.events.live_pages_peak;
+                peaks[1].store(peaks[0].swap(0, Relaxed), Relaxed);
+            }
+        }
+        drop(window);
         self.release_idle_older_than(age)
     }
 

@@ -15,8 +15,19 @@ pub enum ArenaError {
     AddressSpaceFull,
     /// Mapping the block's pages would pass the pool's size cap.
     OverLimit,
+    /// Mapping would grow the cache past its budget while idle pages could make room: release
+    /// this many bytes of idle pages, then retry.
+    NeedsRoom(u64),
     /// The driver refused to map the block's pages.
     Backend(BackendError),
+}
+
+/// The answer to "may the arena map this many more bytes?".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapDecision {
+    Allow,
+    OverLimit,
+    NeedsRoom(u64),
 }
 
 /// A block handed out by [`Arena::alloc`].
@@ -46,6 +57,7 @@ pub struct Arena {
     tlsf: Tlsf,
     pages: PageTable,
     runs: Vec<PageRun>,
+    released_while_allocating: Released,
 }
 
 impl Arena {
@@ -75,6 +87,7 @@ impl Arena {
             tlsf: Tlsf::new(span),
             pages: PageTable::default(),
             runs: Vec::new(),
+            released_while_allocating: Released::default(),
         })
     }
 
@@ -84,6 +97,11 @@ impl Arena {
 
     pub fn reserved_bytes(&self) -> u64 {
         self.pages.mapped_pages() as u64 * self.page_size
+    }
+
+    /// Pages under at least one live block.
+    pub fn live_pages(&self) -> usize {
+        self.pages.mapped_pages() - self.pages.idle_pages()
     }
 
     pub fn mapped_pages(&self) -> usize {
@@ -102,7 +120,8 @@ impl Arena {
     }
 
     /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
-    /// `may_map(bytes)` is asked before any page is mapped, to enforce the pool's cap.
+    /// `may_map(bytes)` is asked before any page is mapped, to enforce the pool's cap and the
+    /// cache budget.
     #[inline]
     pub fn alloc(
         &mut self,
@@ -110,7 +129,7 @@ impl Arena {
         size: u64,
         align: u64,
         live: LiveInfo,
-        may_map: impl FnOnce(u64) -> bool,
+        may_map: impl FnOnce(u64) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         let block = self
             .tlsf
@@ -124,10 +143,23 @@ impl Arena {
         if !self.runs.is_empty() {
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
-            let outcome = if may_map(wanted) {
-                self.map_runs(backend)
-            } else {
-                Err(ArenaError::OverLimit)
+            let outcome = match may_map(wanted) {
+                MapDecision::Allow => self.map_runs(backend),
+                MapDecision::OverLimit => Err(ArenaError::OverLimit),
+                MapDecision::NeedsRoom(excess) => {
+                    // Make room from this arena's own idle pages first, sparing those the new
+                    // block is about to reuse; the rest must come from other pools.
+                    let spare = |page: u32| (first..=last).contains(&page);
+                    let released = self.release_idle_sparing(backend, excess, spare);
+                    self.released_while_allocating = released.unwrap_or_default();
+                    if self.released_while_allocating.bytes >= excess {
+                        self.map_runs(backend)
+                    } else {
+                        Err(ArenaError::NeedsRoom(
+                            excess - self.released_while_allocating.bytes,
+                        ))
+                    }
+                }
             };
             match outcome {
                 Ok(done) => mapped = done,
@@ -194,6 +226,22 @@ impl Arena {
         (size, live)
     }
 
+    /// Pages [`alloc`](Self::alloc) unmapped to stay within the cache budget (reset by
+    /// [`take_released_while_allocating`](Self::take_released_while_allocating)).
+    pub fn take_released_while_allocating(&mut self) -> Released {
+        std::mem::take(&mut self.released_while_allocating)
+    }
+
+    fn release_idle_sparing(
+        &mut self,
+        backend: &dyn DeviceBackend,
+        bytes: u64,
+        spare: impl Fn(u32) -> bool,
+    ) -> Result<Released, BackendError> {
+        let pages = bytes.div_ceil(self.page_size) as usize;
+        self.release_pages(backend, |taken, _| taken < pages, spare)
+    }
+
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so.
     /// Waits for the arena's stream first: its queued work may still touch the pages.
     pub fn release_idle(
@@ -201,7 +249,16 @@ impl Arena {
         backend: &dyn DeviceBackend,
         keep_going: impl FnMut(usize, Instant) -> bool,
     ) -> Result<Released, BackendError> {
-        let pages = self.pages.take_idle(keep_going);
+        self.release_pages(backend, keep_going, |_| false)
+    }
+
+    fn release_pages(
+        &mut self,
+        backend: &dyn DeviceBackend,
+        keep_going: impl FnMut(usize, Instant) -> bool,
+        spare: impl Fn(u32) -> bool,
+    ) -> Result<Released, BackendError> {
+        let pages = self.pages.take_idle(keep_going, spare);
         if pages.is_empty() {
             return Ok(Released::default());
         }

@@ -8,7 +8,7 @@ pub mod pages;
 pub mod stats;
 pub mod tlsf;
 
-pub use arena::{ArenaError, Placed, Released};
+pub use arena::{ArenaError, MapDecision, Placed, Released};
 pub use direct::DirectPool;
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
@@ -73,11 +73,6 @@ impl PoolKind {
 pub struct PoolSettings {
     /// Largest request served by the small pool.
     pub small_max: u64,
-    /// Idle pages a pool keeps mapped for reuse before it unmaps the oldest, at least...
-    pub idle_pages_kept: usize,
-    /// ...or this many per 1024 mapped pages, whichever is more: a cache that grows with the
-    /// pool, so large pools call the driver less without small ones holding much idle memory.
-    pub idle_per_mille: usize,
     /// Address space each arena reserves.
     pub span: u64,
 }
@@ -158,7 +153,7 @@ impl Pool {
         size: u64,
         align: u64,
         live: LiveInfo,
-        may_map: impl FnOnce(u64) -> bool,
+        may_map: impl FnOnce(u64) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         let slot = self.slot(kind);
         let mut guard = slot.arena.lock();
@@ -171,7 +166,15 @@ impl Pool {
                 guard.insert(arena)
             }
         };
-        match arena.alloc(&*self.backend, size, align, live, may_map) {
+        let outcome = arena.alloc(&*self.backend, size, align, live, may_map);
+        let released = arena.take_released_while_allocating();
+        if released.calls > 0 {
+            slot.counters.on_release(released.bytes, released.calls);
+            self.reserve.shrink(released.bytes);
+        }
+        slot.counters
+            .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+        match outcome {
             Ok(placed) => {
                 if placed.map_calls > 0 {
                     slot.counters
@@ -182,6 +185,7 @@ impl Pool {
                     .on_alloc(live.requested, size, placed.map_calls == 0);
                 Ok(placed)
             }
+            Err(error @ ArenaError::NeedsRoom(_)) => Err(error),
             Err(error) => {
                 slot.counters.on_failed_request();
                 if matches!(error, ArenaError::Backend(_)) {
@@ -192,26 +196,29 @@ impl Pool {
         }
     }
 
-    /// Frees a block; unmaps the oldest idle pages beyond the configured cache.
+    /// Frees a block. Pages it leaves empty stay mapped (idle) for reuse; the manager decides
+    /// when cached pages go back to the driver.
     #[inline]
-    pub fn free(&self, kind: PoolKind, block: u32) -> Result<(), BackendError> {
+    pub fn free(&self, kind: PoolKind, block: u32) {
         let slot = self.slot(kind);
         let mut guard = slot.arena.lock();
-        let Some(arena) = guard.as_mut() else {
-            return Ok(());
-        };
-        let (size, live) = arena.free(block, Instant::now);
-        slot.counters.on_free(live.requested, size);
-        let kept = self
-            .settings
-            .idle_pages_kept
-            .max(arena.mapped_pages() * self.settings.idle_per_mille / 1024);
-        if arena.idle_pages() > kept {
-            let excess = arena.idle_pages() - kept;
-            let released = arena.release_idle(&*self.backend, |taken, _| taken < excess);
-            self.account_release(slot, released)?;
+        if let Some(arena) = guard.as_mut() {
+            let (size, live) = arena.free(block, Instant::now);
+            slot.counters.on_free(live.requested, size);
+            slot.counters
+                .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
         }
-        Ok(())
+    }
+
+    /// (mapped, live) pages of both arenas, read lock-free: live pages hold a live block.
+    pub fn page_census(&self) -> (u64, u64) {
+        let (mut mapped, mut live) = (0, 0);
+        for slot in [&self.small, &self.large] {
+            let (m, l) = slot.counters.pages();
+            mapped += m;
+            live += l;
+        }
+        (mapped, live)
     }
 
     fn account_release(
@@ -249,6 +256,8 @@ impl Pool {
             let released = arena.release_idle(&*self.backend, |taken, since| {
                 keep_going(before + taken as u64 * page, since)
             });
+            slot.counters
+                .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             total += self.account_release(slot, released)?.bytes;
         }
         Ok(total)

@@ -140,10 +140,16 @@ impl PageTable {
         }
     }
 
-    /// Takes idle pages, oldest first, while `keep_going(count_taken, idle_since)` says so; they
-    /// are marked unmapped, and the caller must unmap them (or hand them back with `restore_idle`).
-    pub fn take_idle(&mut self, mut keep_going: impl FnMut(usize, Instant) -> bool) -> Vec<u32> {
+    /// Takes idle pages, oldest first, while `keep_going(count_taken, idle_since)` says so,
+    /// passing over pages for which `spare(page)` is true; they are marked unmapped, and the
+    /// caller must unmap them (or hand them back with `restore_idle`).
+    pub fn take_idle(
+        &mut self,
+        mut keep_going: impl FnMut(usize, Instant) -> bool,
+        spare: impl Fn(u32) -> bool,
+    ) -> Vec<u32> {
         let mut taken = Vec::new();
+        let mut spared = Vec::new();
         while let Some(entry) = self.idle_queue.front().copied() {
             let p = entry.page as usize;
             let current =
@@ -152,12 +158,21 @@ impl PageTable {
                 break;
             }
             self.idle_queue.pop_front();
-            if current {
-                self.state[p] = PageState::Unmapped;
-                self.idle_pages -= 1;
-                self.mapped_pages -= 1;
-                taken.push(entry.page);
+            if !current {
+                continue;
             }
+            if spare(entry.page) {
+                spared.push(entry);
+                continue;
+            }
+            self.state[p] = PageState::Unmapped;
+            self.idle_pages -= 1;
+            self.mapped_pages -= 1;
+            taken.push(entry.page);
+        }
+        // Spared pages keep their place at the front: they are still the oldest.
+        for entry in spared.into_iter().rev() {
+            self.idle_queue.push_front(entry);
         }
         taken
     }
@@ -206,7 +221,7 @@ mod tests {
         table.release(1, 3, || now);
         assert_eq!(table.idle_pages(), 2, "page 1 still holds the first block");
         table.release(0, 1, || now);
-        let taken = table.take_idle(|n, _| n < 3);
+        let taken = table.take_idle(|n, _| n < 3, |_| false);
         assert_eq!(taken, vec![2, 3, 0]);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (1, 1));
     }
@@ -221,7 +236,7 @@ mod tests {
         table.acquire(0, 0);
         table.release(0, 0, || now);
         table.acquire(0, 0);
-        assert!(table.take_idle(|_, _| true).is_empty());
+        assert!(table.take_idle(|_, _| true, |_| false).is_empty());
         assert_eq!(runs_of(vec![5, 1, 2, 7, 6]).len(), 2);
     }
 }

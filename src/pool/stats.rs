@@ -22,6 +22,9 @@ pub struct PoolCounters {
     pub driver_allocs: AtomicU64,
     pub driver_frees: AtomicU64,
     pub driver_errors: AtomicU64,
+    /// Pages the arena has mapped, and those of them under a live block.
+    pub mapped_pages: AtomicU64,
+    pub live_pages: AtomicU64,
 }
 
 #[inline]
@@ -84,6 +87,19 @@ impl PoolCounters {
     pub fn on_release(&self, bytes: u64, calls: u64) {
         bump(&self.driver_frees, calls);
         drop_by(&self.reserved_bytes, bytes);
+    }
+
+    #[inline]
+    pub fn set_pages(&self, mapped: u64, live: u64) {
+        self.mapped_pages.store(mapped, Relaxed);
+        self.live_pages.store(live, Relaxed);
+    }
+
+    pub fn pages(&self) -> (u64, u64) {
+        (
+            self.mapped_pages.load(Relaxed),
+            self.live_pages.load(Relaxed),
+        )
     }
 
     pub fn on_driver_error(&self) {

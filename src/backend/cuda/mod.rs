@@ -7,6 +7,7 @@
 
 mod probe;
 mod properties;
+mod stream_ordered;
 mod vmm;
 
 pub use probe::DRIVER_SYMBOLS;
@@ -30,7 +31,7 @@ pub struct CudaBackend {
     /// Physical pages created by `map`, by (device index, page address), so `unmap` can release them.
     pages: Mutex<HashMap<(usize, u64), CUmemGenericAllocationHandle>>,
     /// Our handle on the probed library: keeps it loaded while the backend lives (cudarc has its own).
-    _library: libloading::Library,
+    library_handle: libloading::Library,
 }
 
 struct Device {
@@ -77,7 +78,7 @@ impl CudaBackend {
             driver_version: driver.driver_version,
             devices,
             pages: Mutex::new(HashMap::new()),
-            _library: driver.library,
+            library_handle: driver.library,
         })
     }
 
@@ -90,6 +91,10 @@ impl CudaBackend {
     pub fn driver_version(&self) -> (u32, u32) {
         let version = u32::try_from(self.driver_version).unwrap_or(0);
         (version / 1000, version % 1000 / 10)
+    }
+
+    fn library(&self) -> &libloading::Library {
+        &self.library_handle
     }
 
     fn device(&self, device: usize) -> Result<&Device, BackendError> {

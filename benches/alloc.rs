@@ -1,0 +1,184 @@
+//! Allocator speed, every baseline measured in the same run: a gpumem pool hit (alloc + free),
+//! a pool miss (pages mapped and unmapped each time), the driver's `cuMemAlloc`/`cuMemFree` and,
+//! on CUDA, `cuMemAllocAsync`/`cuMemFreeAsync`; one and eight threads; 100 vs 100,000 live
+//! allocations. `GPUMEM_BENCH_BACKEND=cuda|sim|auto` (default auto) picks the device.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use gpumem::backend::cuda::CudaBackend;
+use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice};
+use gpumem::units::{KIB, MIB};
+use gpumem::{AllocOptions, DeviceBackend, ManagerConfig, MemoryManager};
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const SIZES: [u64; 5] = [256, 64 * KIB, MIB, 16 * MIB, 256 * MIB];
+
+fn backend() -> Arc<dyn DeviceBackend> {
+    let choice = match std::env::var("GPUMEM_BENCH_BACKEND").as_deref() {
+        Ok("cuda") => BackendChoice::Cuda,
+        Ok("sim") => BackendChoice::Sim,
+        _ => BackendChoice::Auto,
+    };
+    let opened = open_backend(choice, SimConfig::default()).expect("bench backend");
+    eprintln!("{}", opened.reason);
+    opened.backend
+}
+
+fn manager(backend: &Arc<dyn DeviceBackend>, config: ManagerConfig) -> MemoryManager {
+    let config = ManagerConfig {
+        devices: Some(vec![0]),
+        ..config
+    };
+    MemoryManager::new(Arc::clone(backend), config).expect("manager")
+}
+
+fn label(size: u64) -> String {
+    gpumem::units::Bytes(size).to_string().replace(' ', "")
+}
+
+fn single_thread(c: &mut Criterion) {
+    let backend = backend();
+    let options = AllocOptions::default();
+    let tracked = manager(&backend, ManagerConfig::default());
+    let untracked = manager(
+        &backend,
+        ManagerConfig {
+            track_allocations: false,
+            ..ManagerConfig::default()
+        },
+    );
+    let no_cache = manager(
+        &backend,
+        ManagerConfig {
+            idle_pages_kept: 0,
+            idle_per_mille: 0,
+            ..ManagerConfig::default()
+        },
+    );
+    let mut group = c.benchmark_group("alloc_free");
+    for size in SIZES {
+        group.bench_with_input(
+            BenchmarkId::new("gpumem_pool_hit", label(size)),
+            &size,
+            |b, &size| b.iter(|| drop(black_box(tracked.alloc(0, size, &options).unwrap()))),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("gpumem_pool_hit_untracked", label(size)),
+            &size,
+            |b, &size| b.iter(|| drop(black_box(untracked.alloc(0, size, &options).unwrap()))),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("gpumem_pool_miss", label(size)),
+            &size,
+            |b, &size| b.iter(|| drop(black_box(no_cache.alloc(0, size, &options).unwrap()))),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("driver_cuMemAlloc", label(size)),
+            &size,
+            |b, &size| {
+                b.iter(|| {
+                    let ptr = backend.alloc(0, size).unwrap();
+                    backend.free(0, black_box(ptr)).unwrap();
+                })
+            },
+        );
+    }
+    group.finish();
+    stream_ordered_baseline(c);
+}
+
+/// `cuMemAllocAsync` + `cuMemFreeAsync` on the device's default pool, when the backend is CUDA.
+fn stream_ordered_baseline(c: &mut Criterion) {
+    let Ok(cuda) = CudaBackend::open() else {
+        eprintln!("no CUDA device: skipping the cuMemAllocAsync baseline");
+        return;
+    };
+    if let Err(error) = cuda.prepare_stream_ordered_pool(0) {
+        eprintln!("skipping the cuMemAllocAsync baseline: {error}");
+        return;
+    }
+    let mut group = c.benchmark_group("alloc_free");
+    for size in SIZES {
+        group.bench_with_input(
+            BenchmarkId::new("driver_cuMemAllocAsync", label(size)),
+            &size,
+            |b, &size| {
+                b.iter(|| {
+                    let ptr = cuda.alloc_stream_ordered(0, size).unwrap();
+                    cuda.free_stream_ordered(0, black_box(ptr)).unwrap();
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+/// Per-operation time of one thread while `threads` threads allocate and free at once.
+fn threaded(c: &mut Criterion) {
+    let backend = backend();
+    let m = manager(&backend, ManagerConfig::default());
+    let mut group = c.benchmark_group("threads");
+    for threads in [1usize, 8] {
+        group.bench_function(BenchmarkId::new("gpumem_pool_hit_4KiB", threads), |b| {
+            b.iter_custom(|iterations| {
+                let start = Arc::new(Barrier::new(threads));
+                let per_thread: Vec<Duration> = std::thread::scope(|scope| {
+                    let workers: Vec<_> = (0..threads)
+                        .map(|_| {
+                            let (m, start) = (m.clone(), Arc::clone(&start));
+                            scope.spawn(move || {
+                                let options = AllocOptions::default();
+                                drop(m.alloc(0, 4 * KIB, &options).unwrap());
+                                start.wait();
+                                let began = Instant::now();
+                                for _ in 0..iterations {
+                                    drop(black_box(m.alloc(0, 4 * KIB, &options).unwrap()));
+                                }
+                                began.elapsed()
+                            })
+                        })
+                        .collect();
+                    workers.into_iter().map(|w| w.join().unwrap()).collect()
+                });
+                // The median thread: how long one thread's operations took under contention.
+                let mut sorted = per_thread;
+                sorted.sort();
+                sorted[sorted.len() / 2]
+            })
+        });
+    }
+    group.finish();
+}
+
+/// A pool hit with 100 vs 100,000 other allocations live.
+fn live_count(c: &mut Criterion) {
+    let backend = backend();
+    let mut group = c.benchmark_group("live_allocations");
+    for live in [100u64, 100_000] {
+        let m = manager(&backend, ManagerConfig::default());
+        let options = AllocOptions::default();
+        let held: Vec<_> = (0..live)
+            .map(|i| m.alloc(0, 512 + (i * 7919) % (64 * KIB), &options).unwrap())
+            .collect();
+        group.bench_function(BenchmarkId::new("gpumem_pool_hit_4KiB", live), |b| {
+            b.iter(|| drop(black_box(m.alloc(0, 4 * KIB, &options).unwrap())))
+        });
+        drop(held);
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = single_thread, threaded, live_count
+}
+criterion_main!(benches);
