@@ -28,6 +28,10 @@ pub struct ReplayReport {
     /// Bytes still reserved after every buffer was freed and the cache emptied (should be 0).
     pub reserved_after_empty_cache_bytes: u64,
     pub ooms: u64,
+    /// Largest difference, over the timeline points, between what the device says this process
+    /// gained since the start (`mem_info`) and what the pools say they reserve. Within the page
+    /// size means the pools' accounting matches the driver's.
+    pub max_device_vs_reserved_gap_bytes: u64,
 }
 
 /// Requested, in-use and reserved bytes after event `index`, for the plot.
@@ -68,6 +72,8 @@ pub fn replay(
     let mut busy = Duration::ZERO;
     let mut requested_now: u64 = 0;
     let mut peak_requested: u64 = 0;
+    let used_at_start = device_used(manager, device);
+    let mut max_gap: u64 = 0;
     for (chunk_index, chunk) in trace.events.chunks(stride).enumerate() {
         let started = Instant::now();
         for (offset, event) in chunk.iter().enumerate() {
@@ -95,7 +101,12 @@ pub fn replay(
         }
         busy += started.elapsed();
         let done = ((chunk_index + 1) * stride).min(total) as u64;
-        timeline.push(timeline_point(manager, device, done));
+        let point = timeline_point(manager, device, done);
+        if let (Some(start), Some(now)) = (used_at_start, device_used(manager, device)) {
+            let gained = now.saturating_sub(start);
+            max_gap = max_gap.max(gained.abs_diff(point.reserved));
+        }
+        timeline.push(point);
         progress(done);
     }
     let at_end = manager.device_stats(device).ok();
@@ -129,12 +140,17 @@ pub fn replay(
         },
         reserved_after_empty_cache_bytes: after.map_or(0, |s| s.counters.reserved_bytes),
         ooms: counters_ooms(at_end.as_ref()),
+        max_device_vs_reserved_gap_bytes: max_gap,
     };
     Ok((report, timeline))
 }
 
 fn counters_ooms(stats: Option<&crate::manager::views::DeviceStats>) -> u64 {
     stats.map_or(0, |s| s.ooms)
+}
+
+fn device_used(manager: &MemoryManager, device: usize) -> Option<u64> {
+    manager.backend().mem_info(device).ok().map(|info| info.used())
 }
 
 fn timeline_point(manager: &MemoryManager, device: usize, event: u64) -> TimelinePoint {

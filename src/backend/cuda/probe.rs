@@ -121,9 +121,9 @@ fn load_library() -> Result<(libloading::Library, String), BackendError> {
     }
     Err(BackendError::DriverUnavailable {
         reason: format!(
-            "libcuda.so could not be loaded (searched: {}); is the NVIDIA driver installed and on \
-             the loader path?",
-            candidates.join(", ")
+            "libcuda.so.1 could not be loaded (nor {} other names cudarc tries); is the NVIDIA \
+             driver installed and on the loader path?",
+            candidates.len().saturating_sub(1)
         ),
     })
 }
