@@ -21,7 +21,7 @@ pub struct ManagerConfig {
     /// Backend device indices to manage; `None` manages every device.
     pub devices: Option<Vec<usize>>,
     /// Independent pools per device and stream, picked by thread, so threads rarely share a
-    /// lock. 0 picks one per core, at most 8.
+    /// lock. 0 picks one per core, at most 8; rounded down to a power of two.
     pub shards: usize,
     /// Requests up to this size are served from the small pool.
     pub small_max_bytes: u64,
@@ -57,14 +57,17 @@ impl Default for ManagerConfig {
 }
 
 impl ManagerConfig {
+    /// A power of two, so picking a thread's shard is a mask, not a division.
     pub(crate) fn shard_count(&self) -> usize {
-        if self.shards > 0 {
-            return self.shards;
-        }
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8)
+        let wanted = if self.shards > 0 {
+            self.shards
+        } else {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(8)
+        };
+        1 << wanted.ilog2()
     }
 
     pub(crate) fn pool_settings(&self, device_total: u64) -> PoolSettings {

@@ -31,18 +31,23 @@ use std::time::{Duration, Instant};
 static NEXT_THREAD_SLOT: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
-    static THREAD_SLOT: usize = NEXT_THREAD_SLOT.fetch_add(1, Relaxed);
-    static NEXT_LOCAL_ID: Cell<u64> = const { Cell::new(0) };
+    /// The thread's next allocation id: its slot in the top 24 bits, a counter below. Zero
+    /// means "no slot yet".
+    static NEXT_ID: Cell<u64> = const { Cell::new(0) };
 }
 
+/// The calling thread's slot and a process-unique allocation id.
+#[inline]
 fn next_allocation_id() -> (usize, u64) {
-    let slot = THREAD_SLOT.with(|s| *s);
-    let local = NEXT_LOCAL_ID.with(|n| {
-        let id = n.get();
-        n.set(id + 1);
-        id
-    });
-    (slot, ((slot as u64) << 40) | local)
+    NEXT_ID.with(|next| {
+        let mut id = next.get();
+        if id == 0 {
+            let slot = NEXT_THREAD_SLOT.fetch_add(1, Relaxed) as u64 + 1;
+            id = slot << 40;
+        }
+        next.set(id + 1);
+        (((id >> 40) - 1) as usize, id)
+    })
 }
 
 /// Counters of one device kept outside the pools.
@@ -109,7 +114,6 @@ pub struct MemoryManager {
 pub(crate) struct Shared {
     pub backend: Arc<dyn DeviceBackend>,
     pub config: ManagerConfig,
-    pub epoch: Instant,
     pub devices: Vec<ManagedDevice>,
     /// Backend device index -> position in `devices`.
     slot_of: Vec<Option<usize>>,
@@ -162,7 +166,6 @@ impl MemoryManager {
             shared: Arc::new(Shared {
                 backend,
                 config,
-                epoch: Instant::now(),
                 devices,
                 slot_of,
                 shard_count,
@@ -228,8 +231,8 @@ impl MemoryManager {
         let live = LiveInfo {
             id,
             requested: size,
-            created_ns: if self.shared.config.track_allocations {
-                self.shared.epoch.elapsed().as_nanos() as u64
+            created_ticks: if self.shared.config.track_allocations {
+                crate::clock::now()
             } else {
                 0
             },
@@ -254,7 +257,7 @@ impl MemoryManager {
     }
 
     fn pool_for(&self, managed: &ManagedDevice, stream: StreamId, thread_slot: usize) -> Arc<Pool> {
-        let shard = thread_slot % self.shared.shard_count;
+        let shard = thread_slot & (self.shared.shard_count - 1);
         if stream == StreamId::DEFAULT {
             return Arc::clone(&managed.default_stream[shard]);
         }
@@ -424,7 +427,7 @@ impl MemoryManager {
     fn release_cached_on(
         &self,
         managed: &ManagedDevice,
-        mut keep_going: impl FnMut(u64, Instant) -> bool,
+        mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> u64 {
         let mut released = 0;
         for pool in managed.pools() {
@@ -483,14 +486,12 @@ impl MemoryManager {
     }
 
     pub fn release_idle_older_than(&self, age: Duration) -> u64 {
-        let now = Instant::now();
+        let now = crate::clock::now();
         self.shared
             .devices
             .iter()
             .map(|managed| {
-                self.release_cached_on(managed, |_, since| {
-                    now.saturating_duration_since(since) >= age
-                })
+                self.release_cached_on(managed, |_, since| crate::clock::between(since, now) >= age)
             })
             .sum()
     }

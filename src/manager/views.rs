@@ -110,7 +110,7 @@ impl MemoryManager {
 
     /// Every live allocation with its age, oldest first.
     pub fn live_allocations(&self) -> Vec<LiveAllocation> {
-        let now_ns = self.shared().epoch.elapsed().as_nanos() as u64;
+        let now = crate::clock::now();
         let tracking = self.shared().config.track_allocations;
         let mut live = Vec::new();
         let record =
@@ -123,7 +123,7 @@ impl MemoryManager {
                 tag: Tag::from_id(info.tag).map(Tag::name),
                 pool,
                 age: if tracking {
-                    Duration::from_nanos(now_ns.saturating_sub(info.created_ns))
+                    crate::clock::between(info.created_ticks, now)
                 } else {
                     Duration::ZERO
                 },

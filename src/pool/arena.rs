@@ -6,7 +6,6 @@ use super::pages::{runs_of, PageRun, PageTable};
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
-use std::time::Instant;
 
 /// Why an arena could not place a block.
 #[derive(Debug)]
@@ -180,7 +179,7 @@ impl Arena {
 
     /// Maps every run in `self.runs`; on failure unmaps what this call mapped.
     fn map_runs(&mut self, backend: &dyn DeviceBackend) -> Result<Released, ArenaError> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut done = Released::default();
         for index in 0..self.runs.len() {
             let run = self.runs[index];
@@ -214,14 +213,15 @@ impl Arena {
 
     /// Frees a block handed out by [`alloc`](Self::alloc); returns its size and live info.
     #[inline]
-    pub fn free(&mut self, block: u32, now: impl FnOnce() -> Instant) -> (u64, LiveInfo) {
+    pub fn free(&mut self, block: u32) -> (u64, LiveInfo) {
         let (offset, size, live) = {
             let b = self.tlsf.block(block);
             debug_assert_eq!(b.state, BlockState::Used);
             (b.offset, b.size, b.live)
         };
         let (first, last) = self.page_span(offset, size);
-        self.pages.release(first, last, now);
+        // The clock is read only if a page actually goes idle.
+        self.pages.release(first, last, crate::clock::now);
         self.tlsf.free(block);
         (size, live)
     }
@@ -247,7 +247,7 @@ impl Arena {
     pub fn release_idle(
         &mut self,
         backend: &dyn DeviceBackend,
-        keep_going: impl FnMut(usize, Instant) -> bool,
+        keep_going: impl FnMut(usize, u64) -> bool,
     ) -> Result<Released, BackendError> {
         self.release_pages(backend, keep_going, |_| false)
     }
@@ -255,7 +255,7 @@ impl Arena {
     fn release_pages(
         &mut self,
         backend: &dyn DeviceBackend,
-        keep_going: impl FnMut(usize, Instant) -> bool,
+        keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, BackendError> {
         let pages = self.pages.take_idle(keep_going, spare);
@@ -263,7 +263,7 @@ impl Arena {
             return Ok(Released::default());
         }
         if let Err(error) = backend.synchronize_stream(self.device, self.stream) {
-            self.pages.restore_idle(&pages, Instant::now());
+            self.pages.restore_idle(&pages, crate::clock::now());
             return Err(error);
         }
         let mut released = Released::default();
@@ -271,7 +271,7 @@ impl Arena {
         for (index, run) in runs.iter().enumerate() {
             let (addr, bytes) = self.run_range(*run);
             if let Err(error) = backend.unmap(self.device, addr, bytes) {
-                let now = Instant::now();
+                let now = crate::clock::now();
                 for left in &runs[index..] {
                     let pages: Vec<u32> = (left.first..left.first + left.count).collect();
                     self.pages.restore_idle(&pages, now);

@@ -20,7 +20,6 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Bytes held from the driver by all pools of one device, with its exact peak. Changed only
 /// when the driver is called (the miss path), so sharing it across threads costs nothing hot.
@@ -203,7 +202,7 @@ impl Pool {
         let slot = self.slot(kind);
         let mut guard = slot.arena.lock();
         if let Some(arena) = guard.as_mut() {
-            let (size, live) = arena.free(block, Instant::now);
+            let (size, live) = arena.free(block);
             slot.counters.on_free(live.requested, size);
             slot.counters
                 .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
@@ -243,7 +242,7 @@ impl Pool {
     /// idle_since)` says so.
     pub fn release_idle(
         &self,
-        mut keep_going: impl FnMut(u64, Instant) -> bool,
+        mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> Result<u64, BackendError> {
         let mut total = 0;
         for slot in [&self.small, &self.large] {

@@ -1,8 +1,5 @@
 //! Which pages of an arena are backed by device memory, how many live blocks touch each, and
-//! which mapped pages sit idle (in the order they went idle, so the oldest are released first).
-
-use std::collections::VecDeque;
-use std::time::Instant;
+//! since when each mapped page without a live block has been idle (oldest are released first).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PageState {
@@ -13,21 +10,15 @@ enum PageState {
     Idle,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct IdleEntry {
-    page: u32,
-    generation: u32,
-    since: Instant,
-}
-
-/// Per-page state of one arena. Pages are numbered from the arena's base.
+/// Per-page state of one arena. Pages are numbered from the arena's base. Finding idle pages
+/// scans the table: that happens only when memory goes back to the driver, so the hot path
+/// keeps no queue, only a counter and a timestamp per page.
 #[derive(Debug, Default)]
 pub struct PageTable {
     state: Vec<PageState>,
     live_blocks: Vec<u32>,
-    /// Bumped each time a page goes idle, so stale queue entries can be told apart.
-    generation: Vec<u32>,
-    idle_queue: VecDeque<IdleEntry>,
+    /// When each idle page went idle, in [`crate::clock`] ticks.
+    idle_since: Vec<u64>,
     idle_pages: usize,
     mapped_pages: usize,
 }
@@ -59,11 +50,12 @@ impl PageTable {
         if self.state.len() < needed {
             self.state.resize(needed, PageState::Unmapped);
             self.live_blocks.resize(needed, 0);
-            self.generation.resize(needed, 0);
+            self.idle_since.resize(needed, 0);
         }
     }
 
     /// Appends to `runs` the unmapped pages among `first..=last`, merged into runs.
+    #[inline]
     pub fn unmapped_runs(&mut self, first: u32, last: u32, runs: &mut Vec<PageRun>) {
         self.grow_to(last);
         for page in first..=last {
@@ -81,12 +73,17 @@ impl PageTable {
     }
 
     /// Records that the driver has mapped `run` (its pages are idle until acquired).
-    pub fn mark_mapped(&mut self, run: PageRun, now: Instant) {
+    pub fn mark_mapped(&mut self, run: PageRun, now: u64) {
         for page in run.first..run.first + run.count {
-            self.state[page as usize] = PageState::Idle;
+            self.set_idle(page, now);
             self.mapped_pages += 1;
-            self.push_idle(page, now);
         }
+    }
+
+    fn set_idle(&mut self, page: u32, now: u64) {
+        self.state[page as usize] = PageState::Idle;
+        self.idle_since[page as usize] = now;
+        self.idle_pages += 1;
     }
 
     /// A block now lives on `first..=last`, all of which are mapped.
@@ -105,38 +102,19 @@ impl PageTable {
 
     /// A block on `first..=last` was freed; pages left with no live block go idle.
     #[inline]
-    pub fn release(&mut self, first: u32, last: u32, now: impl FnOnce() -> Instant) {
+    pub fn release(&mut self, first: u32, last: u32, now: impl FnOnce() -> u64) {
         let mut now = Some(now);
-        let mut since = None;
+        let mut at = 0;
         for page in first..=last {
             let p = page as usize;
             self.live_blocks[p] -= 1;
             if self.live_blocks[p] == 0 {
-                self.state[p] = PageState::Idle;
                 // Read the clock only when a page actually goes idle, not on every free.
-                let at =
-                    *since.get_or_insert_with(|| now.take().map_or_else(Instant::now, |f| f()));
-                self.push_idle(page, at);
+                if let Some(read) = now.take() {
+                    at = read();
+                }
+                self.set_idle(page, at);
             }
-        }
-    }
-
-    fn push_idle(&mut self, page: u32, since: Instant) {
-        let p = page as usize;
-        self.generation[p] = self.generation[p].wrapping_add(1);
-        self.idle_pages += 1;
-        self.idle_queue.push_back(IdleEntry {
-            page,
-            generation: self.generation[p],
-            since,
-        });
-        // Pages that went live again leave stale entries behind; drop them before they pile up.
-        if self.idle_queue.len() > 4 * self.idle_pages + 1024 {
-            let (state, generation) = (&self.state, &self.generation);
-            self.idle_queue.retain(|e| {
-                state[e.page as usize] == PageState::Idle
-                    && generation[e.page as usize] == e.generation
-            });
         }
     }
 
@@ -145,44 +123,35 @@ impl PageTable {
     /// caller must unmap them (or hand them back with `restore_idle`).
     pub fn take_idle(
         &mut self,
-        mut keep_going: impl FnMut(usize, Instant) -> bool,
+        mut keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
     ) -> Vec<u32> {
+        if self.idle_pages == 0 {
+            return Vec::new();
+        }
+        let mut idle: Vec<(u64, u32)> = (0..self.state.len() as u32)
+            .filter(|&p| self.state[p as usize] == PageState::Idle && !spare(p))
+            .map(|p| (self.idle_since[p as usize], p))
+            .collect();
+        idle.sort_unstable();
         let mut taken = Vec::new();
-        let mut spared = Vec::new();
-        while let Some(entry) = self.idle_queue.front().copied() {
-            let p = entry.page as usize;
-            let current =
-                self.state[p] == PageState::Idle && self.generation[p] == entry.generation;
-            if current && !keep_going(taken.len(), entry.since) {
+        for (since, page) in idle {
+            if !keep_going(taken.len(), since) {
                 break;
             }
-            self.idle_queue.pop_front();
-            if !current {
-                continue;
-            }
-            if spare(entry.page) {
-                spared.push(entry);
-                continue;
-            }
-            self.state[p] = PageState::Unmapped;
+            self.state[page as usize] = PageState::Unmapped;
             self.idle_pages -= 1;
             self.mapped_pages -= 1;
-            taken.push(entry.page);
-        }
-        // Spared pages keep their place at the front: they are still the oldest.
-        for entry in spared.into_iter().rev() {
-            self.idle_queue.push_front(entry);
+            taken.push(page);
         }
         taken
     }
 
     /// Puts back pages from `take_idle` that the driver failed to unmap.
-    pub fn restore_idle(&mut self, pages: &[u32], now: Instant) {
+    pub fn restore_idle(&mut self, pages: &[u32], now: u64) {
         for &page in pages {
-            self.state[page as usize] = PageState::Idle;
+            self.set_idle(page, now);
             self.mapped_pages += 1;
-            self.push_idle(page, now);
         }
     }
 }
@@ -209,34 +178,31 @@ mod tests {
 
     #[test]
     fn pages_go_idle_when_the_last_block_leaves_and_are_released_oldest_first() {
-        let now = Instant::now();
         let mut table = PageTable::default();
         let mut runs = Vec::new();
         table.unmapped_runs(0, 3, &mut runs);
         assert_eq!(runs, vec![PageRun { first: 0, count: 4 }]);
-        table.mark_mapped(runs[0], now);
+        table.mark_mapped(runs[0], 1);
         table.acquire(0, 1);
         table.acquire(1, 3);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (4, 0));
-        table.release(1, 3, || now);
+        table.release(1, 3, || 5);
         assert_eq!(table.idle_pages(), 2, "page 1 still holds the first block");
-        table.release(0, 1, || now);
+        table.release(0, 1, || 7);
         let taken = table.take_idle(|n, _| n < 3, |_| false);
         assert_eq!(taken, vec![2, 3, 0]);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (1, 1));
     }
 
     #[test]
-    fn stale_idle_entries_are_skipped() {
-        let now = Instant::now();
+    fn spared_and_live_pages_are_not_taken() {
         let mut table = PageTable::default();
         let mut runs = Vec::new();
-        table.unmapped_runs(0, 0, &mut runs);
-        table.mark_mapped(runs[0], now);
+        table.unmapped_runs(0, 2, &mut runs);
+        table.mark_mapped(runs[0], 0);
         table.acquire(0, 0);
-        table.release(0, 0, || now);
-        table.acquire(0, 0);
-        assert!(table.take_idle(|_, _| true, |_| false).is_empty());
+        let taken = table.take_idle(|_, _| true, |page| page == 1);
+        assert_eq!(taken, vec![2]);
         assert_eq!(runs_of(vec![5, 1, 2, 7, 6]).len(), 2);
     }
 }

@@ -20,7 +20,8 @@ const EXACT_BIN_SCAN: usize = 16;
 pub struct LiveInfo {
     pub id: u64,
     pub requested: u64,
-    pub created_ns: u64,
+    /// When it was allocated, in [`crate::clock`] ticks (0 when tracking is off).
+    pub created_ticks: u64,
     pub tag: u32,
 }
 
