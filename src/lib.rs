@@ -3,14 +3,22 @@
 
 pub mod backend;
 pub mod cli;
+pub mod clock;
+pub mod demo;
 pub mod error;
+pub mod exporter;
 pub mod manager;
+pub mod planner;
 pub mod plot;
 pub mod pool;
 pub mod replay;
+pub mod sampler;
+pub mod snapshot;
 pub mod trace;
 pub mod units;
+pub mod web;
 
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};
 pub use manager::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, Strategy, Tag};
+pub use exporter::{Exporter, ExporterHandle};

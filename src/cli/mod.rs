@@ -1,7 +1,9 @@
 //! The command line: raw flags parsed by clap, validated into settings, and dispatched to the
 //! subcommands. Every failure becomes one line on stderr and an exit code (2 for bad input).
 
+mod demo;
 mod devices;
+mod estimate;
 mod replay;
 
 use crate::backend::{open_backend, sim, BackendChoice, OpenedBackend};
@@ -56,10 +58,15 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a synthetic inference workload through a real memory manager and serve the status
+    /// page, /metrics and the JSON API (the first thing to try; works without a GPU).
+    Demo(demo::DemoArgs),
     /// List devices and their properties (memory, compute capability, SMs, ...).
     Devices(devices::DevicesArgs),
     /// Replay allocation traces through the allocator and report waste and speed.
     Replay(replay::ReplayArgs),
+    /// Estimate a model's inference memory (weights, KV cache, activations) and which device fits it.
+    Estimate(estimate::EstimateArgs),
 }
 
 /// Flags every command shares.
@@ -183,8 +190,10 @@ pub fn run() -> i32 {
     };
     init_logging();
     let outcome = match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Devices(args) => devices::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Estimate(args) => estimate::run(args),
     };
     match outcome {
         Ok(()) => 0,

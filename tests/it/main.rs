@@ -4,4 +4,7 @@ mod allocator;
 mod backend_contract;
 mod cli;
 mod cuda_loading;
+mod demo;
+mod estimate;
 mod support;
+mod web;

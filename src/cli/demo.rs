@@ -1,0 +1,95 @@
+//! `gpumem demo`: flags for the demo, validated into `DemoSettings`, then `gpumem::demo::run`.
+
+use super::{CliError, CommonArgs};
+use crate::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use crate::backend::{BackendKind, DeviceBackend};
+use crate::demo::{self, DemoError, DemoSettings};
+use crate::exporter::{parse_duration, ExporterError, ExporterFlags};
+use crate::units::parse_bytes;
+use clap::Args;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    exporter: ExporterFlags,
+
+    /// Stop after this long (e.g. 30s, 10m); without it the demo runs until Ctrl-C or SIGTERM.
+    #[arg(long, env = "GPUMEM_DURATION")]
+    duration: Option<String>,
+
+    /// Live allocations older than this are leak suspects (short here, so the leak view fills
+    /// within a minute).
+    #[arg(long, env = "GPUMEM_LEAK_AGE", default_value = "30s")]
+    leak_age: String,
+
+    /// Push every device to critical pressure this long after the start, for 45 s (e.g. 20s);
+    /// `POST /api/v1/demo/pressure-spike?seconds=N` does the same at any time.
+    #[arg(long, env = "GPUMEM_SPIKE_AT")]
+    spike_at: Option<String>,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+fn flag_duration(flag: &str, text: &str) -> Result<Duration, CliError> {
+    parse_duration(text).map_err(|e| CliError::usage(format!("{flag}: {e}")))
+}
+
+pub fn run(args: DemoArgs) -> Result<(), CliError> {
+    // Every flag is checked before the driver is touched: bad input costs nothing.
+    let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
+    let duration = match &args.duration {
+        Some(text) => Some(flag_duration("--duration", text)?),
+        None => None,
+    };
+    let leak_age = flag_duration("--leak-age", &args.leak_age)?;
+    let spike_at = match &args.spike_at {
+        Some(text) => Some(flag_duration("--spike-at", text)?),
+        None => None,
+    };
+
+    let opened = args.common.open()?;
+    let devices = args
+        .common
+        .selected_devices(opened.backend.device_count())?;
+    let (backend, sim): (Arc<dyn DeviceBackend>, _) = match opened.backend.kind() {
+        BackendKind::Cuda => (opened.backend, None),
+        BackendKind::Sim => {
+            // The demo changes what "other processes" hold, which needs the concrete simulated
+            // backend; the opened one is behind `dyn`, so build the same one again.
+            let sim = Arc::new(SimBackend::new(sim_config(&args.common)?));
+            (Arc::clone(&sim) as Arc<dyn DeviceBackend>, Some(sim))
+        }
+    };
+    let settings = DemoSettings {
+        devices: Some(devices),
+        listen,
+        interval,
+        duration,
+        leak_age,
+        spike_at,
+    };
+    demo::run(backend, sim, settings).map_err(|error| match error {
+        DemoError::Exporter(bind @ ExporterError::Bind { .. }) => CliError::runtime(format!(
+            "{bind} (pick another address with --listen or GPUMEM_LISTEN)"
+        )),
+        other => CliError::runtime(other.to_string()),
+    })
+}
+
+/// The simulated devices `--sim-memory` and `--sim-devices` describe (already validated by
+/// `CommonArgs::open`, so errors here are only reported, not expected).
+fn sim_config(common: &CommonArgs) -> Result<SimConfig, CliError> {
+    let total = parse_bytes(&common.sim_memory)
+        .map_err(|e| CliError::usage(format!("--sim-memory: {e}")))?;
+    let spec = SimDeviceSpec {
+        total_bytes: total,
+        ..SimDeviceSpec::default()
+    };
+    Ok(SimConfig {
+        devices: vec![spec; common.sim_devices],
+        ..SimConfig::default()
+    })
+}

@@ -1,0 +1,209 @@
+//! `gpumem demo`: a real `MemoryManager` under a synthetic inference workload (see
+//! [`workload`]), with pressure swinging up and down (see [`pressure`]), served by the exporter
+//! like any embedding program would. Runs until Ctrl-C, SIGTERM or the optional duration ends,
+//! then stops the workload, lets in-flight requests finish and returns.
+
+mod pressure;
+mod spike;
+mod workload;
+
+pub use spike::{PressureSpike, DEFAULT_SPIKE};
+
+use crate::backend::sim::SimBackend;
+use crate::backend::DeviceBackend;
+use crate::exporter::{Exporter, ExporterError};
+use crate::manager::{ManagerConfig, MemoryManager};
+use pressure::{PressureSource, PressureSwing};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use workload::{Budget, DeviceWorkload, Rng};
+
+/// One step of the workload.
+const TICK: Duration = Duration::from_millis(50);
+
+/// What the demo was asked to do, validated.
+#[derive(Clone, Debug)]
+pub struct DemoSettings {
+    /// Backend device indices to use; `None` uses all.
+    pub devices: Option<Vec<usize>>,
+    pub listen: SocketAddr,
+    pub interval: Duration,
+    /// Stop after this long; `None` runs until a signal.
+    pub duration: Option<Duration>,
+    /// Short, so the leak view fills within a minute.
+    pub leak_age: Duration,
+    /// Start a pressure spike this long after the start.
+    pub spike_at: Option<Duration>,
+}
+
+#[derive(Debug, Error)]
+pub enum DemoError {
+    #[error("{0}")]
+    Exporter(#[from] ExporterError),
+    #[error("could not set up the memory manager: {0}")]
+    Manager(#[from] crate::error::BackendError),
+    #[error("could not start the demo: {0}")]
+    Startup(#[source] std::io::Error),
+}
+
+/// Runs the demo on `backend`. Pass the simulated backend as `sim` as well (same object) so the
+/// demo can change the memory other processes hold; without it, pressure comes from ballast.
+pub fn run(
+    backend: Arc<dyn DeviceBackend>,
+    sim: Option<Arc<SimBackend>>,
+    settings: DemoSettings,
+) -> Result<(), DemoError> {
+    let config = ManagerConfig {
+        // Shorter than the default so the chart shows cached memory going back to the driver.
+        release_idle_after: Some(Duration::from_secs(15)),
+        devices: settings.devices.clone(),
+        ..ManagerConfig::default()
+    };
+    let manager = MemoryManager::new(backend, config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gpumem-demo")
+        .enable_all()
+        .build()
+        .map_err(DemoError::Startup)?;
+    runtime.block_on(serve(manager, sim, settings))
+}
+
+async fn serve(
+    manager: MemoryManager,
+    sim: Option<Arc<SimBackend>>,
+    settings: DemoSettings,
+) -> Result<(), DemoError> {
+    let spike = Arc::new(PressureSpike::default());
+    // Ballast only exists where pressure cannot be simulated; it is meant to stay, not a leak.
+    let long_lived: &[&str] = match sim {
+        Some(_) => &["weights"],
+        None => &["weights", pressure::BALLAST_TAG],
+    };
+    let exporter = Exporter::builder()
+        .manager(manager.clone())
+        .listen(settings.listen)
+        .interval(settings.interval)
+        .leak_age(settings.leak_age)
+        .long_lived_tags(long_lived.iter().copied())
+        .routes(spike::routes(Arc::clone(&spike)))
+        .spawn()?;
+    // The one line a new user needs; stdout, so scripts and tests can read the address.
+    println!("gpumem demo: open {}", exporter.url());
+    let _ = std::io::stdout().flush();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let workload = {
+        let stop = Arc::clone(&stop);
+        let spike = Arc::clone(&spike);
+        let spike_at = settings.spike_at;
+        std::thread::Builder::new()
+            .name("gpumem-demo-workload".to_string())
+            .spawn(move || run_workload(manager, sim, &spike, spike_at, &stop))
+            .map_err(DemoError::Startup)?
+    };
+
+    wait_for_end(settings.duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let joined = tokio::task::spawn_blocking(move || workload.join()).await;
+    if !matches!(joined, Ok(Ok(()))) {
+        tracing::error!("the demo workload stopped with a panic");
+    }
+    exporter.shutdown_and_wait().await;
+    Ok(())
+}
+
+/// Returns on Ctrl-C, SIGTERM, or when `duration` has passed.
+async fn wait_for_end(duration: Option<Duration>) {
+    let timer = async {
+        match duration {
+            Some(duration) => tokio::time::sleep(duration).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = timer => tracing::info!("demo duration reached; stopping"),
+        _ = interrupted() => tracing::info!("stopping on signal; finishing requests in flight"),
+    }
+}
+
+async fn interrupted() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+/// The workload thread: ticks every device until `stop` is set.
+fn run_workload(
+    manager: MemoryManager,
+    sim: Option<Arc<SimBackend>>,
+    spike: &PressureSpike,
+    spike_at: Option<Duration>,
+    stop: &AtomicBool,
+) {
+    let started = Instant::now();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
+    let mut rng = Rng::seeded(seed);
+    let mut devices = Vec::new();
+    for device in manager.device_indices() {
+        let total = manager
+            .backend()
+            .properties(device)
+            .map_or(0, |p| p.total_memory_bytes);
+        let free = manager
+            .backend()
+            .mem_info(device)
+            .map_or(total, |info| info.free);
+        let source = match &sim {
+            Some(sim) => PressureSource::Simulated(Arc::clone(sim)),
+            None => PressureSource::Ballast,
+        };
+        devices.push((
+            DeviceWorkload::new(device, Budget::for_free_memory(free)),
+            PressureSwing::new(source, device, total, free),
+        ));
+    }
+    let mut spiked = false;
+    while !stop.load(Ordering::Relaxed) {
+        let tick_started = Instant::now();
+        let elapsed = started.elapsed();
+        if let Some(at) = spike_at {
+            if !spiked && elapsed >= at {
+                spike.trigger(DEFAULT_SPIKE);
+                spiked = true;
+            }
+        }
+        let spike_on = spike.is_on();
+        for (workload, pressure) in &mut devices {
+            pressure.apply(&manager, elapsed, spike_on);
+            workload.tick(&manager, elapsed, &mut rng);
+        }
+        std::thread::sleep(TICK.saturating_sub(tick_started.elapsed()));
+    }
+    let refused: u64 = devices.iter().map(|(w, _)| w.refused).sum();
+    tracing::info!(refused, "demo workload stopped");
+}

@@ -1,0 +1,290 @@
+//! The embedding API: one call for an inference engine to serve `/metrics`, the status page and
+//! the JSON API for its own managers —
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let manager: gpumem::MemoryManager = unimplemented!();
+//! let exporter = gpumem::Exporter::builder()
+//!     .manager(manager)
+//!     .listen(([127, 0, 0, 1], 9400))
+//!     .spawn()?;
+//! println!("status page: {}", exporter.url());
+//! // ... serve inference ...
+//! exporter.shutdown();
+//! # Ok(()) }
+//! ```
+//!
+//! Inside a tokio runtime the exporter runs as tasks on it; outside one it starts its own small
+//! runtime on a thread named `gpumem-exporter`. Signals stay the host's business: call
+//! [`ExporterHandle::shutdown`] from the host's own handler.
+
+mod flags;
+
+pub use flags::{
+    format_duration, parse_duration, parse_interval, parse_listen, ExporterFlags, DEFAULT_LISTEN,
+};
+
+use crate::manager::pressure::PressureThresholds;
+use crate::manager::MemoryManager;
+use crate::sampler::{self, Sample, Sampler, MIN_INTERVAL};
+use crate::snapshot::CaptureSettings;
+use crate::web::{self, WebState};
+use axum::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::watch;
+
+/// How long shutdown waits for in-flight requests before closing their connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Error)]
+pub enum ExporterError {
+    #[error("the exporter needs at least one memory manager (call .manager(m))")]
+    NoManagers,
+    #[error("the interval {} is too short; the shortest is {}", format_duration(*.0), format_duration(MIN_INTERVAL))]
+    IntervalTooShort(Duration),
+    #[error("could not listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not start the exporter's runtime thread: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Entry point of the embedding API.
+pub struct Exporter;
+
+impl Exporter {
+    pub fn builder() -> ExporterBuilder {
+        ExporterBuilder::default()
+    }
+}
+
+/// Settings of an exporter; see the module documentation.
+pub struct ExporterBuilder {
+    managers: Vec<MemoryManager>,
+    listen: SocketAddr,
+    capture: CaptureSettings,
+    routes: Option<Router>,
+}
+
+impl Default for ExporterBuilder {
+    fn default() -> Self {
+        ExporterBuilder {
+            managers: Vec::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            capture: CaptureSettings::default(),
+            routes: None,
+        }
+    }
+}
+
+impl ExporterBuilder {
+    /// A manager to observe; call once per manager (managers should share one backend).
+    pub fn manager(mut self, manager: MemoryManager) -> Self {
+        self.managers.push(manager);
+        self
+    }
+
+    /// Where to listen (default `127.0.0.1:9400`; port 0 picks a free port).
+    pub fn listen(mut self, addr: impl Into<SocketAddr>) -> Self {
+        self.listen = addr.into();
+        self
+    }
+
+    /// How often to sample (default 1 s, at least 100 ms).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.capture.interval = interval;
+        self
+    }
+
+    /// Age after which a live allocation is a leak suspect (default 10 minutes).
+    pub fn leak_age(mut self, age: Duration) -> Self {
+        self.capture.leak_age = age;
+        self
+    }
+
+    /// Tags expected to live for the whole run, never leak suspects (default: `weights`).
+    pub fn long_lived_tags<S: Into<String>>(mut self, tags: impl IntoIterator<Item = S>) -> Self {
+        self.capture.long_lived_tags = tags.into_iter().map(Into::into).collect();
+        self
+    }
+
+    pub fn pressure_thresholds(mut self, thresholds: PressureThresholds) -> Self {
+        self.capture.pressure = thresholds;
+        self
+    }
+
+    /// Extra routes served next to the exporter's own (they must not reuse its paths).
+    pub fn routes(mut self, routes: Router) -> Self {
+        self.routes = Some(routes);
+        self
+    }
+
+    /// Binds the address, takes the first sample (so every endpoint has data at once) and
+    /// starts the sampler and the server. Errors are returned here, never panicked on.
+    pub fn spawn(self) -> Result<ExporterHandle, ExporterError> {
+        if self.managers.is_empty() {
+            return Err(ExporterError::NoManagers);
+        }
+        let interval = self.capture.interval;
+        if interval < MIN_INTERVAL {
+            return Err(ExporterError::IntervalTooShort(interval));
+        }
+        let bind_error = |source| ExporterError::Bind {
+            addr: self.listen,
+            source,
+        };
+        let listener = std::net::TcpListener::bind(self.listen).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+
+        let mut sampler = Sampler::new(self.managers, self.capture);
+        let first = sampler.sample();
+        let (publish, latest) = watch::channel(first);
+        let state = WebState::new(latest, sampler.history(), interval);
+        let app = web::router(state, self.routes);
+        let (stop, stopped) = watch::channel(false);
+        let work = run(listener, app, sampler, publish, stopped);
+
+        let task = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => Task::Tokio(runtime.spawn(work)),
+            Err(_) => {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("gpumem-exporter-worker")
+                    .enable_all()
+                    .build()
+                    .map_err(ExporterError::Runtime)?;
+                let thread = std::thread::Builder::new()
+                    .name("gpumem-exporter".to_string())
+                    .spawn(move || runtime.block_on(work))
+                    .map_err(ExporterError::Runtime)?;
+                Task::Thread(thread)
+            }
+        };
+        tracing::info!("serving metrics and the status page on http://{local_addr}/");
+        Ok(ExporterHandle {
+            local_addr,
+            stop,
+            task: Some(task),
+        })
+    }
+}
+
+enum Task {
+    Tokio(tokio::task::JoinHandle<()>),
+    Thread(std::thread::JoinHandle<()>),
+}
+
+/// A running exporter. Dropping it stops the exporter (without waiting): keep it alive as long
+/// as the endpoints should be served.
+#[must_use = "dropping the handle stops the exporter"]
+pub struct ExporterHandle {
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: Option<Task>,
+}
+
+impl ExporterHandle {
+    /// The address actually bound (the real port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The status page's URL; an unspecified address (0.0.0.0) is shown as loopback.
+    pub fn url(&self) -> String {
+        let mut addr = self.local_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(if addr.is_ipv4() {
+                [127, 0, 0, 1].into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        format!("http://{addr}/")
+    }
+
+    /// Stops the sampler and the server: no new connections, in-flight requests finish. On the
+    /// exporter's own thread this waits until everything has stopped; on the host's runtime it
+    /// returns at once (use [`shutdown_and_wait`](Self::shutdown_and_wait) from async code).
+    pub fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(Task::Thread(thread)) = self.task.take() {
+            if thread.join().is_err() {
+                tracing::error!("the exporter thread panicked while stopping");
+            }
+        }
+    }
+
+    /// Stops the exporter and waits until the server and the sampler have finished.
+    pub async fn shutdown_and_wait(mut self) {
+        let _ = self.stop.send(true);
+        match self.task.take() {
+            Some(Task::Tokio(task)) => {
+                if let Err(error) = task.await {
+                    tracing::error!("the exporter task failed: {error}");
+                }
+            }
+            Some(Task::Thread(thread)) => {
+                let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+                if !matches!(joined, Ok(Ok(()))) {
+                    tracing::error!("the exporter thread panicked while stopping");
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+impl Drop for ExporterHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// The exporter's life: sampler and server until `stopped` turns true, then a bounded wait for
+/// in-flight requests and the sampler's last tick.
+async fn run(
+    listener: std::net::TcpListener,
+    app: Router,
+    sampler: Sampler,
+    publish: watch::Sender<Arc<Sample>>,
+    stopped: watch::Receiver<bool>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!("could not serve on the bound socket: {error}");
+            return;
+        }
+    };
+    let sampler_task = sampler::spawn(sampler, publish, stopped.clone());
+    let mut stop_signal = stopped.clone();
+    let shutdown = async move {
+        // An error means the handle is gone, which also means stop.
+        let _ = stop_signal.wait_for(|stop| *stop).await;
+    };
+    let mut grace = stopped;
+    let grace_over = async move {
+        let _ = grace.wait_for(|stop| *stop).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        served = web::serve(listener, app, shutdown) => {
+            if let Err(error) = served {
+                tracing::error!("the HTTP server failed: {error}");
+            }
+        }
+        _ = grace_over => {
+            tracing::warn!("requests still running {} after shutdown; closing them", format_duration(SHUTDOWN_GRACE));
+        }
+    }
+    if let Err(error) = sampler_task.await {
+        tracing::error!("the sampler failed: {error}");
+    }
+}

@@ -1,0 +1,341 @@
+//! The memory a decoder-only transformer (Llama/Mistral layout: RMSNorm, grouped-query
+//! attention, gated SwiGLU MLP) needs at inference: weights, KV cache and activations.
+//!
+//! # Formulas
+//!
+//! With `head_dim = hidden / heads` and `kv = kv_heads * head_dim`:
+//!
+//! ```text
+//! parameters = vocab*hidden                       token embeddings
+//!            + vocab*hidden     (unless tied)     LM head
+//!            + layers * ( 2*hidden*hidden         q and o projections
+//!                       + 2*hidden*kv             k and v projections
+//!                       + 3*hidden*intermediate   gate, up and down (SwiGLU)
+//!                       + 2*hidden )              two RMSNorms
+//!            + hidden                             final norm
+//! weights    = linear params (attention + MLP) * weight_bits / 8
+//!            + for int8/int4: one fp16 scale and one zero point per group of 128 weights
+//!            + other params (embeddings, LM head, norms) * 2 bytes (4 for fp32), since
+//!              quantized checkpoints (GPTQ, AWQ) keep those in fp16
+//! kv_cache   = 2 * layers * kv * max_seq * batch * kv_bits / 8
+//! activations = batch * max_seq * peak_per_token * act_bytes
+//!            + batch * vocab * 4                  fp32 logits
+//!            + dequant scratch                    int8/int4 only: hidden*max(hidden,
+//!                                                 intermediate)*act_bytes (see workspace)
+//! peak_per_token = max( 2*hidden + hidden + 2*kv + hidden,   attention block: residual,
+//!                                                            normed input, q, k, v, output
+//!                       2*hidden + 3*intermediate )          MLP block: residual, normed
+//!                                                            input, gate, up, gate*up
+//! ```
+//!
+//! `act_bytes` is 4 for fp32 weights and 2 otherwise (quantized models compute in fp16).
+//! Layers run one after another and inference keeps no activations for a backward pass, so the
+//! peak is one block's working set. The activation figure assumes a fused attention kernel
+//! (FlashAttention / SDPA: no `seq x seq` score matrix) and the whole batch prefilled in one
+//! forward pass — an upper bound for engines that chunk their prefill.
+//!
+//! Check: Llama-2-7B has 6,738,415,616 parameters (13.48 GB in fp16) and a 4096-token fp16 KV
+//! cache of exactly 2 GiB (`2*32*32*128*4096*2` bytes); the tests pin both.
+
+use serde::Serialize;
+use thiserror::Error;
+
+/// Largest hidden size, intermediate size, vocabulary and sequence length accepted (2^24); with
+/// the other limits every product fits in a `u128`, and real models are far below them.
+pub const MAX_DIMENSION: u64 = 1 << 24;
+/// Largest number of layers or heads accepted.
+pub const MAX_LAYERS: u64 = 1 << 16;
+/// Largest batch accepted.
+pub const MAX_BATCH: u64 = 1 << 20;
+/// Weights per quantization group (one scale and one zero point each), as GPTQ and AWQ use.
+pub const QUANT_GROUP: u64 = 128;
+
+/// Storage type of weights or of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Fp16,
+    Bf16,
+    Fp32,
+    Int8,
+    Int4,
+}
+
+impl Dtype {
+    pub fn bits(self) -> u32 {
+        match self {
+            Dtype::Fp32 => 32,
+            Dtype::Fp16 | Dtype::Bf16 => 16,
+            Dtype::Int8 => 8,
+            Dtype::Int4 => 4,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        matches!(self, Dtype::Int8 | Dtype::Int4)
+    }
+
+    /// Bytes per activation (and per unquantized parameter) when weights are stored as `self`.
+    pub fn activation_bytes(self) -> u32 {
+        if self == Dtype::Fp32 {
+            4
+        } else {
+            2
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Fp16 => "fp16",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp32 => "fp32",
+            Dtype::Int8 => "int8",
+            Dtype::Int4 => "int4",
+        }
+    }
+}
+
+/// The shape of a decoder-only transformer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelShape {
+    pub hidden: u64,
+    /// MLP width (each of gate, up and down is `hidden x intermediate`).
+    pub intermediate: u64,
+    pub layers: u64,
+    pub vocab: u64,
+    /// Query heads; `hidden` must be a multiple.
+    pub heads: u64,
+    /// Key/value heads (grouped-query attention); must divide `heads`.
+    pub kv_heads: u64,
+    /// Whether the LM head shares the embedding matrix (no separate `vocab x hidden`).
+    pub tied_embeddings: bool,
+}
+
+/// What is run on the model: context length, concurrent sequences and storage types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Workload {
+    /// Tokens per sequence the KV cache holds.
+    pub max_seq: u64,
+    /// Sequences in flight.
+    pub batch: u64,
+    pub weights: Dtype,
+    pub kv_cache: Dtype,
+}
+
+/// A shape or workload the formulas cannot apply to; the message names the field.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum ShapeError {
+    #[error("{field} must be at least 1")]
+    Zero { field: &'static str },
+    #[error("{field} = {value} is larger than the supported maximum {max}")]
+    TooLarge {
+        field: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("heads ({heads}) must divide hidden ({hidden}) evenly")]
+    HeadsDoNotDivideHidden { hidden: u64, heads: u64 },
+    #[error("kv-heads ({kv_heads}) must divide heads ({heads}) evenly")]
+    KvHeadsDoNotDivideHeads { heads: u64, kv_heads: u64 },
+}
+
+fn check(field: &'static str, value: u64, max: u64) -> Result<(), ShapeError> {
+    if value == 0 {
+        Err(ShapeError::Zero { field })
+    } else if value > max {
+        Err(ShapeError::TooLarge { field, value, max })
+    } else {
+        Ok(())
+    }
+}
+
+/// Parameters by kind; `linear` are the ones quantization applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ParameterCounts {
+    /// Attention and MLP projections of all layers.
+    pub linear: u64,
+    /// Embeddings, LM head and norms.
+    pub other: u64,
+    pub total: u64,
+}
+
+impl ModelShape {
+    pub fn validate(&self) -> Result<(), ShapeError> {
+        check("hidden", self.hidden, MAX_DIMENSION)?;
+        check("intermediate", self.intermediate, MAX_DIMENSION)?;
+        check("vocab", self.vocab, MAX_DIMENSION)?;
+        check("layers", self.layers, MAX_LAYERS)?;
+        check("heads", self.heads, MAX_LAYERS)?;
+        check("kv-heads", self.kv_heads, MAX_LAYERS)?;
+        if self.hidden % self.heads != 0 {
+            return Err(ShapeError::HeadsDoNotDivideHidden {
+                hidden: self.hidden,
+                heads: self.heads,
+            });
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(ShapeError::KvHeadsDoNotDivideHeads {
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn head_dim(&self) -> u64 {
+        self.hidden / self.heads.max(1)
+    }
+
+    /// Width of the k (and of the v) projection: `kv_heads * head_dim`.
+    fn kv_width(&self) -> u128 {
+        u128::from(self.kv_heads) * u128::from(self.head_dim())
+    }
+
+    /// Parameter counts by the formula in the module docs. Saturating, so that a shape that
+    /// was never validated gives a huge number rather than a panic.
+    pub fn parameters(&self) -> ParameterCounts {
+        let (h, i, l, v) = (
+            u128::from(self.hidden),
+            u128::from(self.intermediate),
+            u128::from(self.layers),
+            u128::from(self.vocab),
+        );
+        let kv = self.kv_width();
+        let per_layer_linear = product(&[2, h, h])
+            .saturating_add(product(&[2, h, kv]))
+            .saturating_add(product(&[3, h, i]));
+        let linear = product(&[l, per_layer_linear]);
+        let lm_head = if self.tied_embeddings {
+            0
+        } else {
+            product(&[v, h])
+        };
+        let other = product(&[v, h])
+            .saturating_add(lm_head)
+            .saturating_add(product(&[l, 2, h]))
+            .saturating_add(h);
+        ParameterCounts {
+            linear: saturate(linear),
+            other: saturate(other),
+            total: saturate(linear.saturating_add(other)),
+        }
+    }
+
+    /// Activation elements one token holds at the peak of a layer (module docs).
+    fn peak_elements_per_token(&self) -> u128 {
+        let h = u128::from(self.hidden);
+        let attention = 4 * h + 2 * self.kv_width();
+        let mlp = 2 * h + 3 * u128::from(self.intermediate);
+        attention.max(mlp)
+    }
+}
+
+impl Workload {
+    pub fn validate(&self) -> Result<(), ShapeError> {
+        check("max-seq", self.max_seq, MAX_DIMENSION)?;
+        check("batch", self.batch, MAX_BATCH)
+    }
+}
+
+/// The estimate, in bytes; `total = weights + kv_cache + activations`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct InferenceEstimate {
+    pub parameters: u64,
+    pub weights_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub activation_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// Weights, KV cache and activations of `shape` running `workload` (formulas in the module docs).
+pub fn estimate_inference_memory(
+    shape: &ModelShape,
+    workload: &Workload,
+) -> Result<InferenceEstimate, ShapeError> {
+    shape.validate()?;
+    workload.validate()?;
+    let weights = weight_bytes(shape, workload.weights);
+    let batch = u128::from(workload.batch);
+    let kv = batch * kv_bytes_per_sequence(shape, workload);
+    let activations = fixed_activation_bytes(shape, workload.weights)
+        + batch * activation_bytes_per_sequence(shape, workload);
+    Ok(InferenceEstimate {
+        parameters: shape.parameters().total,
+        weights_bytes: saturate(weights),
+        kv_cache_bytes: saturate(kv),
+        activation_bytes: saturate(activations),
+        total_bytes: saturate(weights + kv + activations),
+    })
+}
+
+/// The largest batch (at most [`MAX_BATCH`]) whose estimate fits in `budget_bytes`; 0 when not
+/// even one sequence fits. The estimate is linear in the batch, so this is one division.
+pub fn max_batch_that_fits(
+    shape: &ModelShape,
+    workload: &Workload,
+    budget_bytes: u64,
+) -> Result<u64, ShapeError> {
+    let one = Workload {
+        batch: 1,
+        ..*workload
+    };
+    estimate_inference_memory(shape, &one)?;
+    let fixed =
+        weight_bytes(shape, workload.weights) + fixed_activation_bytes(shape, workload.weights);
+    let per_sequence =
+        kv_bytes_per_sequence(shape, workload) + activation_bytes_per_sequence(shape, workload);
+    let budget = u128::from(budget_bytes);
+    if budget < fixed {
+        return Ok(0);
+    }
+    let batch = (budget - fixed) / per_sequence.max(1);
+    Ok(saturate(batch.min(u128::from(MAX_BATCH))))
+}
+
+fn weight_bytes(shape: &ModelShape, dtype: Dtype) -> u128 {
+    let counts = shape.parameters();
+    let bits = u128::from(dtype.bits());
+    let mut linear_bits = u128::from(counts.linear) * bits;
+    if dtype.is_quantized() {
+        let groups = u128::from(counts.linear).div_ceil(u128::from(QUANT_GROUP));
+        linear_bits += groups * (16 + bits);
+    }
+    linear_bits.div_ceil(8) + u128::from(counts.other) * u128::from(dtype.activation_bytes())
+}
+
+fn kv_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
+    let bits = 2
+        * u128::from(shape.layers)
+        * shape.kv_width()
+        * u128::from(workload.max_seq)
+        * u128::from(workload.kv_cache.bits());
+    bits.div_ceil(8)
+}
+
+fn activation_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
+    let act = u128::from(workload.weights.activation_bytes());
+    let tokens = u128::from(workload.max_seq) * shape.peak_elements_per_token() * act;
+    let logits = u128::from(shape.vocab) * 4;
+    tokens + logits
+}
+
+/// The dequantized copy of the largest linear layer, which quantized kernels unpack into.
+fn fixed_activation_bytes(shape: &ModelShape, weights: Dtype) -> u128 {
+    if !weights.is_quantized() {
+        return 0;
+    }
+    let h = u128::from(shape.hidden);
+    h * h.max(u128::from(shape.intermediate)) * u128::from(weights.activation_bytes())
+}
+
+fn product(factors: &[u128]) -> u128 {
+    factors.iter().fold(1, |acc, &f| acc.saturating_mul(f))
+}
+
+fn saturate(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+#[path = "estimate_tests.rs"]
+mod tests;

@@ -1,0 +1,173 @@
+//! The sampler: one background task that, every interval, lets each manager release long-idle
+//! pages, takes a snapshot, publishes it through a watch channel and appends it to the history
+//! ring. Failures are counted and shown in the snapshot's health, never fatal. The snapshot
+//! work itself runs on a blocking thread, so the async runtime keeps serving requests.
+
+mod history;
+
+pub use history::{DevicePoint, History, HistoryPoint, HistoryReply};
+
+use crate::manager::MemoryManager;
+use crate::snapshot::Snapshot;
+use crate::snapshot::{capture, unix_now, CaptureSettings, SamplerHealth};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+
+/// The shortest interval the sampler accepts: a snapshot walks every arena.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// How much the history ring covers.
+pub const HISTORY_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A published snapshot and when it was taken, by the monotonic clock (for staleness).
+#[derive(Debug)]
+pub struct Sample {
+    pub snapshot: Snapshot,
+    pub taken_at: Instant,
+}
+
+impl Sample {
+    /// Stale when no new sample arrived for three intervals: the sampler is stuck or gone.
+    pub fn is_stale(&self, interval: Duration) -> bool {
+        self.taken_at.elapsed() > interval * 3
+    }
+}
+
+/// Takes samples; the state (health counters, the previous sample) lives between ticks.
+pub struct Sampler {
+    managers: Vec<MemoryManager>,
+    settings: CaptureSettings,
+    health: SamplerHealth,
+    history: Arc<History>,
+    last_history_point: Option<Instant>,
+    latest: Option<Arc<Sample>>,
+}
+
+impl Sampler {
+    /// A sampler for `managers`; `settings.interval` must already be at least [`MIN_INTERVAL`].
+    pub fn new(managers: Vec<MemoryManager>, settings: CaptureSettings) -> Self {
+        let history = Arc::new(History::new(settings.interval, HISTORY_WINDOW));
+        Sampler {
+            managers,
+            settings,
+            health: SamplerHealth::default(),
+            history,
+            last_history_point: None,
+            latest: None,
+        }
+    }
+
+    pub fn history(&self) -> Arc<History> {
+        Arc::clone(&self.history)
+    }
+
+    pub fn interval(&self) -> Duration {
+        self.settings.interval
+    }
+
+    /// Does one tick's work: upkeep, snapshot, health, history. Blocking (walks arenas, calls
+    /// the driver): call it from a blocking thread.
+    pub fn sample(&mut self) -> Arc<Sample> {
+        for manager in &self.managers {
+            let released = manager.maintain();
+            if released > 0 {
+                tracing::debug!(released, "returned idle pages to the driver");
+            }
+        }
+        let mut snapshot = capture(&self.managers, &self.settings);
+        if snapshot.problems.is_empty() {
+            self.health.samples_ok += 1;
+            self.health.latest_ok = true;
+            self.health.last_success_timestamp_seconds = Some(snapshot.timestamp_seconds);
+        } else {
+            self.note_failure(snapshot.problems.join("; "));
+        }
+        snapshot.health = self.health.clone();
+        let sample = Arc::new(Sample {
+            snapshot,
+            taken_at: Instant::now(),
+        });
+        let due = self
+            .last_history_point
+            .is_none_or(|last| last.elapsed() + self.settings.interval / 2 >= self.history.step());
+        if due {
+            self.history.record(&sample);
+            self.last_history_point = Some(sample.taken_at);
+        }
+        self.latest = Some(Arc::clone(&sample));
+        sample
+    }
+
+    /// Counts a sample that produced nothing at all (the sampling thread died) and returns the
+    /// previous snapshot marked as failed, so the health endpoint reports it.
+    pub fn sample_lost(&mut self, reason: String) -> Arc<Sample> {
+        self.note_failure(reason);
+        let (snapshot, taken_at) = match &self.latest {
+            Some(previous) => (previous.snapshot.clone(), previous.taken_at),
+            None => (Snapshot::default(), Instant::now()),
+        };
+        let sample = Arc::new(Sample {
+            snapshot: Snapshot {
+                health: self.health.clone(),
+                ..snapshot
+            },
+            taken_at,
+        });
+        self.latest = Some(Arc::clone(&sample));
+        sample
+    }
+
+    fn note_failure(&mut self, reason: String) {
+        // Said once per change, not once per tick: a device that stays broken is one line.
+        if self.health.last_error.as_deref() != Some(reason.as_str()) || self.health.latest_ok {
+            tracing::warn!("sampling failed: {reason}");
+        }
+        self.health.samples_failed += 1;
+        self.health.latest_ok = false;
+        self.health.last_error = Some(reason);
+        self.health.last_error_timestamp_seconds = Some(unix_now());
+    }
+}
+
+/// Runs `sampler` every interval until `shutdown` turns true (or its sender is dropped),
+/// publishing each sample on `publish`. The first tick comes one interval from now: the caller
+/// publishes an initial sample itself so the endpoints have data from the start.
+pub fn spawn(
+    sampler: Sampler,
+    publish: watch::Sender<Arc<Sample>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let interval = sampler.interval();
+    let sampler = Arc::new(Mutex::new(sampler));
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        // A slow sample (a stuck driver call) delays the next one instead of queueing a burst.
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            let worker = Arc::clone(&sampler);
+            let sample = match tokio::task::spawn_blocking(move || worker.lock().sample()).await {
+                Ok(sample) => sample,
+                Err(error) => sampler
+                    .lock()
+                    .sample_lost(format!("the sampling thread failed: {error}")),
+            };
+            // No receivers left means nobody serves the data any more: stop.
+            if publish.send(sample).is_err() {
+                break;
+            }
+        }
+        tracing::debug!("sampler stopped");
+    })
+}

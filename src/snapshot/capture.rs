@@ -1,0 +1,374 @@
+//! Taking a snapshot: reads each manager's lock-free counters, walks its arenas for pool views
+//! and live allocations, asks the driver for free memory, and folds it all into [`Snapshot`].
+//! Runs on the sampler's blocking thread, never inside a request.
+
+use super::{
+    unix_now, AgeBand, AllocationSummary, DeviceCounters, DeviceMemory, DeviceSnapshot,
+    LiveSummary, PoolSnapshot, Pressure, Snapshot, TagGroup,
+};
+use crate::manager::pressure::PressureThresholds;
+use crate::manager::views::{fragmentation, DeviceStats, LiveAllocation, PoolView};
+use crate::manager::MemoryManager;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// What a snapshot looks for, and how much of it it keeps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CaptureSettings {
+    /// Recorded in the snapshot, so readers know how fresh "fresh" is.
+    pub interval: Duration,
+    /// Live allocations older than this are leak suspects.
+    pub leak_age: Duration,
+    /// Tags expected to live for the whole run: never leak suspects, not in the oldest list.
+    pub long_lived_tags: Vec<String>,
+    /// How many of the oldest allocations each device lists.
+    pub oldest_listed: usize,
+    /// How many tags each device lists by name before folding the rest into `other`.
+    pub tags_listed: usize,
+    pub pressure: PressureThresholds,
+}
+
+impl Default for CaptureSettings {
+    fn default() -> Self {
+        CaptureSettings {
+            interval: Duration::from_secs(1),
+            leak_age: Duration::from_secs(600),
+            long_lived_tags: vec!["weights".to_string()],
+            oldest_listed: 20,
+            tags_listed: 10,
+            pressure: PressureThresholds::default(),
+        }
+    }
+}
+
+/// The age bands live bytes are counted in; the labels are part of the metrics contract.
+pub const AGE_BANDS: [(&str, Duration); 4] = [
+    ("0-1m", Duration::from_secs(60)),
+    ("1m-10m", Duration::from_secs(600)),
+    ("10m-1h", Duration::from_secs(3600)),
+    ("1h+", Duration::MAX),
+];
+
+const UNTAGGED: &str = "untagged";
+const OTHER_TAGS: &str = "other";
+
+/// Takes a snapshot of `managers` (which should share one backend). Problems — a device whose
+/// memory cannot be read — are listed in `problems`; the rest of the snapshot is still filled in.
+/// The sampler fills in `health`.
+pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapshot {
+    let started = Instant::now();
+    let timestamp_seconds = unix_now();
+    let mut problems = Vec::new();
+    let mut devices: BTreeMap<usize, DeviceSnapshot> = BTreeMap::new();
+    let mut accumulators: HashMap<usize, LiveAccumulator> = HashMap::new();
+    // The first manager of each device answers for the device itself (properties, mem_info).
+    let mut owner: HashMap<usize, &MemoryManager> = HashMap::new();
+
+    for manager in managers {
+        for index in manager.device_indices() {
+            let device = match devices.entry(index) {
+                Entry::Occupied(known) => known.into_mut(),
+                Entry::Vacant(new) => match describe(manager, index) {
+                    Ok(device) => {
+                        owner.insert(index, manager);
+                        new.insert(device)
+                    }
+                    Err(problem) => {
+                        problems.push(problem);
+                        continue;
+                    }
+                },
+            };
+            match manager.device_stats(index) {
+                Ok(stats) => add_stats(&mut device.stats, &stats),
+                Err(error) => problems.push(format!(
+                    "device {index}: could not read its counters: {error}"
+                )),
+            }
+        }
+        for view in manager.pool_views() {
+            if let Some(device) = devices.get_mut(&view.device) {
+                merge_pool(&mut device.pools, &view);
+            }
+        }
+        for allocation in manager.live_allocations() {
+            accumulators
+                .entry(allocation.device)
+                .or_insert_with(|| LiveAccumulator::new(settings))
+                .add(&allocation, settings);
+        }
+    }
+
+    for (index, device) in devices.iter_mut() {
+        if let Some(manager) = owner.get(index) {
+            match manager.backend().mem_info(*index) {
+                Ok(info) => {
+                    let used = info.used();
+                    let ours = device.stats.reserved_bytes.min(used);
+                    device.memory = Some(DeviceMemory {
+                        total_bytes: info.total,
+                        free_bytes: info.free,
+                        used_bytes: used,
+                        used_by_this_process_bytes: ours,
+                        used_by_others_bytes: used - ours,
+                    });
+                    device.pressure = Some(Pressure {
+                        level: settings.pressure.classify(used, info.total),
+                        used_ratio: settings.pressure.used_ratio(used, info.total),
+                    });
+                }
+                Err(error) => problems.push(format!(
+                    "device {index}: could not read free memory: {error}"
+                )),
+            }
+        }
+        let accumulator = accumulators
+            .remove(index)
+            .unwrap_or_else(|| LiveAccumulator::new(settings));
+        accumulator.finish(device, settings);
+    }
+
+    Snapshot {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        timestamp_seconds,
+        sample_duration_seconds: started.elapsed().as_secs_f64(),
+        interval_seconds: settings.interval.as_secs_f64(),
+        leak_age_seconds: settings.leak_age.as_secs_f64(),
+        long_lived_tags: settings.long_lived_tags.clone(),
+        backend: managers
+            .first()
+            .map_or_else(String::new, |m| m.backend().kind().to_string()),
+        devices: devices.into_values().collect(),
+        problems,
+        health: Default::default(),
+    }
+}
+
+/// A device's fixed facts; the rest is filled in as the managers are read.
+fn describe(manager: &MemoryManager, index: usize) -> Result<DeviceSnapshot, String> {
+    let properties = manager
+        .backend()
+        .properties(index)
+        .map_err(|error| format!("device {index}: could not read its properties: {error}"))?;
+    Ok(DeviceSnapshot {
+        index,
+        name: properties.name,
+        uuid: properties.uuid,
+        simulated: properties.simulated,
+        total_bytes: properties.total_memory_bytes,
+        ..DeviceSnapshot::default()
+    })
+}
+
+fn add_stats(total: &mut DeviceCounters, stats: &DeviceStats) {
+    let c = &stats.counters;
+    total.requested_bytes += c.requested_bytes;
+    total.in_use_bytes += c.in_use_bytes;
+    total.reserved_bytes += c.reserved_bytes;
+    total.peak_requested_bytes += c.peak_requested_bytes;
+    total.peak_in_use_bytes += c.peak_in_use_bytes;
+    total.peak_reserved_bytes += c.peak_reserved_bytes;
+    total.live_allocations += c.live_allocations;
+    total.allocations += c.allocations;
+    total.frees += c.frees;
+    total.requests += c.requests;
+    total.hits += c.hits;
+    total.driver_allocs += c.driver_allocs;
+    total.driver_frees += c.driver_frees;
+    total.driver_errors += c.driver_errors;
+    total.ooms += stats.ooms;
+    total.oom_retries += stats.oom_retries;
+}
+
+/// Adds a pool view to the device's pool of the same kind (several managers may share a device).
+fn merge_pool(pools: &mut Vec<PoolSnapshot>, view: &PoolView) {
+    let name = view.pool.name();
+    let position = match pools.iter().position(|p| p.pool == name) {
+        Some(position) => position,
+        None => {
+            pools.push(PoolSnapshot {
+                pool: name.to_string(),
+                ..PoolSnapshot::default()
+            });
+            pools.len() - 1
+        }
+    };
+    let pool = &mut pools[position];
+    let c = &view.counters;
+    pool.requested_bytes += c.requested_bytes;
+    pool.in_use_bytes += c.in_use_bytes;
+    pool.reserved_bytes += c.reserved_bytes;
+    pool.peak_reserved_bytes += c.peak_reserved_bytes;
+    pool.cached_free_bytes += view.cached_free_bytes;
+    pool.largest_free_block_bytes = pool
+        .largest_free_block_bytes
+        .max(view.largest_cached_free_block_bytes);
+    pool.fragmentation_ratio = fragmentation(pool.largest_free_block_bytes, pool.cached_free_bytes);
+    pool.idle_pages += view.idle_pages;
+    pool.live_allocations += c.live_allocations;
+    pool.requests += c.requests;
+    pool.hits += c.hits;
+    pool.driver_allocs += c.driver_allocs;
+    pool.driver_frees += c.driver_frees;
+    pool.driver_errors += c.driver_errors;
+}
+
+/// Folds one device's live allocations into counts, one pass, whatever their number.
+struct LiveAccumulator {
+    count: u64,
+    bytes: u64,
+    bands: Vec<AgeBand>,
+    oldest_age: Duration,
+    oldest: Vec<AllocationSummary>,
+    leaks: HashMap<String, TagGroup>,
+    tags: HashMap<String, TagGroup>,
+}
+
+impl LiveAccumulator {
+    fn new(settings: &CaptureSettings) -> Self {
+        LiveAccumulator {
+            count: 0,
+            bytes: 0,
+            bands: AGE_BANDS
+                .iter()
+                .map(|(band, _)| AgeBand {
+                    band: band.to_string(),
+                    ..AgeBand::default()
+                })
+                .collect(),
+            oldest_age: Duration::ZERO,
+            oldest: Vec::with_capacity(settings.oldest_listed),
+            leaks: HashMap::new(),
+            tags: HashMap::new(),
+        }
+    }
+
+    fn add(&mut self, allocation: &LiveAllocation, settings: &CaptureSettings) {
+        let bytes = allocation.requested_bytes;
+        let age = allocation.age;
+        self.count += 1;
+        self.bytes += bytes;
+        let band = AGE_BANDS
+            .iter()
+            .position(|(_, below)| age < *below)
+            .unwrap_or(AGE_BANDS.len() - 1);
+        self.bands[band].count += 1;
+        self.bands[band].bytes += bytes;
+
+        let tag = allocation.tag.as_deref().unwrap_or(UNTAGGED);
+        add_to_group(&mut self.tags, tag, bytes, age);
+        if settings.long_lived_tags.iter().any(|t| t == tag) {
+            return;
+        }
+        self.oldest_age = self.oldest_age.max(age);
+        if age >= settings.leak_age {
+            add_to_group(&mut self.leaks, tag, bytes, age);
+        }
+        // Allocations arrive oldest first from each manager; keeping the first few is enough
+        // for one manager, and `finish` re-sorts in case several were merged.
+        if self.oldest.len() < settings.oldest_listed {
+            self.oldest.push(AllocationSummary {
+                tag: tag.to_string(),
+                requested_bytes: bytes,
+                age_seconds: age.as_secs_f64(),
+                pool: allocation.pool.name().to_string(),
+            });
+        }
+    }
+
+    fn finish(mut self, device: &mut DeviceSnapshot, settings: &CaptureSettings) {
+        self.oldest
+            .sort_by(|a, b| b.age_seconds.total_cmp(&a.age_seconds));
+        self.oldest.truncate(settings.oldest_listed);
+        let leak_suspect_count = self.leaks.values().map(|g| g.count).sum();
+        let leak_suspect_bytes = self.leaks.values().map(|g| g.bytes).sum();
+        device.live = LiveSummary {
+            count: self.count,
+            bytes: self.bytes,
+            by_age: self.bands,
+            oldest_age_seconds: self.oldest_age.as_secs_f64(),
+            leak_suspect_count,
+            leak_suspect_bytes,
+        };
+        device.leak_suspects = largest_groups(self.leaks, settings.tags_listed);
+        device.oldest_allocations = self.oldest;
+        device.by_tag = largest_groups(self.tags, settings.tags_listed);
+    }
+}
+
+fn add_to_group(groups: &mut HashMap<String, TagGroup>, tag: &str, bytes: u64, age: Duration) {
+    let group = match groups.get_mut(tag) {
+        Some(group) => group,
+        None => groups.entry(tag.to_string()).or_insert_with(|| TagGroup {
+            tag: tag.to_string(),
+            ..TagGroup::default()
+        }),
+    };
+    group.count += 1;
+    group.bytes += bytes;
+    group.oldest_age_seconds = group.oldest_age_seconds.max(age.as_secs_f64());
+}
+
+/// The `keep` groups with the most bytes, then the rest folded into one `other` group, so a
+/// program with thousands of distinct tags still yields a small snapshot.
+fn largest_groups(groups: HashMap<String, TagGroup>, keep: usize) -> Vec<TagGroup> {
+    let mut sorted: Vec<TagGroup> = groups.into_values().collect();
+    sorted.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.tag.cmp(&b.tag)));
+    if sorted.len() > keep {
+        let rest = sorted.split_off(keep);
+        let mut other = TagGroup {
+            tag: OTHER_TAGS.to_string(),
+            ..TagGroup::default()
+        };
+        for group in rest {
+            other.count += group.count;
+            other.bytes += group.bytes;
+            other.oldest_age_seconds = other.oldest_age_seconds.max(group.oldest_age_seconds);
+        }
+        sorted.push(other);
+    }
+    sorted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(tag: &str, bytes: u64) -> (String, TagGroup) {
+        (
+            tag.to_string(),
+            TagGroup {
+                tag: tag.to_string(),
+                count: 1,
+                bytes,
+                oldest_age_seconds: bytes as f64,
+            },
+        )
+    }
+
+    #[test]
+    fn tags_beyond_the_largest_fold_into_other() {
+        let groups = HashMap::from([group("a", 5), group("b", 50), group("c", 7), group("d", 1)]);
+        let kept = largest_groups(groups, 2);
+        let names: Vec<&str> = kept.iter().map(|g| g.tag.as_str()).collect();
+        assert_eq!(names, ["b", "c", "other"]);
+        assert_eq!(kept[2].bytes, 6);
+        assert_eq!(kept[2].count, 2);
+        assert_eq!(kept[2].oldest_age_seconds, 5.0);
+    }
+
+    #[test]
+    fn age_bands_cover_every_age() {
+        let last = AGE_BANDS
+            .iter()
+            .position(|(_, below)| Duration::from_secs(1 << 40) < *below);
+        assert_eq!(last, Some(3));
+        assert_eq!(
+            AGE_BANDS
+                .iter()
+                .position(|(_, below)| Duration::ZERO < *below),
+            Some(0)
+        );
+    }
+}

@@ -1,0 +1,54 @@
+//! The JSON API and the health check: `/api/v1/snapshot`, `/api/v1/history`, `/healthz`.
+
+use super::WebState;
+use crate::exporter::format_duration;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+/// The latest snapshot, as it is (see `gpumem::snapshot::Snapshot` for the fields).
+pub async fn snapshot(State(state): State<WebState>) -> Response {
+    let sample = state.latest();
+    Json(&sample.snapshot).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HistoryQuery {
+    /// Only points taken after this Unix time: lets the chart fetch what is new.
+    since: Option<f64>,
+}
+
+pub async fn history(State(state): State<WebState>, Query(query): Query<HistoryQuery>) -> Response {
+    Json(state.history.reply_since(query.since)).into_response()
+}
+
+/// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise.
+pub async fn healthz(State(state): State<WebState>) -> Response {
+    let sample = state.latest();
+    let health = &sample.snapshot.health;
+    if !health.latest_ok {
+        let reason = health
+            .last_error
+            .as_deref()
+            .unwrap_or("no sample has been taken yet");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("sampling failed: {reason}\n"),
+        )
+            .into_response();
+    }
+    if sample.is_stale(state.interval) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "sampling stalled: the latest sample is {} old (interval {})\n",
+                format_duration(sample.taken_at.elapsed()),
+                format_duration(state.interval)
+            ),
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "ok\n").into_response()
+}

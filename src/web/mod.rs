@@ -1,0 +1,118 @@
+//! The HTTP side: an axum router over the latest sample and the history ring. Handlers read
+//! snapshots only — never an allocator lock, never the driver — so a scrape cannot slow the
+//! allocator down, and a stuck driver cannot hang a scrape.
+//!
+//! Routes: `/metrics`, `/` (status page), `/api/v1/snapshot`, `/api/v1/history`, `/healthz`,
+//! `/static/{file}`; anything else is 404, a known path with the wrong method is 405.
+
+mod api;
+mod assets;
+pub mod format;
+pub mod metrics;
+pub mod page;
+
+use crate::sampler::{History, Sample};
+use askama::Template;
+use axum::extract::State;
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// What every handler reads: the latest sample and the history.
+#[derive(Clone)]
+pub struct WebState {
+    latest: watch::Receiver<Arc<Sample>>,
+    history: Arc<History>,
+    interval: Duration,
+}
+
+impl WebState {
+    pub fn new(
+        latest: watch::Receiver<Arc<Sample>>,
+        history: Arc<History>,
+        interval: Duration,
+    ) -> Self {
+        WebState {
+            latest,
+            history,
+            interval,
+        }
+    }
+
+    /// The latest sample; cloning the `Arc` releases the channel's lock at once.
+    fn latest(&self) -> Arc<Sample> {
+        Arc::clone(&self.latest.borrow())
+    }
+}
+
+/// The exporter's routes, plus `extra` ones (the demo adds its own).
+pub fn router(state: WebState, extra: Option<Router>) -> Router {
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/metrics", get(metrics_text))
+        .route("/api/v1/snapshot", get(api::snapshot))
+        .route("/api/v1/history", get(api::history))
+        .route("/healthz", get(api::healthz))
+        .route("/static/{file}", get(assets::serve))
+        .with_state(state);
+    let app = match extra {
+        Some(extra) => app.merge(extra),
+        None => app,
+    };
+    app.fallback(not_found)
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then lets in-flight requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn metrics_text(State(state): State<WebState>) -> Response {
+    let sample = state.latest();
+    let fresh = !sample.is_stale(state.interval);
+    // Encoding is CPU work proportional to devices and pools: keep it off the async workers.
+    let rendered =
+        tokio::task::spawn_blocking(move || metrics::render(&sample.snapshot, fresh)).await;
+    match rendered {
+        Ok(Ok(text)) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+        Ok(Err(error)) => internal_error(format!("could not encode the metrics: {error}")),
+        Err(error) => internal_error(format!("rendering the metrics failed: {error}")),
+    }
+}
+
+async fn index(State(state): State<WebState>) -> Response {
+    let sample = state.latest();
+    let fresh = !sample.is_stale(state.interval);
+    match page::IndexPage::new(&sample.snapshot, fresh).render() {
+        Ok(html) => ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response(),
+        Err(error) => internal_error(format!("could not render the page: {error}")),
+    }
+}
+
+async fn not_found(uri: Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /healthz\n",
+            uri.path()
+        ),
+    )
+        .into_response()
+}
+
+fn internal_error(message: String) -> Response {
+    tracing::error!("{message}");
+    (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response()
+}

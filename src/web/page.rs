@@ -1,0 +1,303 @@
+//! `GET /`: the status page. Turns a snapshot into a view of ready-to-print strings and renders
+//! `templates/index.html` with askama; every number is on the page without JavaScript (the
+//! chart, fed by `/api/v1/history`, is the only script).
+
+use super::format;
+use crate::snapshot::{DeviceSnapshot, Snapshot};
+use askama::Template;
+
+#[derive(Template)]
+#[template(path = "index.html")]
+pub struct IndexPage {
+    pub version: String,
+    pub backend: String,
+    pub taken_at: String,
+    pub healthy: bool,
+    pub health_text: String,
+    pub interval_ms: u64,
+    pub refresh_seconds: u64,
+    pub leak_age: String,
+    pub long_lived_tags: String,
+    pub samples_ok: String,
+    pub samples_failed: String,
+    pub problems: Vec<String>,
+    pub devices: Vec<DeviceView>,
+}
+
+pub struct DeviceView {
+    pub index: usize,
+    pub name: String,
+    pub uuid: String,
+    pub simulated: bool,
+    pub total_bytes: u64,
+    /// CSS class and label of the pressure badge.
+    pub pressure_class: &'static str,
+    pub pressure_label: String,
+    /// The level alone ("high"), for the overview table.
+    pub pressure_short: &'static str,
+    pub summary: Summary,
+    pub memory_known: bool,
+    pub bar: Vec<BarSegment>,
+    pub tiles: Vec<Tile>,
+    pub pools: Vec<PoolRow>,
+    pub leaks: Vec<GroupRow>,
+    pub tags: Vec<GroupRow>,
+    pub oldest: Vec<AllocationRow>,
+}
+
+/// One device's row in the overview shown when there are several.
+pub struct Summary {
+    pub device_used: String,
+    /// "of 80.00 GiB": hidden on a phone, where the column must stay narrow.
+    pub device_total: String,
+    pub in_use: String,
+    pub reserved: String,
+    pub leaks: String,
+    pub leaks_warn: bool,
+    pub ooms: String,
+}
+
+/// One part of the memory bar, and its legend entry.
+pub struct BarSegment {
+    pub class: &'static str,
+    pub label: &'static str,
+    pub value: String,
+    /// Width as a CSS percentage, e.g. "12.50".
+    pub width: String,
+}
+
+/// A headline number.
+pub struct Tile {
+    pub label: &'static str,
+    pub value: String,
+    pub note: String,
+    /// Draws the eye when something needs looking at.
+    pub warn: bool,
+}
+
+pub struct PoolRow {
+    pub pool: String,
+    pub reserved: String,
+    pub in_use: String,
+    pub cached_free: String,
+    pub largest_free: String,
+    pub hit_ratio: String,
+    pub fragmentation: String,
+    pub live: String,
+    pub driver_calls: String,
+}
+
+pub struct GroupRow {
+    pub tag: String,
+    pub count: String,
+    pub bytes: String,
+    pub oldest: String,
+}
+
+pub struct AllocationRow {
+    pub tag: String,
+    pub size: String,
+    pub age: String,
+    pub pool: String,
+}
+
+impl IndexPage {
+    /// The page for `snapshot`; `fresh` is false when the sampler has fallen behind.
+    pub fn new(snapshot: &Snapshot, fresh: bool) -> Self {
+        let health = &snapshot.health;
+        let (healthy, health_text) = match (&health.last_error, health.latest_ok, fresh) {
+            (_, true, true) => (true, "sampling ok".to_string()),
+            (_, true, false) => (false, "sampling stalled".to_string()),
+            (Some(error), false, _) => (false, format!("sampling failed: {error}")),
+            (None, false, _) => (false, "no sample yet".to_string()),
+        };
+        let interval_ms = (snapshot.interval_seconds * 1000.0).round().max(100.0) as u64;
+        IndexPage {
+            version: snapshot.version.clone(),
+            backend: snapshot.backend.clone(),
+            taken_at: format::clock_utc(snapshot.timestamp_seconds),
+            healthy,
+            health_text,
+            interval_ms,
+            // Numbers are server-rendered; reloading refreshes them without any script.
+            refresh_seconds: (interval_ms * 10 / 1000).clamp(5, 60),
+            leak_age: format::age(snapshot.leak_age_seconds),
+            long_lived_tags: snapshot.long_lived_tags.join(", "),
+            samples_ok: format::count(health.samples_ok),
+            samples_failed: format::count(health.samples_failed),
+            problems: snapshot.problems.clone(),
+            devices: snapshot.devices.iter().map(DeviceView::new).collect(),
+        }
+    }
+}
+
+impl DeviceView {
+    fn new(device: &DeviceSnapshot) -> Self {
+        let stats = &device.stats;
+        let (pressure_class, pressure_label) = match device.pressure {
+            Some(p) => (
+                p.level.name(),
+                format!(
+                    "{} pressure · {}",
+                    p.level.name(),
+                    format::percent(p.used_ratio)
+                ),
+            ),
+            None => ("unknown", "pressure unknown".to_string()),
+        };
+        let leak_count = device.live.leak_suspect_count;
+        let mut tiles = vec![
+            Tile {
+                label: "In use",
+                value: format::bytes(stats.in_use_bytes),
+                note: format!("peak {}", format::bytes(stats.peak_in_use_bytes)),
+                warn: false,
+            },
+            Tile {
+                label: "Reserved",
+                value: format::bytes(stats.reserved_bytes),
+                note: format!("peak {}", format::bytes(stats.peak_reserved_bytes)),
+                warn: false,
+            },
+            Tile {
+                label: "Pool hit ratio",
+                value: format::percent(stats.hit_ratio()),
+                note: format!("{} requests", format::count(stats.requests)),
+                warn: false,
+            },
+            Tile {
+                label: "Live allocations",
+                value: format::count(device.live.count),
+                note: format::bytes(device.live.bytes),
+                warn: false,
+            },
+            Tile {
+                label: "Leak suspects",
+                value: format::count(leak_count),
+                note: format::bytes(device.live.leak_suspect_bytes),
+                warn: leak_count > 0,
+            },
+            Tile {
+                label: "Out of memory",
+                value: format::count(stats.ooms),
+                note: format!("{} retries", format::count(stats.oom_retries)),
+                warn: stats.ooms > 0,
+            },
+        ];
+        if let Some(memory) = device.memory {
+            let used_ratio = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
+            tiles.insert(
+                2,
+                Tile {
+                    label: "Device used",
+                    value: format::bytes(memory.used_bytes),
+                    note: format!(
+                        "{} of {}",
+                        format::percent(used_ratio),
+                        format::bytes(memory.total_bytes)
+                    ),
+                    warn: false,
+                },
+            );
+        }
+        DeviceView {
+            index: device.index,
+            name: device.name.clone(),
+            uuid: device.uuid.clone(),
+            simulated: device.simulated,
+            total_bytes: device.memory.map_or(device.total_bytes, |m| m.total_bytes),
+            pressure_class,
+            pressure_label,
+            pressure_short: device.pressure.map_or("unknown", |p| p.level.name()),
+            summary: Summary {
+                device_used: device
+                    .memory
+                    .map_or_else(|| "unknown".to_string(), |m| format::bytes(m.used_bytes)),
+                device_total: format!("of {}", format::bytes(device.total_bytes)),
+                in_use: format::bytes(stats.in_use_bytes),
+                reserved: format::bytes(stats.reserved_bytes),
+                leaks: format::count(leak_count),
+                leaks_warn: leak_count > 0,
+                ooms: format::count(stats.ooms),
+            },
+            memory_known: device.memory.is_some(),
+            bar: memory_bar(device),
+            tiles,
+            pools: device.pools.iter().map(pool_row).collect(),
+            leaks: device.leak_suspects.iter().map(group_row).collect(),
+            tags: device.by_tag.iter().map(group_row).collect(),
+            oldest: device
+                .oldest_allocations
+                .iter()
+                .map(|a| AllocationRow {
+                    tag: a.tag.clone(),
+                    size: format::bytes(a.requested_bytes),
+                    age: format::age(a.age_seconds),
+                    pool: a.pool.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The bar: this process's memory in use, its cached memory, other users, free.
+fn memory_bar(device: &DeviceSnapshot) -> Vec<BarSegment> {
+    let stats = &device.stats;
+    let in_use = stats.in_use_bytes.min(stats.reserved_bytes);
+    let cached = stats.reserved_bytes - in_use;
+    let (total, others, free) = match device.memory {
+        Some(m) => (
+            m.total_bytes,
+            Some(m.used_by_others_bytes),
+            Some(m.free_bytes),
+        ),
+        None => (device.total_bytes, None, None),
+    };
+    let width = |bytes: u64| format!("{:.2}", bytes as f64 * 100.0 / total.max(1) as f64);
+    let segment = |class, label, bytes: u64| BarSegment {
+        class,
+        label,
+        value: format::bytes(bytes),
+        width: width(bytes),
+    };
+    let mut bar = vec![
+        segment("in-use", "In use (this process)", in_use),
+        segment("cached", "Cached by pools", cached),
+    ];
+    if let (Some(others), Some(free)) = (others, free) {
+        bar.push(segment("others", "Used by others", others));
+        bar.push(segment("free", "Free", free));
+    }
+    bar
+}
+
+fn pool_row(pool: &crate::snapshot::PoolSnapshot) -> PoolRow {
+    PoolRow {
+        pool: pool.pool.clone(),
+        reserved: format::bytes(pool.reserved_bytes),
+        in_use: format::bytes(pool.in_use_bytes),
+        cached_free: format::bytes(pool.cached_free_bytes),
+        largest_free: format::bytes(pool.largest_free_block_bytes),
+        hit_ratio: if pool.requests == 0 {
+            "–".to_string()
+        } else {
+            format::percent(pool.hit_ratio())
+        },
+        fragmentation: format::percent(pool.fragmentation_ratio),
+        live: format::count(pool.live_allocations),
+        driver_calls: format!(
+            "{} / {}",
+            format::count(pool.driver_allocs),
+            format::count(pool.driver_frees)
+        ),
+    }
+}
+
+fn group_row(group: &crate::snapshot::TagGroup) -> GroupRow {
+    GroupRow {
+        tag: group.tag.clone(),
+        count: format::count(group.count),
+        bytes: format::bytes(group.bytes),
+        oldest: format::age(group.oldest_age_seconds),
+    }
+}

@@ -1,0 +1,587 @@
+//! The exporter's HTTP endpoints against a loopback port: the status page, `/metrics` (content
+//! type, families and types, `promtool check metrics`), the JSON API, `/healthz` when sampling
+//! works and when it fails, 404 and 405, static files, binding errors, shutdown, and the page
+//! in headless Chromium. Also the tiny HTTP client the demo tests share.
+
+use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::exporter::ExporterError;
+use gpumem::units::{GIB, MIB};
+use gpumem::{
+    AllocOptions, DeviceBuffer, Exporter, ExporterHandle, ManagerConfig, MemoryManager, Tag,
+};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One HTTP response.
+pub struct Reply {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("", String::as_str)
+    }
+}
+
+/// A minimal HTTP/1.1 client: one request per connection, bounded by timeouts.
+pub fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let headers: HashMap<String, String> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let body = if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v == "chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path).unwrap_or_else(|e| panic!("GET {path} failed: {e}"))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// `name{labels} value` lines of a metrics text, as (name, labels, value).
+pub fn samples(text: &str) -> Vec<(String, String, f64)> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            Some((name.to_string(), labels.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The value of the first series of `name` whose labels contain `label`.
+pub fn value_of(text: &str, name: &str, label: &str) -> Option<f64> {
+    samples(text)
+        .into_iter()
+        .find(|(n, l, _)| n == name && l.contains(label))
+        .map(|(_, _, v)| v)
+}
+
+/// Whether a command exists; when it does not and `CI=true`, the test fails instead of skipping.
+pub fn tool_available(tool: &str) -> bool {
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "{tool} is required when CI=true (install it, see .ci/)"
+        );
+        eprintln!("skipped: {tool} is not installed");
+    }
+    found
+}
+
+/// An exporter over two small simulated devices with a few tagged allocations.
+struct Fixture {
+    exporter: ExporterHandle,
+    sim: Arc<SimBackend>,
+    _buffers: Vec<DeviceBuffer>,
+}
+
+impl Fixture {
+    fn start() -> Fixture {
+        let spec = SimDeviceSpec {
+            total_bytes: 8 * GIB,
+            ..SimDeviceSpec::default()
+        };
+        let sim = Arc::new(SimBackend::new(SimConfig {
+            devices: vec![spec; 2],
+            ..SimConfig::default()
+        }));
+        let manager = MemoryManager::new(sim.clone(), ManagerConfig::default()).expect("manager");
+        let mut buffers = Vec::new();
+        for (device, tag, size) in [
+            (0, "weights", 512 * MIB),
+            (0, "kv_cache", 64 * MIB),
+            (1, "kv_cache", 4 * MIB),
+        ] {
+            let options = AllocOptions::tagged(Tag::new(tag));
+            buffers.push(manager.alloc(device, size, &options).expect("alloc"));
+        }
+        buffers.push(
+            manager
+                .alloc(0, 4096, &AllocOptions::default())
+                .expect("small alloc"),
+        );
+        let exporter = Exporter::builder()
+            .manager(manager)
+            .listen(([127, 0, 0, 1], 0))
+            .interval(Duration::from_millis(100))
+            .spawn()
+            .expect("exporter starts");
+        Fixture {
+            exporter,
+            sim,
+            _buffers: buffers,
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.exporter.local_addr()
+    }
+}
+
+/// Polls `check` every 50 ms for up to `limit`; true once it holds.
+pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn the_status_page_shows_devices_pools_and_tags() {
+    let fixture = Fixture::start();
+    let reply = get(fixture.addr(), "/");
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), "text/html; charset=utf-8");
+    for expected in [
+        "Simulated H100",
+        "GPU 0",
+        "GPU 1",
+        "<table",
+        "Pools",
+        "kv_cache",
+        "weights",
+        "/static/chart.js",
+        "/static/style.css",
+    ] {
+        assert!(reply.body.contains(expected), "the page lacks {expected:?}");
+    }
+    assert!(
+        !reply.body.contains("cdn") && !reply.body.contains("https://"),
+        "the page must work offline"
+    );
+}
+
+const DEVICE_FAMILIES: &[(&str, &str)] = &[
+    ("gpumem_device_memory_total_bytes", "gauge"),
+    ("gpumem_device_memory_free_bytes", "gauge"),
+    ("gpumem_device_memory_used_bytes", "gauge"),
+    ("gpumem_device_memory_used_by_others_bytes", "gauge"),
+    ("gpumem_pressure_level", "gauge"),
+    ("gpumem_pressure_state", "gauge"),
+    ("gpumem_in_use_bytes", "gauge"),
+    ("gpumem_reserved_bytes", "gauge"),
+    ("gpumem_driver_allocs_total", "counter"),
+    ("gpumem_driver_frees_total", "counter"),
+    ("gpumem_ooms_total", "counter"),
+    ("gpumem_oom_retries_total", "counter"),
+    ("gpumem_live_allocations", "gauge"),
+    ("gpumem_live_bytes", "gauge"),
+    ("gpumem_live_age_band_bytes", "gauge"),
+    ("gpumem_leak_suspect_allocations", "gauge"),
+    ("gpumem_leak_suspect_bytes", "gauge"),
+    ("gpumem_oldest_allocation_age_seconds", "gauge"),
+    ("gpumem_pool_reserved_bytes", "gauge"),
+    ("gpumem_pool_in_use_bytes", "gauge"),
+    ("gpumem_pool_requests_total", "counter"),
+    ("gpumem_pool_hits_total", "counter"),
+    ("gpumem_pool_fragmentation_ratio", "gauge"),
+    ("gpumem_pool_largest_free_block_bytes", "gauge"),
+];
+
+const EXPORTER_FAMILIES: &[(&str, &str)] = &[
+    ("gpumem_build_info", "gauge"),
+    ("gpumem_up", "gauge"),
+    ("gpumem_sample_duration_seconds", "gauge"),
+    ("gpumem_last_sample_timestamp_seconds", "gauge"),
+    ("gpumem_samples_total", "counter"),
+    ("gpumem_sample_failures_total", "counter"),
+];
+
+#[test]
+fn metrics_have_the_exact_content_type_and_every_family() {
+    let fixture = Fixture::start();
+    let reply = get(fixture.addr(), "/metrics");
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("content-type"),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let types: HashMap<&str, &str> = reply
+        .body
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .collect();
+    for (name, kind) in DEVICE_FAMILIES.iter().chain(EXPORTER_FAMILIES) {
+        assert_eq!(types.get(name), Some(kind), "{name} should be a {kind}");
+    }
+    let series = samples(&reply.body);
+    for (name, labels, _) in &series {
+        assert!(types.contains_key(name.as_str()), "{name} has no TYPE line");
+        let names: Vec<&str> = labels
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(n, _)| n)
+            .collect();
+        assert!(
+            !names.iter().any(|n| ["tag", "id", "ptr"].contains(n)),
+            "unbounded label on {name}: {labels}"
+        );
+        if DEVICE_FAMILIES.iter().any(|(n, _)| n == name) {
+            assert!(
+                labels.contains("gpu=\"") && labels.contains("uuid=\"GPU-"),
+                "{name}{{{labels}}}"
+            );
+        }
+        if name.starts_with("gpumem_pool_") {
+            assert!(labels.contains("pool=\""), "{name}{{{labels}}}");
+        }
+    }
+    let text = &reply.body;
+    assert_eq!(value_of(text, "gpumem_up", ""), Some(1.0));
+    assert_eq!(
+        value_of(text, "gpumem_live_allocations", "gpu=\"0\""),
+        Some(3.0)
+    );
+    assert_eq!(
+        value_of(text, "gpumem_live_allocations", "gpu=\"1\""),
+        Some(1.0)
+    );
+    assert!(
+        value_of(text, "gpumem_pool_requests_total", "pool=\"small\"").is_some_and(|v| v >= 1.0)
+    );
+    assert_eq!(
+        value_of(
+            text,
+            "gpumem_pressure_state",
+            "gpu=\"0\",uuid=\"GPU-5157a000-0000-4000-8000-000000000000\",state=\"low\""
+        ),
+        Some(1.0)
+    );
+    let states = series
+        .iter()
+        .filter(|(n, l, _)| n == "gpumem_pressure_state" && l.contains("gpu=\"1\""))
+        .count();
+    assert_eq!(states, 4, "one series per pressure level");
+    assert!(text.contains(&format!(
+        "gpumem_build_info{{version=\"{}\",backend=\"sim\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    )));
+}
+
+#[test]
+fn promtool_accepts_the_metrics() {
+    if !tool_available("promtool") {
+        return;
+    }
+    let fixture = Fixture::start();
+    let body = get(fixture.addr(), "/metrics").body;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write");
+    let output = child.wait_with_output().expect("promtool finishes");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "promtool check metrics failed: {said}"
+    );
+    assert!(said.trim().is_empty(), "promtool warned: {said}");
+}
+
+#[test]
+fn the_json_api_has_the_snapshot_and_history() {
+    let fixture = Fixture::start();
+    let reply = get(fixture.addr(), "/api/v1/snapshot");
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), "application/json");
+    let snapshot: Value = serde_json::from_str(&reply.body).expect("snapshot JSON");
+    let device = &snapshot["devices"][0];
+    assert_eq!(device["name"], "Simulated H100");
+    assert_eq!(device["memory"]["total_bytes"], 8 * GIB);
+    assert!(device["uuid"]
+        .as_str()
+        .is_some_and(|u| u.starts_with("GPU-")));
+    assert_eq!(device["live"]["count"], 3);
+    assert_eq!(device["pressure"]["level"], "low");
+    assert!(device["pools"].as_array().is_some_and(|p| p.len() >= 2));
+    assert!(device["by_tag"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|g| g["tag"] == "kv_cache")));
+    assert!(device["oldest_allocations"].is_array() && device["leak_suspects"].is_array());
+    assert_eq!(snapshot["health"]["latest_ok"], true);
+    assert!(snapshot["timestamp_seconds"]
+        .as_f64()
+        .is_some_and(|t| t > 1.0e9));
+
+    assert!(eventually(Duration::from_secs(5), || {
+        let history: Value = serde_json::from_str(&get(fixture.addr(), "/api/v1/history").body)
+            .expect("history JSON");
+        history["points"].as_array().is_some_and(|p| !p.is_empty())
+            && history["points"][0]["devices"][0]["in_use_bytes"]
+                .as_u64()
+                .is_some_and(|b| b > 0)
+            && history["step_seconds"] == 1.0
+    }));
+    let future: Value =
+        serde_json::from_str(&get(fixture.addr(), "/api/v1/history?since=9e12").body)
+            .expect("JSON");
+    assert_eq!(future["points"].as_array().map(Vec::len), Some(0));
+    assert_eq!(
+        get(fixture.addr(), "/api/v1/history?since=yesterday").status,
+        400
+    );
+}
+
+#[test]
+fn healthz_reports_failed_sampling_and_recovers() {
+    let fixture = Fixture::start();
+    let addr = fixture.addr();
+    let health = get(addr, "/healthz");
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+
+    fixture.sim.faults().set_fail_mem_info(true);
+    assert!(
+        eventually(Duration::from_secs(5), || get(addr, "/healthz").status
+            == 503),
+        "healthz should turn 503 when mem_info fails"
+    );
+    let failed = get(addr, "/healthz");
+    assert!(
+        failed.body.contains("could not read free memory"),
+        "{}",
+        failed.body
+    );
+    assert!(failed.body.contains("mem_info failed"), "{}", failed.body);
+    let metrics = get(addr, "/metrics");
+    assert_eq!(
+        metrics.status, 200,
+        "metrics keep working while sampling fails"
+    );
+    assert_eq!(value_of(&metrics.body, "gpumem_up", ""), Some(0.0));
+    assert!(value_of(&metrics.body, "gpumem_sample_failures_total", "").is_some_and(|v| v >= 1.0));
+    assert!(
+        value_of(&metrics.body, "gpumem_live_allocations", "gpu=\"0\"").is_some(),
+        "pool data is still there"
+    );
+    assert!(get(addr, "/").body.contains("sampling failed"));
+
+    fixture.sim.faults().set_fail_mem_info(false);
+    assert!(eventually(Duration::from_secs(5), || get(addr, "/healthz")
+        .status
+        == 200));
+}
+
+#[test]
+fn unknown_paths_are_404_and_wrong_methods_405() {
+    let fixture = Fixture::start();
+    let addr = fixture.addr();
+    let missing = get(addr, "/nope");
+    assert_eq!(missing.status, 404);
+    assert!(missing.body.contains("/nope"));
+    assert_eq!(get(addr, "/static/missing.css").status, 404);
+    for path in ["/metrics", "/", "/healthz", "/api/v1/snapshot"] {
+        let reply = request(addr, "POST", path).expect("request");
+        assert_eq!(reply.status, 405, "POST {path}");
+    }
+    assert_eq!(
+        request(addr, "DELETE", "/api/v1/history")
+            .expect("request")
+            .status,
+        405
+    );
+    assert_eq!(
+        get(addr, "/api/v1/demo/pressure-spike").status,
+        404,
+        "demo routes only in the demo"
+    );
+}
+
+#[test]
+fn static_files_are_embedded() {
+    let fixture = Fixture::start();
+    for (path, content_type) in [
+        ("/static/style.css", "text/css; charset=utf-8"),
+        ("/static/chart.js", "text/javascript; charset=utf-8"),
+        ("/static/favicon.svg", "image/svg+xml"),
+    ] {
+        let reply = get(fixture.addr(), path);
+        assert_eq!(reply.status, 200, "{path}");
+        assert_eq!(reply.header("content-type"), content_type, "{path}");
+        assert!(reply.body.len() > 100, "{path}");
+    }
+}
+
+#[test]
+fn a_taken_port_is_an_error_not_a_panic() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let manager = MemoryManager::new(
+        Arc::new(SimBackend::new(SimConfig::default())),
+        ManagerConfig::default(),
+    )
+    .expect("manager");
+    match Exporter::builder().manager(manager).listen(addr).spawn() {
+        Err(ExporterError::Bind { addr: failed, .. }) => assert_eq!(failed, addr),
+        Err(other) => panic!("expected a bind error, got {other}"),
+        Ok(_) => panic!("binding a taken port succeeded"),
+    }
+    assert!(matches!(
+        Exporter::builder().spawn(),
+        Err(ExporterError::NoManagers)
+    ));
+}
+
+#[test]
+fn shutdown_stops_serving() {
+    let fixture = Fixture::start();
+    let addr = fixture.addr();
+    assert_eq!(get(addr, "/healthz").status, 200);
+    fixture.exporter.shutdown();
+    assert!(
+        request(addr, "GET", "/healthz").is_err(),
+        "still serving after shutdown"
+    );
+}
+
+#[test]
+fn embeds_in_a_host_tokio_runtime() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let manager = MemoryManager::new(
+            Arc::new(SimBackend::new(SimConfig::default())),
+            ManagerConfig::default(),
+        )
+        .expect("manager");
+        let exporter = Exporter::builder()
+            .manager(manager)
+            .listen(([127, 0, 0, 1], 0))
+            .spawn()
+            .expect("exporter");
+        let addr = exporter.local_addr();
+        let reply = tokio::task::spawn_blocking(move || get(addr, "/healthz"))
+            .await
+            .expect("join");
+        assert_eq!(reply.status, 200);
+        exporter.shutdown_and_wait().await;
+        let after =
+            tokio::task::spawn_blocking(move || request(addr, "GET", "/healthz").is_err()).await;
+        assert!(
+            after.expect("join"),
+            "still serving after shutdown_and_wait"
+        );
+    });
+}
+
+/// The page in a real browser: the chart script runs without errors and the page renders.
+#[test]
+fn the_page_renders_in_headless_chromium() {
+    if !tool_available("chromium") {
+        return;
+    }
+    let fixture = Fixture::start();
+    let dir = std::env::temp_dir().join(format!("gpumem-chromium-{}", std::process::id()));
+    let screenshot = dir.join("page.png");
+    let output = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+        ])
+        .args([
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+        .arg(format!("--screenshot={}", screenshot.display()))
+        .args(["--window-size=1280,1000", "--virtual-time-budget=3000"])
+        .arg(format!("http://{}/", fixture.addr()))
+        .output()
+        .expect("chromium runs");
+    let log = String::from_utf8_lossy(&output.stderr);
+    let size = std::fs::metadata(&screenshot).map_or(0, |m| m.len());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "chromium failed: {log}");
+    assert!(size > 10_000, "the screenshot looks empty ({size} bytes)");
+    let script_errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("CONSOLE") && l.contains("Uncaught"))
+        .collect();
+    assert!(
+        script_errors.is_empty(),
+        "the page's script failed: {script_errors:?}"
+    );
+}
