@@ -82,12 +82,28 @@ pub enum AllocError {
         in_use: u64,
     },
 
-    #[error("pool on device {device} is capped at {} by configuration; {} requested with {} in use", Bytes(*.limit), Bytes(*.requested), Bytes(*.in_use))]
+    #[error(
+        "pool on device {device} is capped at {} by configuration (gpu_memory_fraction / max_pool_size); \
+         {} requested with {} held. Try: free buffers, call empty_cache(), or raise the cap",
+        Bytes(*.limit), Bytes(*.requested), Bytes(*.in_use)
+    )]
     PoolLimit {
         device: usize,
         requested: u64,
         in_use: u64,
         limit: u64,
+    },
+
+    #[error(
+        "device {device} is at critical memory pressure: allocating {} would leave {} free, \
+         below the {} kept free (min_free_bytes); free memory, lower the batch size, or enable cpu_fallback",
+        Bytes(*.requested), Bytes(.free.saturating_sub(*.requested)), Bytes(*.min_free)
+    )]
+    PressureCritical {
+        device: usize,
+        requested: u64,
+        free: u64,
+        min_free: u64,
     },
 
     #[error(transparent)]
@@ -101,9 +117,38 @@ impl AllocError {
             self,
             AllocError::OutOfMemory { .. }
                 | AllocError::PoolLimit { .. }
+                | AllocError::PressureCritical { .. }
                 | AllocError::Backend(BackendError::OutOfMemory { .. })
         )
     }
+}
+
+/// A configuration value out of its range: names the key, so a user can find it in the file.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("configuration key `{key}`: {message}")]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Why a `MemoryManager` could not be created.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum InitError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("could not start the upkeep thread: {0}")]
+    Thread(String),
 }
 
 #[cfg(test)]

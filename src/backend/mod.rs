@@ -109,6 +109,22 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
 
     /// Waits until all work queued on `stream` has finished.
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Page-locked host memory `device` can reach (`cuMemHostAlloc`), for the CPU fallback.
+    /// Backends without it say so, and the fallback uses ordinary host memory.
+    fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
+        let _ = (device, size);
+        Err(BackendError::InvalidArgument {
+            call: "alloc_pinned_host",
+            reason: format!("the {} backend has no pinned host memory", self.kind()),
+        })
+    }
+
+    /// Returns memory from [`alloc_pinned_host`](Self::alloc_pinned_host).
+    fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
+        let _ = device;
+        Err(BackendError::InvalidAddress { device, ptr })
+    }
 }
 
 /// The `--backend` choice.

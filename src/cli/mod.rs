@@ -86,6 +86,11 @@ pub struct CommonArgs {
     #[arg(long, env = "GPUMEM_DEVICES", default_value = "all", global = true)]
     pub devices: String,
 
+    /// Memory manager settings (TOML; keys in docs/configuration.md). GPUMEM_<KEY> variables
+    /// override the file.
+    #[arg(long, env = "GPUMEM_CONFIG", value_name = "FILE", global = true)]
+    pub config: Option<std::path::PathBuf>,
+
     /// Memory of each simulated device (e.g. 80G, 24GiB).
     #[arg(
         long,
@@ -132,6 +137,13 @@ impl CommonArgs {
             .map_err(|e| CliError::runtime(e.to_string()))?;
         tracing::info!("{}", opened.reason);
         Ok(opened)
+    }
+
+    /// The memory manager configuration: defaults, then `--config`, then `GPUMEM_*` variables.
+    /// A bad file or value is a usage error naming the key.
+    pub fn memory_config(&self) -> Result<crate::manager::MemoryConfig, CliError> {
+        let sources = crate::manager::ConfigSources::from_process(self.config.clone());
+        crate::manager::load_config(&sources).map_err(|e| CliError::usage(e.to_string()))
     }
 
     /// The device indices selected by `--devices`, checked against what the backend has.

@@ -1,7 +1,7 @@
 //! `gpumem replay`: traces through a real `MemoryManager`, one report per trace, an optional plot.
 
 use super::{CliError, CommonArgs};
-use crate::manager::{ManagerConfig, MemoryManager, Strategy};
+use crate::manager::{MemoryConfig, MemoryManager, Strategy};
 use crate::plot::{line_chart_svg, write_file_atomically, Series};
 use crate::replay::{replay, ReplayReport, TimelinePoint};
 use crate::trace::load_trace;
@@ -34,11 +34,11 @@ pub struct ReplayArgs {
     device: usize,
 
     /// Idle pages each pool keeps mapped for reuse, at least.
-    #[arg(long, env = "GPUMEM_IDLE_PAGES", default_value_t = ManagerConfig::default().idle_pages_kept)]
+    #[arg(long, env = "GPUMEM_IDLE_PAGES", default_value_t = MemoryConfig::default().idle_pages_kept)]
     idle_pages: usize,
 
     /// Idle pages kept per 1024 mapped pages, when that is more than --idle-pages.
-    #[arg(long, env = "GPUMEM_IDLE_PER_MILLE", default_value_t = ManagerConfig::default().idle_per_mille)]
+    #[arg(long, env = "GPUMEM_IDLE_PER_MILLE", default_value_t = MemoryConfig::default().idle_per_mille)]
     idle_per_mille: usize,
 
     #[command(flatten)]
@@ -55,6 +55,7 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
     if let Some(plot) = &args.plot {
         check_plot_path(plot)?;
     }
+    let base = args.common.memory_config()?;
     let opened = args.common.open()?;
     let backend = opened.backend;
     let device = args.device;
@@ -79,14 +80,18 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
     }
     for trace in &traces {
         // A fresh manager per trace: nothing cached from the previous one skews the next.
-        let config = ManagerConfig {
+        let config = MemoryConfig {
             strategy: args.strategy,
             devices: Some(vec![device]),
             shards: 1,
             idle_pages_kept: args.idle_pages,
             idle_per_mille: args.idle_per_mille,
+            // Replay measures the allocator alone: no upkeep thread, no pool cap.
             release_idle_after: None,
-            ..ManagerConfig::default()
+            cleanup_interval: None,
+            gpu_memory_fraction: 1.0,
+            preallocate_bytes: 0,
+            ..base.clone()
         };
         let manager = MemoryManager::new(backend.clone(), config)
             .map_err(|e| CliError::runtime(e.to_string()))?;

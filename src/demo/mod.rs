@@ -45,7 +45,7 @@ pub enum DemoError {
     #[error("{0}")]
     Exporter(#[from] ExporterError),
     #[error("could not set up the memory manager: {0}")]
-    Manager(#[from] crate::error::BackendError),
+    Manager(#[from] crate::error::InitError),
     #[error("could not start the demo: {0}")]
     Startup(#[source] std::io::Error),
 }

@@ -69,6 +69,9 @@ pub struct ExporterBuilder {
     managers: Vec<MemoryManager>,
     listen: SocketAddr,
     capture: CaptureSettings,
+    /// Unless set here, the first manager's own configuration decides these two.
+    leak_age: Option<Duration>,
+    pressure: Option<PressureThresholds>,
     routes: Option<Router>,
 }
 
@@ -78,6 +81,8 @@ impl Default for ExporterBuilder {
             managers: Vec::new(),
             listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
             capture: CaptureSettings::default(),
+            leak_age: None,
+            pressure: None,
             routes: None,
         }
     }
@@ -102,9 +107,9 @@ impl ExporterBuilder {
         self
     }
 
-    /// Age after which a live allocation is a leak suspect (default 10 minutes).
+    /// Age after which a live allocation is a leak suspect (default: the manager's `leak_age`).
     pub fn leak_age(mut self, age: Duration) -> Self {
-        self.capture.leak_age = age;
+        self.leak_age = Some(age);
         self
     }
 
@@ -114,8 +119,9 @@ impl ExporterBuilder {
         self
     }
 
+    /// Where the pressure levels start (default: the manager's `pressure` thresholds).
     pub fn pressure_thresholds(mut self, thresholds: PressureThresholds) -> Self {
-        self.capture.pressure = thresholds;
+        self.pressure = Some(thresholds);
         self
     }
 
@@ -127,10 +133,13 @@ impl ExporterBuilder {
 
     /// Binds the address, takes the first sample (so every endpoint has data at once) and
     /// starts the sampler and the server. Errors are returned here, never panicked on.
-    pub fn spawn(self) -> Result<ExporterHandle, ExporterError> {
-        if self.managers.is_empty() {
+    pub fn spawn(mut self) -> Result<ExporterHandle, ExporterError> {
+        let Some(first) = self.managers.first() else {
             return Err(ExporterError::NoManagers);
-        }
+        };
+        // The page and the manager's own pressure callbacks should agree on the levels.
+        self.capture.leak_age = self.leak_age.unwrap_or(first.config().leak_age);
+        self.capture.pressure = self.pressure.unwrap_or(first.config().pressure);
         let interval = self.capture.interval;
         if interval < MIN_INTERVAL {
             return Err(ExporterError::IntervalTooShort(interval));

@@ -1,6 +1,7 @@
 //! What an allocation returns: `DeviceBuffer`, which gives its memory back when dropped, and the
 //! options an allocation takes.
 
+use super::leaks::OriginTable;
 use super::tag::Tag;
 use crate::backend::{DevicePtr, StreamId};
 use crate::error::BackendError;
@@ -62,9 +63,12 @@ pub struct DeviceBuffer {
     pub(crate) ptr: DevicePtr,
     pub(crate) size: u64,
     pub(crate) device: usize,
+    pub(crate) id: u64,
     pub(crate) tag: Option<Tag>,
     pub(crate) stream: StreamId,
     pub(crate) origin: Option<Origin>,
+    /// Where the allocating thread and backtrace were recorded, when that is on.
+    pub(crate) origins: Option<OriginTable>,
 }
 
 impl DeviceBuffer {
@@ -81,6 +85,11 @@ impl DeviceBuffer {
         self.device
     }
 
+    /// The allocation's id, as the leak tracker reports it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     pub fn tag(&self) -> Option<Tag> {
         self.tag
     }
@@ -95,6 +104,9 @@ impl DeviceBuffer {
     }
 
     fn release(&mut self) -> Result<(), BackendError> {
+        if let Some(origins) = self.origins.take() {
+            origins.forget(self.id);
+        }
         match self.origin.take() {
             Some(Origin::Pooled { pool, kind, block }) => {
                 pool.free(kind, block);

@@ -1,30 +1,42 @@
 //! `MemoryManager`: the public allocator. Routes each request to the pool of its device,
-//! stream and thread shard, turns driver refusals into errors a caller can act on (releasing
-//! cached memory and retrying once first), and gives cached memory back on request.
+//! stream and thread shard, and turns driver refusals into errors a caller can act on
+//! (releasing cached memory and retrying once first). Caching policy, upkeep, leaks, host
+//! fallback and multi-device placement live in the submodules.
 
 mod buffer;
+mod cache;
 pub mod config;
+mod config_file;
+pub mod fallback;
+pub mod leaks;
+pub mod placement;
 pub mod pressure;
 mod tag;
+mod upkeep;
 pub mod views;
 
 pub use buffer::{AllocOptions, DeviceBuffer};
-pub use config::{ManagerConfig, Strategy};
+pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
+pub use config_file::{load_config, ConfigSources};
+pub use fallback::{FallbackBuffer, HostBuffer};
+pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
-use crate::error::{AllocError, BackendError};
+use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Pool, PoolSettings, MIN_BLOCK,
+    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Pool, PoolKind, PoolSettings,
+    MIN_BLOCK,
 };
 use crate::units::align_up;
 use buffer::Origin;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
+use pressure::PressureState;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Each thread gets a small number once: it picks the thread's shard and prefixes its
 /// allocation ids, so neither needs a shared counter on the hot path.
@@ -55,8 +67,11 @@ fn next_allocation_id() -> (usize, u64) {
 pub(crate) struct DeviceEvents {
     pub ooms: AtomicU64,
     pub retries: AtomicU64,
+    pub cpu_fallbacks: AtomicU64,
+    /// Host bytes now held by fallback buffers for this device.
+    pub host_fallback_bytes: AtomicU64,
     /// Most pages under live blocks seen at a cache check, this window and the last.
-    live_pages_peak: [AtomicUsize; 2],
+    pub live_pages_peak: [AtomicUsize; 2],
 }
 
 /// Everything the manager keeps for one device.
@@ -64,12 +79,15 @@ pub(crate) struct ManagedDevice {
     pub index: usize,
     pub properties: DeviceProperties,
     pub page_size: u64,
+    /// The most the pools may hold: `gpu_memory_fraction` and `max_pool_size` together.
+    pub pool_cap: u64,
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
     other_streams: RwLock<HashMap<StreamId, Arc<[Arc<Pool>]>>>,
     pub direct: Arc<DirectPool>,
     pub reserve: Arc<DeviceReserve>,
     pub events: DeviceEvents,
+    pub pressure: PressureState,
 }
 
 impl ManagedDevice {
@@ -103,6 +121,21 @@ impl ManagedDevice {
         }
         pools
     }
+
+    /// Bytes handed out to live buffers, pooled and direct.
+    pub fn in_use_bytes(&self) -> u64 {
+        let pooled: u64 = self
+            .pools()
+            .iter()
+            .map(|p| {
+                [PoolKind::Small, PoolKind::Large]
+                    .iter()
+                    .map(|&kind| p.slot(kind).counters.read().in_use_bytes)
+                    .sum::<u64>()
+            })
+            .sum();
+        pooled + self.direct.counters.read().in_use_bytes
+    }
 }
 
 /// The GPU memory manager. Cheap to clone (shared inside); `Send + Sync`.
@@ -113,20 +146,24 @@ pub struct MemoryManager {
 
 pub(crate) struct Shared {
     pub backend: Arc<dyn DeviceBackend>,
-    pub config: ManagerConfig,
+    pub config: MemoryConfig,
     pub devices: Vec<ManagedDevice>,
     /// Backend device index -> position in `devices`.
     slot_of: Vec<Option<usize>>,
     shard_count: usize,
-    window_started: parking_lot::Mutex<Instant>,
+    window_started: Mutex<Instant>,
+    pressure_callbacks: RwLock<Vec<pressure::Callback>>,
+    pub(crate) origins: leaks::OriginTable,
+    affinity: Mutex<HashMap<String, usize>>,
+    /// Dropped with the manager, which wakes the upkeep thread so it can exit.
+    _upkeep_stop: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl MemoryManager {
-    /// A manager for the configured devices of `backend`. Nothing is allocated yet.
-    pub fn new(
-        backend: Arc<dyn DeviceBackend>,
-        config: ManagerConfig,
-    ) -> Result<Self, BackendError> {
+    /// A manager for the configured devices of `backend`. Maps `preallocate_bytes` per device
+    /// and starts the upkeep thread when the configuration asks for them.
+    pub fn new(backend: Arc<dyn DeviceBackend>, config: MemoryConfig) -> Result<Self, InitError> {
+        config.validate()?;
         let count = backend.device_count();
         let indices: Vec<usize> = match &config.devices {
             Some(list) => list.clone(),
@@ -136,49 +173,100 @@ impl MemoryManager {
         let mut slot_of = vec![None; count];
         let mut devices = Vec::with_capacity(indices.len());
         for index in indices {
-            let properties = backend.properties(index)?;
-            let page_size = backend.granularity(index)?;
-            let settings = config.pool_settings(align_up(properties.total_memory_bytes, page_size));
-            let reserve = Arc::new(DeviceReserve::default());
-            let direct = Arc::new(DirectPool::new(
-                Arc::clone(&backend),
-                index,
-                Arc::clone(&reserve),
-            )?);
-            let mut device = ManagedDevice {
-                index,
-                properties,
-                page_size,
-                settings,
-                default_stream: Box::new([]),
-                other_streams: RwLock::new(HashMap::new()),
-                direct,
-                reserve,
-                events: DeviceEvents::default(),
-            };
-            device.default_stream = device
-                .shards(&backend, StreamId::DEFAULT, shard_count)
-                .into_boxed_slice();
+            if index >= count {
+                return Err(BackendError::InvalidDevice {
+                    requested: index,
+                    count,
+                }
+                .into());
+            }
+            let device = Self::manage_device(&backend, &config, index, shard_count)?;
             slot_of[index] = Some(devices.len());
             devices.push(device);
         }
-        Ok(MemoryManager {
+        let (stop, stopped) = std::sync::mpsc::channel();
+        let upkeep_interval = config.cleanup_interval;
+        let manager = MemoryManager {
             shared: Arc::new(Shared {
                 backend,
                 config,
                 devices,
                 slot_of,
                 shard_count,
-                window_started: parking_lot::Mutex::new(Instant::now()),
+                window_started: Mutex::new(Instant::now()),
+                pressure_callbacks: RwLock::new(Vec::new()),
+                origins: leaks::OriginTable::default(),
+                affinity: Mutex::new(HashMap::new()),
+                _upkeep_stop: upkeep_interval.map(|_| stop),
             }),
-        })
+        };
+        manager.preallocate()?;
+        if let Some(interval) = upkeep_interval {
+            upkeep::spawn(&manager, interval, stopped)
+                .map_err(|e| InitError::Thread(e.to_string()))?;
+        }
+        Ok(manager)
+    }
+
+    fn manage_device(
+        backend: &Arc<dyn DeviceBackend>,
+        config: &MemoryConfig,
+        index: usize,
+        shard_count: usize,
+    ) -> Result<ManagedDevice, BackendError> {
+        let properties = backend.properties(index)?;
+        let page_size = backend.granularity(index)?;
+        let total = properties.total_memory_bytes;
+        let reserve = Arc::new(DeviceReserve::default());
+        let direct = Arc::new(DirectPool::new(
+            Arc::clone(backend),
+            index,
+            Arc::clone(&reserve),
+        )?);
+        let mut device = ManagedDevice {
+            index,
+            properties,
+            page_size,
+            pool_cap: config.pool_cap(total),
+            settings: config.pool_settings(align_up(total, page_size)),
+            default_stream: Box::new([]),
+            other_streams: RwLock::new(HashMap::new()),
+            direct,
+            reserve,
+            events: DeviceEvents::default(),
+            pressure: PressureState::default(),
+        };
+        device.default_stream = device
+            .shards(backend, StreamId::DEFAULT, shard_count)
+            .into_boxed_slice();
+        Ok(device)
+    }
+
+    /// `preallocate_bytes`: map that much per device now, so the first requests hit.
+    fn preallocate(&self) -> Result<(), InitError> {
+        let bytes = self.shared.config.preallocate_bytes;
+        if bytes == 0 || self.shared.config.strategy == Strategy::Direct {
+            return Ok(());
+        }
+        for index in self.device_indices() {
+            let buffer = self
+                .alloc(index, bytes, &AllocOptions::default())
+                .map_err(|e| {
+                    InitError::Config(ConfigError::new(
+                        "preallocate_bytes",
+                        format!("could not preallocate on device {index}: {e}"),
+                    ))
+                })?;
+            drop(buffer);
+        }
+        Ok(())
     }
 
     pub fn backend(&self) -> &Arc<dyn DeviceBackend> {
         &self.shared.backend
     }
 
-    pub fn config(&self) -> &ManagerConfig {
+    pub fn config(&self) -> &MemoryConfig {
         &self.shared.config
     }
 
@@ -240,19 +328,25 @@ impl MemoryManager {
         };
         let block_size = align_up(size, MIN_BLOCK);
         let (ptr, origin) = match self.shared.config.strategy {
-            config::Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
-            config::Strategy::Pooled => {
+            Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
+            Strategy::Pooled => {
                 let pool = self.pool_for(managed, options.stream, thread_slot);
                 self.alloc_pooled(managed, pool, block_size, align, live)?
             }
         };
+        let origins = self.shared.config.capture_backtraces.then(|| {
+            self.shared.origins.record(id);
+            self.shared.origins.clone()
+        });
         Ok(DeviceBuffer {
             ptr,
             size,
             device,
+            id,
             tag: options.tag,
             stream: options.stream,
             origin: Some(origin),
+            origins,
         })
     }
 
@@ -282,46 +376,56 @@ impl MemoryManager {
         live: LiveInfo,
     ) -> Result<(u64, Origin), AllocError> {
         let kind = pool.kind_for(size);
-        let within_cap = |bytes: u64| {
-            let limit = self.shared.config.max_pool_bytes;
-            if limit.is_none_or(|cap| managed.reserve.reserved_bytes.load(Relaxed) + bytes <= cap) {
-                MapDecision::Allow
-            } else {
-                MapDecision::OverLimit
-            }
-        };
+        let may_map = |bytes: u64| self.may_map(managed, bytes);
         let within_budget = |bytes: u64| match self.cache_budget_check(managed, bytes) {
-            MapDecision::Allow => within_cap(bytes),
+            MapDecision::Allow => may_map(bytes),
             other => other,
         };
-        let mut first = pool.alloc(kind, size, align, live, within_budget);
-        if let Err(ArenaError::NeedsRoom(excess)) = first {
+        let mut outcome = pool.alloc(kind, size, align, live, within_budget);
+        if let Err(ArenaError::NeedsRoom(excess)) = outcome {
             // The arena's own idle pages were not enough: other pools give back their oldest,
             // so mapping new pages never lifts the device above its recent peak plus slack.
             self.release_cached_on(managed, |bytes, _| bytes < excess);
-            first = pool.alloc(kind, size, align, live, within_cap);
+            outcome = pool.alloc(kind, size, align, live, may_map);
         }
-        let may_map = within_cap;
-        let outcome = match first {
-            Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) => {
-                // Cached pages of every pool on the device may be what stands in the way.
-                managed.events.retries.fetch_add(1, Relaxed);
-                self.release_cached_on(managed, |_, _| true);
-                pool.alloc(kind, size, align, live, may_map)
-            }
-            other => other,
-        };
+        if let Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) =
+            outcome
+        {
+            // Cached pages of every pool on the device may be what stands in the way.
+            managed.events.retries.fetch_add(1, Relaxed);
+            self.release_cached_on(managed, |_, _| true);
+            outcome = pool.alloc(kind, size, align, live, may_map);
+        }
         match outcome {
-            Ok(placed) => Ok((
-                placed.ptr,
-                Origin::Pooled {
+            Ok(placed) => {
+                let origin = Origin::Pooled {
                     pool,
                     kind,
                     block: placed.block,
-                },
-            )),
+                };
+                Ok((placed.ptr, origin))
+            }
             Err(error) => Err(self.explain_failure(managed, live.requested, error)),
         }
+    }
+
+    /// The limits on mapping `bytes` more: the pool cap, and at critical pressure the minimum
+    /// free memory. Asked only on a miss, before the driver is called.
+    fn may_map(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
+        // A cap at the device's size is no cap: let the driver say it is full.
+        let capped = managed.pool_cap < managed.properties.total_memory_bytes;
+        if capped && managed.reserve.reserved_bytes.load(Relaxed) + bytes > managed.pool_cap {
+            return MapDecision::OverLimit;
+        }
+        if managed.pressure.level() == PressureLevel::Critical {
+            let min_free = self.shared.config.min_free_bytes;
+            if let Ok(info) = self.shared.backend.mem_info(managed.index) {
+                if info.free < bytes.saturating_add(min_free) {
+                    return MapDecision::BelowMinFree;
+                }
+            }
+        }
+        MapDecision::Allow
     }
 
     fn alloc_direct(
@@ -345,174 +449,42 @@ impl MemoryManager {
         error: ArenaError,
     ) -> AllocError {
         let reserved = managed.reserve.reserved_bytes.load(Relaxed);
-        let out_of_memory = |managed: &ManagedDevice| {
-            managed.events.ooms.fetch_add(1, Relaxed);
-            let info = self.shared.backend.mem_info(managed.index).ok();
-            AllocError::OutOfMemory {
-                device: managed.index,
-                requested,
-                device_free: info.map_or(0, |i| i.free),
-                device_total: info.map_or(managed.properties.total_memory_bytes, |i| i.total),
-                reserved,
-                in_use: self.in_use_bytes(managed),
-            }
-        };
-        match error {
+        let info = || self.shared.backend.mem_info(managed.index).ok();
+        let error = match error {
             ArenaError::Backend(BackendError::OutOfMemory { .. })
-            | ArenaError::AddressSpaceFull => out_of_memory(managed),
-            ArenaError::OverLimit => {
-                managed.events.ooms.fetch_add(1, Relaxed);
-                AllocError::PoolLimit {
+            | ArenaError::AddressSpaceFull
+            // Only asked for with a budget check, and the retry runs without one.
+            | ArenaError::NeedsRoom(_) => {
+                let info = info();
+                AllocError::OutOfMemory {
                     device: managed.index,
                     requested,
-                    in_use: reserved,
-                    limit: self.shared.config.max_pool_bytes.unwrap_or(0),
+                    device_free: info.map_or(0, |i| i.free),
+                    device_total: info.map_or(managed.properties.total_memory_bytes, |i| i.total),
+                    reserved,
+                    in_use: managed.in_use_bytes(),
                 }
             }
-            ArenaError::Backend(other) => AllocError::Backend(other),
-            // Only asked for with a budget check, and the retry runs without one.
-            ArenaError::NeedsRoom(_) => out_of_memory(managed),
-        }
-    }
-
-    fn in_use_bytes(&self, managed: &ManagedDevice) -> u64 {
-        let pooled: u64 = managed
-            .pools()
-            .iter()
-            .map(|p| {
-                p.slot(crate::pool::PoolKind::Small)
-                    .counters
-                    .read()
-                    .in_use_bytes
-                    + p.slot(crate::pool::PoolKind::Large)
-                        .counters
-                        .read()
-                        .in_use_bytes
-            })
-            .sum();
-        pooled + managed.direct.counters.read().in_use_bytes
-    }
-
-    /// Whether mapping `bytes` more keeps the device's pools within their cache budget: the
-    /// recent peak of pages under live blocks plus a slack. Asked only before the driver is
-    /// called (a miss), so the hot path never pays for it.
-    fn cache_budget_check(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
-        let (mut mapped, mut live) = (0, 0);
-        for pool in managed.pools() {
-            let (m, l) = pool.page_census();
-            mapped += m;
-            live += l;
-        }
-        let new_pages = bytes / managed.page_size;
-        let peaks = &managed.events.live_pages_peak;
-        peaks[0].fetch_max((live + new_pages) as usize, Relaxed);
-        let peak = peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64;
-        let config = &self.shared.config;
-        let slack = (config.idle_pages_kept as u64).max(peak * config.idle_per_mille as u64 / 1024);
-        let budget = peak + slack;
-        let idle = mapped.saturating_sub(live);
-        if mapped + new_pages <= budget || idle == 0 {
-            return MapDecision::Allow;
-        }
-        let excess_pages = (mapped + new_pages - budget).min(idle);
-        MapDecision::NeedsRoom(excess_pages * managed.page_size)
+            ArenaError::OverLimit => AllocError::PoolLimit {
+                device: managed.index,
+                requested,
+                in_use: reserved,
+                limit: managed.pool_cap,
+            },
+            ArenaError::BelowMinFree => AllocError::PressureCritical {
+                device: managed.index,
+                requested,
+                free: info().map_or(0, |i| i.free),
+                min_free: self.shared.config.min_free_bytes,
+            },
+            ArenaError::Backend(other) => return AllocError::Backend(other),
+        };
+        managed.events.ooms.fetch_add(1, Relaxed);
+        error
     }
 
     /// Frees a buffer now (the same as dropping it, but reports a driver error).
     pub fn free(&self, buffer: DeviceBuffer) -> Result<(), BackendError> {
         buffer.free()
-    }
-
-    /// Unmaps idle pages on one device while `keep_going(bytes_so_far, idle_since)`; returns bytes.
-    fn release_cached_on(
-        &self,
-        managed: &ManagedDevice,
-        mut keep_going: impl FnMut(u64, u64) -> bool,
-    ) -> u64 {
-        let mut released = 0;
-        for pool in managed.pools() {
-            let before = released;
-            match pool.release_idle(|bytes, since| keep_going(before + bytes, since)) {
-                Ok(bytes) => released += bytes,
-                Err(error) => {
-                    tracing::warn!(device = managed.index, %error, "could not return cached memory to the driver")
-                }
-            }
-        }
-        released
-    }
-
-    /// Returns cached memory to the driver until the pools of every device together hold at
-    /// most `target_bytes` (or nothing cached is left). Returns the bytes released.
-    pub fn trim(&self, target_bytes: u64) -> u64 {
-        let mut released = 0;
-        for managed in &self.shared.devices {
-            let held: u64 = self.reserved_bytes();
-            if held <= target_bytes {
-                break;
-            }
-            let excess = held - target_bytes;
-            released += self.release_cached_on(managed, |bytes, _| bytes < excess);
-        }
-        released
-    }
-
-    /// Returns every cached page to the driver; live buffers are untouched.
-    pub fn empty_cache(&self) -> u64 {
-        self.shared
-            .devices
-            .iter()
-            .map(|managed| self.release_cached_on(managed, |_, _| true))
-            .sum()
-    }
-
-    /// Periodic upkeep (the sampler calls it every interval): returns pages idle for longer
-    /// than `release_idle_after`, and every `release_idle_after` starts a new window for the
-    /// live-page peak that sizes the cache, so a burst long past stops pinning memory.
-    pub fn maintain(&self) -> u64 {
-        let Some(age) = self.shared.config.release_idle_after else {
-            return 0;
-        };
-        let mut window = self.shared.window_started.lock();
-        if window.elapsed() >= age {
-            *window = Instant::now();
-            for managed in &self.shared.devices {
-                let peaks = &managed.events.live_pages_peak;
-                peaks[1].store(peaks[0].swap(0, Relaxed), Relaxed);
-            }
-        }
-        drop(window);
-        self.release_idle_older_than(age)
-    }
-
-    pub fn release_idle_older_than(&self, age: Duration) -> u64 {
-        let now = crate::clock::now();
-        self.shared
-            .devices
-            .iter()
-            .map(|managed| {
-                self.release_cached_on(managed, |_, since| crate::clock::between(since, now) >= age)
-            })
-            .sum()
-    }
-
-    /// Bytes held from the driver by all pools of all devices.
-    pub fn reserved_bytes(&self) -> u64 {
-        self.shared
-            .devices
-            .iter()
-            .map(|d| d.reserve.reserved_bytes.load(Relaxed))
-            .sum()
-    }
-
-    /// Restarts every peak from the current values.
-    pub fn reset_peaks(&self) {
-        for managed in &self.shared.devices {
-            for pool in managed.pools() {
-                pool.reset_peaks();
-            }
-            managed.direct.counters.reset_peaks();
-            managed.reserve.reset_peak();
-        }
     }
 }

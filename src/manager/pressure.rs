@@ -4,6 +4,7 @@
 use crate::units::{GIB, MIB};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -34,6 +35,48 @@ impl PressureLevel {
     /// 0 (low) to 3 (critical): the `gpumem_pressure_level` gauge.
     pub fn as_number(self) -> u8 {
         self as u8
+    }
+
+    fn from_number(number: u8) -> PressureLevel {
+        match number {
+            0 => PressureLevel::Low,
+            1 => PressureLevel::Medium,
+            2 => PressureLevel::High,
+            _ => PressureLevel::Critical,
+        }
+    }
+}
+
+/// A device moving from one pressure level to another, as callbacks receive it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PressureChange {
+    pub device: usize,
+    pub from: PressureLevel,
+    pub to: PressureLevel,
+    /// Used over usable memory when the change was seen.
+    pub used_ratio: f64,
+}
+
+/// Called on every level change (from the upkeep thread or whoever runs `maintain`).
+pub type Callback = Box<dyn Fn(&PressureChange) + Send + Sync>;
+
+/// A device's last seen level, readable on the allocation path without a lock.
+#[derive(Debug, Default)]
+pub struct PressureState {
+    level: AtomicU8,
+    /// Whether fragmentation was above the warning line at the last look (logged once per
+    /// crossing, never per allocation).
+    pub(crate) fragmented: AtomicBool,
+}
+
+impl PressureState {
+    pub fn level(&self) -> PressureLevel {
+        PressureLevel::from_number(self.level.load(Relaxed))
+    }
+
+    /// Records `level`; returns the previous one.
+    pub fn set(&self, level: PressureLevel) -> PressureLevel {
+        PressureLevel::from_number(self.level.swap(level.as_number(), Relaxed))
     }
 }
 

@@ -32,6 +32,12 @@ pub struct DeviceStats {
     pub counters: CounterValues,
     pub ooms: u64,
     pub oom_retries: u64,
+    /// Requests served from host memory because the device could not.
+    pub cpu_fallbacks: u64,
+    /// Host bytes now held by fallback buffers.
+    pub host_fallback_bytes: u64,
+    /// The pressure level seen at the last upkeep.
+    pub pressure: super::PressureLevel,
 }
 
 /// A live allocation, for the leak tracker.
@@ -75,6 +81,9 @@ impl MemoryManager {
             counters,
             ooms: managed.events.ooms.load(Relaxed),
             oom_retries: managed.events.retries.load(Relaxed),
+            cpu_fallbacks: managed.events.cpu_fallbacks.load(Relaxed),
+            host_fallback_bytes: managed.events.host_fallback_bytes.load(Relaxed),
+            pressure: managed.pressure.level(),
         })
     }
 

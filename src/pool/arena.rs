@@ -17,6 +17,9 @@ pub enum ArenaError {
     /// Mapping would grow the cache past its budget while idle pages could make room: release
     /// this many bytes of idle pages, then retry.
     NeedsRoom(u64),
+    /// The device is at critical pressure and mapping would leave less than the configured
+    /// minimum free.
+    BelowMinFree,
     /// The driver refused to map the block's pages.
     Backend(BackendError),
 }
@@ -27,6 +30,7 @@ pub enum MapDecision {
     Allow,
     OverLimit,
     NeedsRoom(u64),
+    BelowMinFree,
 }
 
 /// A block handed out by [`Arena::alloc`].
@@ -145,6 +149,7 @@ impl Arena {
             let outcome = match may_map(wanted) {
                 MapDecision::Allow => self.map_runs(backend),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
+                MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
                 MapDecision::NeedsRoom(excess) => {
                     // Make room from this arena's own idle pages first, sparing those the new
                     // block is about to reuse; the rest must come from other pools.

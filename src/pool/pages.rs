@@ -17,8 +17,11 @@ enum PageState {
 pub struct PageTable {
     state: Vec<PageState>,
     live_blocks: Vec<u32>,
-    /// When each idle page went idle, in [`crate::clock`] ticks.
+    /// When each idle page went idle, in [`crate::clock`] ticks (for age-based release)...
     idle_since: Vec<u64>,
+    /// ...and in which order (the coarse clock ties within milliseconds; this never does).
+    idle_order: Vec<u64>,
+    next_order: u64,
     idle_pages: usize,
     mapped_pages: usize,
 }
@@ -51,6 +54,7 @@ impl PageTable {
             self.state.resize(needed, PageState::Unmapped);
             self.live_blocks.resize(needed, 0);
             self.idle_since.resize(needed, 0);
+            self.idle_order.resize(needed, 0);
         }
     }
 
@@ -83,6 +87,8 @@ impl PageTable {
     fn set_idle(&mut self, page: u32, now: u64) {
         self.state[page as usize] = PageState::Idle;
         self.idle_since[page as usize] = now;
+        self.idle_order[page as usize] = self.next_order;
+        self.next_order += 1;
         self.idle_pages += 1;
     }
 
@@ -131,12 +137,12 @@ impl PageTable {
         }
         let mut idle: Vec<(u64, u32)> = (0..self.state.len() as u32)
             .filter(|&p| self.state[p as usize] == PageState::Idle && !spare(p))
-            .map(|p| (self.idle_since[p as usize], p))
+            .map(|p| (self.idle_order[p as usize], p))
             .collect();
         idle.sort_unstable();
         let mut taken = Vec::new();
-        for (since, page) in idle {
-            if !keep_going(taken.len(), since) {
+        for (_, page) in idle {
+            if !keep_going(taken.len(), self.idle_since[page as usize]) {
                 break;
             }
             self.state[page as usize] = PageState::Unmapped;

@@ -171,3 +171,51 @@ pub fn spawn(
         tracing::debug!("sampler stopped");
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+
+    #[test]
+    fn a_sample_older_than_three_intervals_is_stale() {
+        let interval = Duration::from_secs(1);
+        let fresh = Sample {
+            snapshot: Snapshot::default(),
+            taken_at: Instant::now(),
+        };
+        assert!(!fresh.is_stale(interval));
+        if let Some(then) = Instant::now().checked_sub(Duration::from_secs(4)) {
+            let old = Sample {
+                snapshot: Snapshot::default(),
+                taken_at: then,
+            };
+            assert!(old.is_stale(interval));
+        }
+    }
+
+    #[test]
+    fn failures_are_counted_and_cleared_by_the_next_success() {
+        let sim = std::sync::Arc::new(SimBackend::new(SimConfig::default()));
+        let faults = sim.faults();
+        let manager = MemoryManager::new(sim, Default::default()).expect("manager");
+        let mut sampler = Sampler::new(vec![manager], CaptureSettings::default());
+        assert!(sampler.sample().snapshot.health.latest_ok);
+        faults.set_fail_mem_info(true);
+        let failed = sampler.sample();
+        let health = &failed.snapshot.health;
+        assert!(!health.latest_ok);
+        assert_eq!((health.samples_ok, health.samples_failed), (1, 1));
+        assert!(health
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("mem_info")));
+        faults.set_fail_mem_info(false);
+        let lost = sampler.sample_lost("the thread died".to_string());
+        assert_eq!(lost.snapshot.health.samples_failed, 2);
+        let recovered = sampler.sample();
+        assert!(recovered.snapshot.health.latest_ok);
+        assert_eq!(recovered.snapshot.health.samples_ok, 2);
+        assert_eq!(sampler.history().len(), 1, "one point per second at most");
+    }
+}

@@ -179,6 +179,8 @@ fn add_stats(total: &mut DeviceCounters, stats: &DeviceStats) {
     total.driver_errors += c.driver_errors;
     total.ooms += stats.ooms;
     total.oom_retries += stats.oom_retries;
+    total.cpu_fallbacks += stats.cpu_fallbacks;
+    total.host_fallback_bytes += stats.host_fallback_bytes;
 }
 
 /// Adds a pool view to the device's pool of the same kind (several managers may share a device).
@@ -334,6 +336,60 @@ fn largest_groups(groups: HashMap<String, TagGroup>, keep: usize) -> Vec<TagGrou
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::manager::{AllocOptions, ManagerConfig, Tag};
+    use crate::units::MIB;
+    use std::sync::Arc;
+
+    #[test]
+    fn leaks_skip_long_lived_tags_and_group_by_tag() {
+        let sim = Arc::new(SimBackend::new(SimConfig::default()));
+        let manager = MemoryManager::new(sim, ManagerConfig::default()).expect("manager");
+        let tagged = |tag: &str| AllocOptions::tagged(Tag::new(tag));
+        let _held = [
+            manager
+                .alloc(0, 64 * MIB, &tagged("weights"))
+                .expect("alloc"),
+            manager.alloc(0, MIB, &tagged("leaky")).expect("alloc"),
+            manager.alloc(0, 2 * MIB, &tagged("leaky")).expect("alloc"),
+            manager
+                .alloc(0, 4096, &AllocOptions::default())
+                .expect("alloc"),
+        ];
+        let settings = CaptureSettings {
+            leak_age: Duration::ZERO,
+            ..CaptureSettings::default()
+        };
+        let snapshot = capture(&[manager], &settings);
+        assert!(snapshot.problems.is_empty(), "{:?}", snapshot.problems);
+        let device = &snapshot.devices[0];
+        assert_eq!(device.live.count, 4);
+        assert_eq!(device.live.bytes, 67 * MIB + 4096);
+        assert_eq!(
+            device.live.by_age[0].count, 4,
+            "everything is under a minute old"
+        );
+        let suspects: Vec<(&str, u64)> = device
+            .leak_suspects
+            .iter()
+            .map(|g| (g.tag.as_str(), g.count))
+            .collect();
+        assert_eq!(
+            suspects,
+            [("leaky", 2), ("untagged", 1)],
+            "weights are never suspects"
+        );
+        assert_eq!(device.live.leak_suspect_bytes, 3 * MIB + 4096);
+        assert!(device.oldest_allocations.iter().all(|a| a.tag != "weights"));
+        assert_eq!(device.oldest_allocations.len(), 3);
+        assert_eq!(device.by_tag[0].tag, "weights");
+        let memory = device.memory.expect("mem_info works");
+        assert_eq!(
+            memory.used_by_this_process_bytes,
+            device.stats.reserved_bytes
+        );
+        assert!(device.pressure.is_some());
+    }
 
     fn group(tag: &str, bytes: u64) -> (String, TagGroup) {
         (

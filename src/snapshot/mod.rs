@@ -98,6 +98,10 @@ pub struct DeviceCounters {
     pub driver_errors: u64,
     pub ooms: u64,
     pub oom_retries: u64,
+    /// Requests served from host memory because the device could not.
+    pub cpu_fallbacks: u64,
+    /// Host bytes held by those fallback buffers now.
+    pub host_fallback_bytes: u64,
 }
 
 impl DeviceCounters {

@@ -180,7 +180,11 @@ impl DeviceView {
             Tile {
                 label: "Out of memory",
                 value: format::count(stats.ooms),
-                note: format!("{} retries", format::count(stats.oom_retries)),
+                note: format!(
+                    "{} retries · {} to host",
+                    format::count(stats.oom_retries),
+                    format::count(stats.cpu_fallbacks)
+                ),
                 warn: stats.ooms > 0,
             },
         ];

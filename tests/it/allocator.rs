@@ -64,7 +64,12 @@ fn zero_too_large_and_bad_alignment_are_distinct_errors() {
 #[test]
 fn out_of_memory_is_not_too_large_and_explains_itself() {
     let sim = small_sim(GIB);
-    let m = manager_on(sim.clone());
+    // The whole device, so the driver (not the pool cap) is what refuses.
+    let config = ManagerConfig {
+        gpu_memory_fraction: 1.0,
+        ..ManagerConfig::default()
+    };
+    let m = MemoryManager::new(sim.clone(), config).unwrap();
     let _held = m.alloc(0, 800 * MIB, &AllocOptions::default()).unwrap();
     let err = m.alloc(0, 400 * MIB, &AllocOptions::default()).unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");

@@ -4,6 +4,7 @@ mod allocator;
 mod backend_contract;
 mod cli;
 mod cuda_loading;
+mod manager_features;
 mod demo;
 mod estimate;
 mod support;

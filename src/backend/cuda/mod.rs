@@ -5,6 +5,7 @@
 //! Submodules: `probe` (library, symbols, `cuInit`, device count), `properties` (what
 //! `gpumem devices` prints; no context needed) and `vmm` (reserve / map / unmap in pages).
 
+mod host;
 mod probe;
 mod properties;
 mod stream_ordered;
@@ -234,6 +235,14 @@ impl DeviceBackend for CudaBackend {
 
     fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
         self.unmap_pages(device, addr, size)
+    }
+
+    fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
+        self.host_alloc(device, size)
+    }
+
+    fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
+        self.host_free(device, ptr)
     }
 
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {

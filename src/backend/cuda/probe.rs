@@ -33,6 +33,8 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemUnmap",
     "cuMemRelease",
     "cuStreamSynchronize",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
 ];
 
 /// The library names cudarc's `culib()` tries, in its order (`cuda`, then `nvcuda`, each through

@@ -1,7 +1,11 @@
 //! The exporter's HTTP endpoints against a loopback port: the status page, `/metrics` (content
-//! type, families and types, `promtool check metrics`), the JSON API, `/healthz` when sampling
-//! works and when it fails, 404 and 405, static files, binding errors, shutdown, and the page
-//! in headless Chromium. Also the tiny HTTP client the demo tests share.
+//! type, families and types), the JSON API, `/healthz` when sampling works and when it fails,
+//! 404 and 405, static files, binding errors, shutdown, and running inside a host runtime.
+
+mod http;
+mod tools;
+
+pub use http::{eventually, get, request, tool_available, value_of};
 
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::exporter::ExporterError;
@@ -9,132 +13,22 @@ use gpumem::units::{GIB, MIB};
 use gpumem::{
     AllocOptions, DeviceBuffer, Exporter, ExporterHandle, ManagerConfig, MemoryManager, Tag,
 };
+use http::samples;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// One HTTP response.
-pub struct Reply {
-    pub status: u16,
-    pub headers: HashMap<String, String>,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> &str {
-        self.headers.get(name).map_or("", String::as_str)
-    }
-}
-
-/// A minimal HTTP/1.1 client: one request per connection, bounded by timeouts.
-pub fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|line| line.split_whitespace().nth(1))
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let headers: HashMap<String, String> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let body = if headers
-        .get("transfer-encoding")
-        .is_some_and(|v| v == "chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
-}
-
-pub fn get(addr: SocketAddr, path: &str) -> Reply {
-    request(addr, "GET", path).unwrap_or_else(|e| panic!("GET {path} failed: {e}"))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-/// `name{labels} value` lines of a metrics text, as (name, labels, value).
-pub fn samples(text: &str) -> Vec<(String, String, f64)> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (name, labels) = match series.split_once('{') {
-                Some((name, labels)) => (name, labels.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            Some((name.to_string(), labels.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The value of the first series of `name` whose labels contain `label`.
-pub fn value_of(text: &str, name: &str, label: &str) -> Option<f64> {
-    samples(text)
-        .into_iter()
-        .find(|(n, l, _)| n == name && l.contains(label))
-        .map(|(_, _, v)| v)
-}
-
-/// Whether a command exists; when it does not and `CI=true`, the test fails instead of skipping.
-pub fn tool_available(tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "{tool} is required when CI=true (install it, see .ci/)"
-        );
-        eprintln!("skipped: {tool} is not installed");
-    }
-    found
-}
+use std::time::Duration;
 
 /// An exporter over two small simulated devices with a few tagged allocations.
-struct Fixture {
+pub(super) struct Fixture {
     exporter: ExporterHandle,
     sim: Arc<SimBackend>,
     _buffers: Vec<DeviceBuffer>,
 }
 
 impl Fixture {
-    fn start() -> Fixture {
+    pub(super) fn start() -> Fixture {
         let spec = SimDeviceSpec {
             total_bytes: 8 * GIB,
             ..SimDeviceSpec::default()
@@ -171,21 +65,9 @@ impl Fixture {
         }
     }
 
-    fn addr(&self) -> SocketAddr {
+    pub(super) fn addr(&self) -> SocketAddr {
         self.exporter.local_addr()
     }
-}
-
-/// Polls `check` every 50 ms for up to `limit`; true once it holds.
-pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 #[test]
@@ -226,6 +108,8 @@ const DEVICE_FAMILIES: &[(&str, &str)] = &[
     ("gpumem_driver_frees_total", "counter"),
     ("gpumem_ooms_total", "counter"),
     ("gpumem_oom_retries_total", "counter"),
+    ("gpumem_cpu_fallbacks_total", "counter"),
+    ("gpumem_host_fallback_bytes", "gauge"),
     ("gpumem_live_allocations", "gauge"),
     ("gpumem_live_bytes", "gauge"),
     ("gpumem_live_age_band_bytes", "gauge"),
@@ -319,39 +203,6 @@ fn metrics_have_the_exact_content_type_and_every_family() {
         "gpumem_build_info{{version=\"{}\",backend=\"sim\"}} 1",
         env!("CARGO_PKG_VERSION")
     )));
-}
-
-#[test]
-fn promtool_accepts_the_metrics() {
-    if !tool_available("promtool") {
-        return;
-    }
-    let fixture = Fixture::start();
-    let body = get(fixture.addr(), "/metrics").body;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write");
-    let output = child.wait_with_output().expect("promtool finishes");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "promtool check metrics failed: {said}"
-    );
-    assert!(said.trim().is_empty(), "promtool warned: {said}");
 }
 
 #[test]
@@ -540,48 +391,4 @@ fn embeds_in_a_host_tokio_runtime() {
             "still serving after shutdown_and_wait"
         );
     });
-}
-
-/// The page in a real browser: the chart script runs without errors and the page renders.
-#[test]
-fn the_page_renders_in_headless_chromium() {
-    if !tool_available("chromium") {
-        return;
-    }
-    let fixture = Fixture::start();
-    let dir = std::env::temp_dir().join(format!("gpumem-chromium-{}", std::process::id()));
-    let screenshot = dir.join("page.png");
-    let output = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-        ])
-        .args([
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--enable-logging=stderr",
-            "--v=0",
-        ])
-        .arg(format!("--user-data-dir={}", dir.join("profile").display()))
-        .arg(format!("--screenshot={}", screenshot.display()))
-        .args(["--window-size=1280,1000", "--virtual-time-budget=3000"])
-        .arg(format!("http://{}/", fixture.addr()))
-        .output()
-        .expect("chromium runs");
-    let log = String::from_utf8_lossy(&output.stderr);
-    let size = std::fs::metadata(&screenshot).map_or(0, |m| m.len());
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(output.status.success(), "chromium failed: {log}");
-    assert!(size > 10_000, "the screenshot looks empty ({size} bytes)");
-    let script_errors: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("CONSOLE") && l.contains("Uncaught"))
-        .collect();
-    assert!(
-        script_errors.is_empty(),
-        "the page's script failed: {script_errors:?}"
-    );
 }

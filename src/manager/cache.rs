@@ -1,0 +1,157 @@
+//! What the pools keep cached and when it goes back to the driver: the cache budget checked
+//! before every mapping, trimming, emptying, age-based release, and peaks.
+
+use super::{ManagedDevice, MemoryManager};
+use crate::pool::MapDecision;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+impl MemoryManager {
+    /// Whether mapping `bytes` more keeps the device's pools within their cache budget: the
+    /// recent peak of pages under live blocks plus a slack (capped by `max_cached_bytes`, and
+    /// never below `preallocate_bytes`). Asked only before the driver is called (a miss), so
+    /// the hot path never pays for it.
+    pub(super) fn cache_budget_check(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
+        let (mut mapped, mut live) = (0, 0);
+        for pool in managed.pools() {
+            let (m, l) = pool.page_census();
+            mapped += m;
+            live += l;
+        }
+        let page = managed.page_size;
+        let new_pages = bytes / page;
+        let peaks = &managed.events.live_pages_peak;
+        peaks[0].fetch_max((live + new_pages) as usize, Relaxed);
+        let peak = peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64;
+        let config = self.config();
+        let mut slack =
+            (config.idle_pages_kept as u64).max(peak * config.idle_per_mille as u64 / 1024);
+        if let Some(cap) = config.max_cached_bytes {
+            slack = slack.min(cap / page);
+        }
+        let budget = (peak + slack).max(config.preallocate_bytes.div_ceil(page));
+        let idle = mapped.saturating_sub(live);
+        if mapped + new_pages <= budget || idle == 0 {
+            return MapDecision::Allow;
+        }
+        let excess_pages = (mapped + new_pages - budget).min(idle);
+        MapDecision::NeedsRoom(excess_pages * page)
+    }
+
+    /// Unmaps idle pages on one device, oldest first, while `keep_going(bytes_so_far,
+    /// idle_since)`; returns the bytes released. A driver error is logged and stops the pool.
+    pub(super) fn release_cached_on(
+        &self,
+        managed: &ManagedDevice,
+        mut keep_going: impl FnMut(u64, u64) -> bool,
+    ) -> u64 {
+        let mut released = 0;
+        for pool in managed.pools() {
+            let before = released;
+            match pool.release_idle(|bytes, since| keep_going(before + bytes, since)) {
+                Ok(bytes) => released += bytes,
+                Err(error) => {
+                    tracing::warn!(device = managed.index, %error, "could not return cached memory to the driver")
+                }
+            }
+        }
+        released
+    }
+
+    /// Returns cached memory to the driver until the pools of every device together hold at
+    /// most `target_bytes` (or nothing cached is left). Returns the bytes released.
+    pub fn trim(&self, target_bytes: u64) -> u64 {
+        let mut released = 0;
+        for managed in &self.shared().devices {
+            let held = self.reserved_bytes();
+            if held <= target_bytes {
+                break;
+            }
+            let excess = held - target_bytes;
+            released += self.release_cached_on(managed, |bytes, _| bytes < excess);
+        }
+        released
+    }
+
+    /// Returns every cached page to the driver; live buffers are untouched.
+    pub fn empty_cache(&self) -> u64 {
+        self.shared()
+            .devices
+            .iter()
+            .map(|managed| self.empty_cache_on(managed))
+            .sum()
+    }
+
+    pub(super) fn empty_cache_on(&self, managed: &ManagedDevice) -> u64 {
+        self.release_cached_on(managed, |_, _| true)
+    }
+
+    /// Returns pages idle for at least `age`, keeping `preallocate_bytes` per device.
+    pub fn release_idle_older_than(&self, age: Duration) -> u64 {
+        let now = crate::clock::now();
+        let floor = self.config().preallocate_bytes;
+        self.shared()
+            .devices
+            .iter()
+            .map(|managed| {
+                let held = managed.reserve.reserved_bytes.load(Relaxed);
+                let spare = held.saturating_sub(floor);
+                self.release_cached_on(managed, |bytes, since| {
+                    bytes < spare && crate::clock::between(since, now) >= age
+                })
+            })
+            .sum()
+    }
+
+    /// Returns the oldest idle pages of each device beyond `max_cached_bytes`.
+    pub(super) fn enforce_max_cached(&self) -> u64 {
+        let Some(cap) = self.config().max_cached_bytes else {
+            return 0;
+        };
+        self.shared()
+            .devices
+            .iter()
+            .map(|managed| {
+                let cached = managed
+                    .reserve
+                    .reserved_bytes
+                    .load(Relaxed)
+                    .saturating_sub(managed.in_use_bytes());
+                let excess = cached.saturating_sub(cap);
+                if excess == 0 {
+                    return 0;
+                }
+                self.release_cached_on(managed, |bytes, _| bytes < excess)
+            })
+            .sum()
+    }
+
+    /// Bytes held from the driver by all pools of all devices.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.shared()
+            .devices
+            .iter()
+            .map(|d| d.reserve.reserved_bytes.load(Relaxed))
+            .sum()
+    }
+
+    /// Restarts every peak from the current values.
+    pub fn reset_peaks(&self) {
+        for managed in &self.shared().devices {
+            for pool in managed.pools() {
+                pool.reset_peaks();
+            }
+            managed.direct.counters.reset_peaks();
+            managed.reserve.reset_peak();
+        }
+    }
+
+    /// Starts a new window for the live-page peak that sizes the cache: a burst long past
+    /// stops pinning memory one window later.
+    pub(super) fn roll_peak_window(&self) {
+        for managed in &self.shared().devices {
+            let peaks = &managed.events.live_pages_peak;
+            peaks[1].store(peaks[0].swap(0, Relaxed), Relaxed);
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! Loading a [`MemoryConfig`]: a preset, then a TOML file, then `GPUMEM_*` environment
+//! variables (and `CUDA_MEMORY_POOL_SIZE` / `CUDA_MEMORY_POOL_TRIM`), each overriding the last.
+//! Every key has one parser, whichever source it comes from, and every error names the key.
+
+use super::config::{ConfigError, MemoryConfig, Strategy};
+use crate::units::{parse_bytes, parse_duration};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where a configuration comes from.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigSources {
+    /// A TOML file (`--config`).
+    pub file: Option<PathBuf>,
+    /// Environment variables to read (normally `std::env::vars()`).
+    pub env: Vec<(String, String)>,
+}
+
+impl ConfigSources {
+    /// The file given, and this process's environment.
+    pub fn from_process(file: Option<PathBuf>) -> Self {
+        ConfigSources {
+            file,
+            env: std::env::vars().collect(),
+        }
+    }
+}
+
+/// Every key a file or `GPUMEM_<KEY>` may set (`pressure.high` is `GPUMEM_PRESSURE_HIGH`;
+/// `devices` only from a file).
+pub const KEYS: &[&str] = &[
+    "preset",
+    "pooling",
+    "strategy",
+    "devices",
+    "gpu_memory_fraction",
+    "max_pool_size",
+    "min_free_bytes",
+    "cpu_fallback",
+    "track_allocations",
+    "capture_backtraces",
+    "leak_age",
+    "trim_on_high_pressure",
+    "cleanup_interval",
+    "release_idle_after",
+    "max_cached_bytes",
+    "preallocate",
+    "shards",
+    "small_max_bytes",
+    "idle_pages_kept",
+    "idle_per_mille",
+    "pressure.medium",
+    "pressure.high",
+    "pressure.critical",
+    "pressure.reserve",
+];
+
+/// A value as written: TOML keeps its type, the environment gives text.
+enum Raw<'a> {
+    Toml(&'a toml::Value),
+    Text(&'a str),
+}
+
+impl Raw<'_> {
+    fn text(&self) -> Option<String> {
+        match self {
+            Raw::Text(text) => Some(text.to_string()),
+            Raw::Toml(toml::Value::String(text)) => Some(text.clone()),
+            Raw::Toml(toml::Value::Integer(n)) => Some(n.to_string()),
+            Raw::Toml(toml::Value::Float(f)) => Some(f.to_string()),
+            Raw::Toml(toml::Value::Boolean(b)) => Some(b.to_string()),
+            Raw::Toml(_) => None,
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self {
+            Raw::Text(text) => format!("'{text}'"),
+            Raw::Toml(value) => value.to_string(),
+        }
+    }
+
+    fn parse<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        let text = self
+            .text()
+            .ok_or_else(|| ConfigError::new(key, format!("{} is not {expected}", self.shown())))?;
+        parse(text.trim()).map_err(|why| {
+            ConfigError::new(key, format!("{} is not {expected}: {why}", self.shown()))
+        })
+    }
+
+    fn boolean(&self, key: &str) -> Result<bool, ConfigError> {
+        self.parse(key, "true or false", |t| {
+            match t.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => Ok(true),
+                "false" | "0" | "no" | "off" => Ok(false),
+                _ => Err("expected true or false".to_string()),
+            }
+        })
+    }
+
+    fn number(&self, key: &str) -> Result<f64, ConfigError> {
+        self.parse(key, "a number", |t| {
+            t.parse::<f64>().map_err(|e| e.to_string())
+        })
+    }
+
+    fn count(&self, key: &str) -> Result<usize, ConfigError> {
+        self.parse(key, "a whole number", |t| {
+            t.parse::<usize>().map_err(|e| e.to_string())
+        })
+    }
+
+    fn bytes(&self, key: &str) -> Result<u64, ConfigError> {
+        self.parse(key, "a byte size (e.g. 512MiB, 2G)", parse_bytes)
+    }
+
+    fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
+        self.parse(key, "a duration (e.g. 500ms, 10s, 10m)", parse_duration)
+    }
+
+    /// A duration, or "off"/"never" for none.
+    fn optional_duration(&self, key: &str) -> Result<Option<Duration>, ConfigError> {
+        if let Some(text) = self.text() {
+            if matches!(text.trim(), "off" | "never" | "none") {
+                return Ok(None);
+            }
+        }
+        self.duration(key).map(Some)
+    }
+
+    fn devices(&self, key: &str) -> Result<Vec<usize>, ConfigError> {
+        match self {
+            Raw::Toml(toml::Value::Array(items)) => items
+                .iter()
+                .map(|item| Raw::Toml(item).count(key))
+                .collect(),
+            _ => self.parse(key, "a list of device indices (e.g. 0,1)", |t| {
+                t.split(',')
+                    .map(|part| part.trim().parse::<usize>().map_err(|e| e.to_string()))
+                    .collect()
+            }),
+        }
+    }
+}
+
+fn apply(config: &mut MemoryConfig, key: &str, raw: &Raw) -> Result<(), ConfigError> {
+    match key {
+        "preset" => {
+            *config =
+                MemoryConfig::preset(&raw.parse(key, "a preset name", |t| Ok(t.to_string()))?)?
+        }
+        "pooling" => {
+            config.strategy = if raw.boolean(key)? {
+                Strategy::Pooled
+            } else {
+                Strategy::Direct
+            }
+        }
+        "strategy" => {
+            config.strategy = raw.parse(key, "pooled or direct", |t| match t {
+                "pooled" => Ok(Strategy::Pooled),
+                "direct" => Ok(Strategy::Direct),
+                _ => Err("expected pooled or direct".to_string()),
+            })?
+        }
+        "devices" => config.devices = Some(raw.devices(key)?),
+        "gpu_memory_fraction" => config.gpu_memory_fraction = raw.number(key)?,
+        "max_pool_size" => config.max_pool_bytes = Some(raw.bytes(key)?),
+        "min_free_bytes" => config.min_free_bytes = raw.bytes(key)?,
+        "cpu_fallback" => config.cpu_fallback = raw.boolean(key)?,
+        "track_allocations" => config.track_allocations = raw.boolean(key)?,
+        "capture_backtraces" => config.capture_backtraces = raw.boolean(key)?,
+        "leak_age" => config.leak_age = raw.duration(key)?,
+        "trim_on_high_pressure" => config.trim_on_high_pressure = raw.boolean(key)?,
+        "cleanup_interval" => config.cleanup_interval = raw.optional_duration(key)?,
+        "release_idle_after" => config.release_idle_after = raw.optional_duration(key)?,
+        "max_cached_bytes" => config.max_cached_bytes = Some(raw.bytes(key)?),
+        "preallocate" => config.preallocate_bytes = raw.bytes(key)?,
+        "shards" => config.shards = raw.count(key)?,
+        "small_max_bytes" => config.small_max_bytes = raw.bytes(key)?,
+        "idle_pages_kept" => config.idle_pages_kept = raw.count(key)?,
+        "idle_per_mille" => config.idle_per_mille = raw.count(key)?,
+        "pressure.medium" => config.pressure.medium = raw.number(key)?,
+        "pressure.high" => config.pressure.high = raw.number(key)?,
+        "pressure.critical" => config.pressure.critical = raw.number(key)?,
+        "pressure.reserve" => config.pressure.reserve_bytes = Some(raw.bytes(key)?),
+        other => {
+            return Err(ConfigError::new(
+                other,
+                format!("unknown key (known keys: {})", KEYS.join(", ")),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Flattens a TOML document into (dotted key, value), preset first so the rest overrides it.
+fn flatten(table: &toml::Table) -> Vec<(String, &toml::Value)> {
+    let mut keys = Vec::new();
+    for (key, value) in table {
+        match value {
+            toml::Value::Table(inner) => {
+                for (inner_key, inner_value) in inner {
+                    keys.push((format!("{key}.{inner_key}"), inner_value));
+                }
+            }
+            _ => keys.push((key.clone(), value)),
+        }
+    }
+    keys.sort_by_key(|(key, _)| key != "preset");
+    keys
+}
+
+/// Reads and checks the configuration; the error names the file or variable and the key.
+pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError> {
+    let mut config = MemoryConfig::default();
+    if let Some(path) = &sources.file {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(&shown, format!("cannot read the config file: {e}")))?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            ConfigError::new(&shown, format!("not valid TOML: {}", e.message()))
+        })?;
+        for (key, value) in flatten(&table) {
+            apply(&mut config, &key, &Raw::Toml(value))
+                .map_err(|e| ConfigError::new(format!("{shown}: {}", e.key), e.message))?;
+        }
+    }
+    let env = |name: &str| {
+        sources
+            .env
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    // `devices` is left to the CLI's own `--devices`/`GPUMEM_DEVICES` ("all" or "0,2").
+    for key in KEYS.iter().filter(|key| **key != "devices") {
+        let name = format!("GPUMEM_{}", key.replace('.', "_").to_ascii_uppercase());
+        if let Some(value) = env(&name) {
+            apply(&mut config, key, &Raw::Text(value))
+                .map_err(|e| ConfigError::new(name.clone(), e.message))?;
+        }
+    }
+    if let Some(size) = env("CUDA_MEMORY_POOL_SIZE") {
+        config.preallocate_bytes = Raw::Text(size).bytes("CUDA_MEMORY_POOL_SIZE")?;
+    }
+    if let Some(trim) = env("CUDA_MEMORY_POOL_TRIM") {
+        if Raw::Text(trim).boolean("CUDA_MEMORY_POOL_TRIM")? {
+            // "Trim automatically": give idle memory back at every upkeep.
+            config.release_idle_after = Some(Duration::ZERO);
+            config
+                .cleanup_interval
+                .get_or_insert(Duration::from_secs(1));
+        }
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::{GIB, MIB};
+
+    fn from_file(text: &str) -> Result<MemoryConfig, ConfigError> {
+        let dir = std::env::temp_dir().join(format!(
+            "gpumem-config-{}-{}",
+            std::process::id(),
+            crate::clock::now()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gpumem.toml");
+        std::fs::write(&path, text).unwrap();
+        load_config(&ConfigSources {
+            file: Some(path),
+            env: vec![],
+        })
+    }
+
+    fn from_env(vars: &[(&str, &str)]) -> Result<MemoryConfig, ConfigError> {
+        let env = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        load_config(&ConfigSources { file: None, env })
+    }
+
+    #[test]
+    fn a_file_sets_keys_over_its_preset() {
+        let config = from_file(
+            "preset = \"constrained\"\ngpu_memory_fraction = 0.7\nmin_free_bytes = \"1GiB\"\nleak_age = \"5m\"\n\
+             cleanup_interval = \"off\"\ndevices = [0, 1]\n[pressure]\nhigh = 0.85\nreserve = 1073741824\n",
+        )
+        .unwrap();
+        assert!(config.cpu_fallback, "from the preset");
+        assert_eq!(config.gpu_memory_fraction, 0.7);
+        assert_eq!(config.min_free_bytes, GIB);
+        assert_eq!(config.leak_age, Duration::from_secs(300));
+        assert_eq!(config.cleanup_interval, None);
+        assert_eq!(config.devices, Some(vec![0, 1]));
+        assert_eq!(config.pressure.high, 0.85);
+        assert_eq!(config.pressure.reserve_bytes, Some(GIB));
+    }
+
+    #[test]
+    fn bad_files_name_the_key_and_the_problem() {
+        let err = from_file("gpu_memory_fraction = 1.5\n").unwrap_err();
+        assert!(
+            err.to_string().contains("gpu_memory_fraction")
+                && err.to_string().contains("0 < value <= 1"),
+            "{err}"
+        );
+        let err = from_file("gpu_memory_fraction = \"most\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("gpu_memory_fraction")
+                && err.to_string().contains("not a number"),
+            "{err}"
+        );
+        let err = from_file("turbo = true\n").unwrap_err();
+        assert!(
+            err.to_string().contains("`") && err.to_string().contains("unknown key"),
+            "{err}"
+        );
+        let err = from_file("leak_age = = 3\n").unwrap_err();
+        assert!(err.to_string().contains("not valid TOML"), "{err}");
+        let err = from_file("min_free_bytes = \"lots\"\n").unwrap_err();
+        assert!(err.to_string().contains("min_free_bytes"), "{err}");
+        let err = from_file("[pressure]\nmedium = 0.9\n").unwrap_err();
+        assert!(err.to_string().contains("must increase"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error_naming_it() {
+        let err = load_config(&ConfigSources {
+            file: Some("/no/such/gpumem.toml".into()),
+            env: vec![],
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("/no/such/gpumem.toml"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_and_cuda_variables_are_honoured() {
+        let config = from_env(&[
+            ("GPUMEM_CPU_FALLBACK", "true"),
+            ("GPUMEM_PRESSURE_CRITICAL", "0.97"),
+            ("GPUMEM_LISTEN", "ignored: a CLI flag, not a config key"),
+            ("CUDA_MEMORY_POOL_SIZE", "2G"),
+            ("CUDA_MEMORY_POOL_TRIM", "1"),
+        ])
+        .unwrap();
+        assert!(config.cpu_fallback);
+        assert_eq!(config.pressure.critical, 0.97);
+        assert_eq!(config.preallocate_bytes, 2 * GIB);
+        assert_eq!(config.release_idle_after, Some(Duration::ZERO));
+        let err = from_env(&[("GPUMEM_SMALL_MAX_BYTES", "1TiB")]).unwrap_err();
+        assert!(err.to_string().contains("small_max_bytes"), "{err}");
+        let err = from_env(&[("GPUMEM_GPU_MEMORY_FRACTION", "-1")]).unwrap_err();
+        assert!(err.to_string().contains("gpu_memory_fraction"), "{err}");
+        assert_eq!(
+            from_env(&[("GPUMEM_MAX_POOL_SIZE", "512MiB")])
+                .unwrap()
+                .max_pool_bytes,
+            Some(512 * MIB)
+        );
+    }
+}
