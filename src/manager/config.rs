@@ -5,7 +5,7 @@
 use super::pressure::PressureThresholds;
 pub use crate::error::ConfigError;
 use crate::pool::PoolSettings;
-use crate::units::{GIB, MIB};
+use crate::units::{GIB, KIB, MIB};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -91,7 +91,7 @@ impl Default for MemoryConfig {
             max_cached_bytes: None,
             preallocate_bytes: 0,
             shards: 0,
-            small_max_bytes: MIB,
+            small_max_bytes: 64 * KIB,
             idle_pages_kept: 4,
             idle_per_mille: 8,
         }

@@ -49,7 +49,7 @@ impl DeviceReserve {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolKind {
-    /// Requests up to `small_max` bytes (1 MiB by default).
+    /// Requests up to `small_max` bytes (64 KiB by default).
     Small,
     /// Everything larger.
     Large,
