@@ -2,6 +2,7 @@
 //! and the observability around it (sampler, Prometheus endpoint, status page, sidecar).
 
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod demo;
@@ -20,5 +21,5 @@ pub mod web;
 
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};
-pub use manager::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, Strategy, Tag};
 pub use exporter::{Exporter, ExporterHandle};
+pub use manager::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, Strategy, Tag};

@@ -1,6 +1,7 @@
 //! The command line: raw flags parsed by clap, validated into settings, and dispatched to the
 //! subcommands. Every failure becomes one line on stderr and an exit code (2 for bad input).
 
+mod bench;
 mod demo;
 mod devices;
 mod estimate;
@@ -67,6 +68,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Estimate a model's inference memory (weights, KV cache, activations) and which device fits it.
     Estimate(estimate::EstimateArgs),
+    /// Time allocation and free (median and p99) for gpumem and the driver's allocators.
+    Bench(bench::BenchArgs),
 }
 
 /// Flags every command shares.
@@ -206,6 +209,7 @@ pub fn run() -> i32 {
         Command::Devices(args) => devices::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Estimate(args) => estimate::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match outcome {
         Ok(()) => 0,

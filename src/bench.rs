@@ -1,0 +1,197 @@
+//! Allocation latency, measured side by side in one process on one device: a gpumem pool hit,
+//! a pool miss (pages mapped and unmapped), the driver's `cuMemAlloc`/`cuMemFree`, and on CUDA
+//! the driver's stream-ordered pool — each as a distribution (median and p99 per alloc + free
+//! pair), on one thread or several at once. `gpumem bench` prints it.
+
+use crate::backend::cuda::CudaBackend;
+use crate::backend::{BackendKind, DeviceBackend};
+use crate::manager::{AllocOptions, MemoryConfig, MemoryManager};
+use serde::Serialize;
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// What is being timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Allocator {
+    /// gpumem, memory already cached: no driver call.
+    PoolHit,
+    /// gpumem with its cache emptied after every free: pages mapped and unmapped each time.
+    PoolMiss,
+    /// `cuMemAlloc` + `cuMemFree` (on sim: the simulator's bookkeeping).
+    Driver,
+    /// `cuMemAllocAsync` + `cuMemFreeAsync` on the device's default pool (CUDA only).
+    DriverAsync,
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    pub allocator: Allocator,
+    pub backend: String,
+    pub size_bytes: u64,
+    pub threads: usize,
+    pub operations: u64,
+    /// Per alloc + free pair, with the clock's own cost taken off.
+    pub median_ns: f64,
+    pub p99_ns: f64,
+}
+
+/// The devices and allocators a run uses.
+pub struct BenchTarget {
+    pub backend: Arc<dyn DeviceBackend>,
+    pub device: usize,
+    /// Present on the CUDA backend when the driver has stream-ordered allocation.
+    pub stream_ordered: Option<Arc<CudaBackend>>,
+}
+
+impl BenchTarget {
+    pub fn new(backend: Arc<dyn DeviceBackend>, device: usize) -> Self {
+        let stream_ordered = (backend.kind() == BackendKind::Cuda)
+            .then(CudaBackend::open)
+            .and_then(Result::ok)
+            .filter(|cuda| cuda.prepare_stream_ordered_pool(device).is_ok())
+            .map(Arc::new);
+        BenchTarget {
+            backend,
+            device,
+            stream_ordered,
+        }
+    }
+}
+
+/// The cost of reading the clock twice, taken off every sample.
+fn clock_overhead() -> f64 {
+    let mut samples: Vec<u64> = (0..10_000)
+        .map(|_| {
+            let start = Instant::now();
+            black_box(start.elapsed().as_nanos() as u64)
+        })
+        .collect();
+    samples.sort_unstable();
+    samples[samples.len() / 2] as f64
+}
+
+/// Times `allocator` at `size` on `threads` threads, each for at most `iterations` pairs or
+/// `budget` of wall time, whichever comes first.
+pub fn measure(
+    target: &BenchTarget,
+    allocator: Allocator,
+    size: u64,
+    threads: usize,
+    iterations: u64,
+    budget: Duration,
+) -> Result<BenchResult, String> {
+    let device = target.device;
+    let config = MemoryConfig::default().devices(vec![device]);
+    let manager =
+        MemoryManager::new(Arc::clone(&target.backend), config).map_err(|e| e.to_string())?;
+    let async_pool = target.stream_ordered.clone();
+    if allocator == Allocator::DriverAsync && async_pool.is_none() {
+        return Err(
+            "driver-async needs the CUDA backend and a driver with cuMemAllocAsync".to_string(),
+        );
+    }
+    let one_pair = |m: &MemoryManager| -> Result<(), String> {
+        match allocator {
+            Allocator::PoolHit => m
+                .alloc(device, size, &AllocOptions::default())
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Allocator::PoolMiss => {
+                let buffer = m
+                    .alloc(device, size, &AllocOptions::default())
+                    .map_err(|e| e.to_string())?;
+                drop(buffer);
+                m.empty_cache();
+                Ok(())
+            }
+            Allocator::Driver => {
+                let backend = m.backend();
+                let ptr = backend.alloc(device, size).map_err(|e| e.to_string())?;
+                backend.free(device, ptr).map_err(|e| e.to_string())
+            }
+            Allocator::DriverAsync => {
+                let cuda = async_pool.as_ref().ok_or("no stream-ordered pool")?;
+                let ptr = cuda
+                    .alloc_stream_ordered(device, size)
+                    .map_err(|e| e.to_string())?;
+                cuda.free_stream_ordered(device, ptr)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    };
+    let overhead = clock_overhead();
+    let start = Barrier::new(threads);
+    let per_thread: Vec<Result<Vec<u32>, String>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let (manager, start, one_pair) = (&manager, &start, &one_pair);
+                scope.spawn(move || -> Result<Vec<u32>, String> {
+                    one_pair(manager)?; // warm: the first pair maps what later hits reuse
+                    start.wait();
+                    let began = Instant::now();
+                    let mut samples = Vec::with_capacity(iterations.min(1 << 20) as usize);
+                    while (samples.len() as u64) < iterations && began.elapsed() < budget {
+                        let t = Instant::now();
+                        one_pair(manager)?;
+                        samples.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                    }
+                    Ok(samples)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err("a benchmark thread panicked".to_string()))
+            })
+            .collect()
+    });
+    let mut samples = Vec::new();
+    for result in per_thread {
+        samples.extend(result?);
+    }
+    samples.sort_unstable();
+    let pick = |q: f64| {
+        let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        (samples.get(index).copied().unwrap_or(0) as f64 - overhead).max(0.0)
+    };
+    Ok(BenchResult {
+        allocator,
+        backend: target.backend.kind().to_string(),
+        size_bytes: size,
+        threads,
+        operations: samples.len() as u64,
+        median_ns: pick(0.5),
+        p99_ns: pick(0.99),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+
+    #[test]
+    fn measures_every_allocator_the_sim_has() {
+        let target = BenchTarget::new(Arc::new(SimBackend::new(SimConfig::default())), 0);
+        for allocator in [Allocator::PoolHit, Allocator::PoolMiss, Allocator::Driver] {
+            let result = measure(&target, allocator, 4096, 2, 200, Duration::from_secs(5)).unwrap();
+            assert_eq!(result.operations, 400);
+            assert!(result.median_ns <= result.p99_ns);
+        }
+        let err = measure(
+            &target,
+            Allocator::DriverAsync,
+            4096,
+            1,
+            10,
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(err.contains("CUDA"), "{err}");
+    }
+}

@@ -1,0 +1,134 @@
+//! `gpumem bench`: allocation latency of gpumem and the driver's allocators, side by side.
+
+use super::{CliError, CommonArgs};
+use crate::bench::{measure, Allocator, BenchTarget};
+use crate::units::{parse_bytes, Bytes};
+use clap::Args;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Allocators to time (comma-separated): pool-hit, pool-miss, driver, driver-async.
+    #[arg(
+        long,
+        env = "GPUMEM_BENCH_ALLOCATORS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pool-hit,pool-miss,driver,driver-async"
+    )]
+    allocators: Vec<Allocator>,
+
+    /// Request sizes (comma-separated byte sizes).
+    #[arg(
+        long,
+        env = "GPUMEM_BENCH_SIZES",
+        value_delimiter = ',',
+        default_value = "256,64KiB,1MiB,16MiB,256MiB"
+    )]
+    sizes: Vec<String>,
+
+    /// Thread counts to run each case with (comma-separated).
+    #[arg(
+        long,
+        env = "GPUMEM_BENCH_THREADS",
+        value_delimiter = ',',
+        default_value = "1,8"
+    )]
+    threads: Vec<usize>,
+
+    /// Most alloc + free pairs per thread and case.
+    #[arg(long, env = "GPUMEM_BENCH_ITERATIONS", default_value_t = 20_000)]
+    iterations: u64,
+
+    /// Most wall time per case, in seconds (slow driver calls stop early).
+    #[arg(long, env = "GPUMEM_BENCH_SECONDS", default_value_t = 2.0)]
+    seconds: f64,
+
+    /// Device to run on.
+    #[arg(long, env = "GPUMEM_DEVICE", default_value_t = 0)]
+    device: usize,
+
+    /// Print one JSON object per case instead of a table.
+    #[arg(long, env = "GPUMEM_JSON")]
+    json: bool,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+pub fn run(args: BenchArgs) -> Result<(), CliError> {
+    let sizes = args
+        .sizes
+        .iter()
+        .map(|s| match parse_bytes(s) {
+            Ok(0) => Err(CliError::usage("--sizes: a size must be greater than zero")),
+            Ok(size) => Ok(size),
+            Err(e) => Err(CliError::usage(format!("--sizes: {e}"))),
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    if let Some(bad) = args.threads.iter().find(|&&t| t == 0 || t > 256) {
+        return Err(CliError::usage(format!(
+            "--threads: {bad} is out of range (1 to 256)"
+        )));
+    }
+    if args.iterations == 0 {
+        return Err(CliError::usage("--iterations: must be at least 1"));
+    }
+    let budget = Duration::try_from_secs_f64(args.seconds)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            CliError::usage(format!(
+                "--seconds: {} is not a positive number of seconds",
+                args.seconds
+            ))
+        })?;
+    let opened = args.common.open()?;
+    if args.device >= opened.backend.device_count() {
+        return Err(CliError::usage(format!(
+            "--device: device {} does not exist ({} device(s) present)",
+            args.device,
+            opened.backend.device_count()
+        )));
+    }
+    let target = BenchTarget::new(opened.backend, args.device);
+    if !args.json {
+        println!(
+            "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10}",
+            "ALLOCATOR", "SIZE", "THREADS", "MEDIAN", "P99", "OPS"
+        );
+    }
+    for &allocator in &args.allocators {
+        if allocator == Allocator::DriverAsync && target.stream_ordered.is_none() {
+            eprintln!("gpumem bench: skipping driver-async (needs the CUDA backend)");
+            continue;
+        }
+        for &size in &sizes {
+            for &threads in &args.threads {
+                let result = measure(&target, allocator, size, threads, args.iterations, budget)
+                    .map_err(|e| {
+                        CliError::runtime(format!("{allocator:?} at {}: {e}", Bytes(size)))
+                    })?;
+                if args.json {
+                    let line = serde_json::to_string(&result)
+                        .map_err(|e| CliError::runtime(format!("could not encode JSON: {e}")))?;
+                    println!("{line}");
+                } else {
+                    println!(
+                        "{:<14} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10}",
+                        serde_json::to_value(allocator)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default(),
+                        Bytes(size).to_string(),
+                        threads,
+                        result.median_ns,
+                        result.p99_ns,
+                        result.operations
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
