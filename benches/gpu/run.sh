@@ -1,49 +1,55 @@
 #!/usr/bin/env bash
-# Runs gpumem's GPU checks and benchmarks on a host with an NVIDIA GPU and prebuilt release
-# binaries (no Rust toolchain needed there), writing everything under OUT.
+# Runs every GPU measurement gpumem publishes, in one go, on a host with an NVIDIA GPU, the
+# NVIDIA driver and Python with PyTorch — no Rust toolchain needed there — and writes a report.
 #
-# usage: benches/gpu/run.sh BIN_DIR TRACE_DIR OUT_DIR
-#   BIN_DIR holds: gpumem (release binary), it (integration tests: cargo test --release --no-run),
-#                  alloc (allocator benchmark: cargo bench --bench alloc --no-run)
+# usage: benches/gpu/run.sh BIN_DIR OUT_DIR [TRACE_DIR...]
+#   BIN_DIR holds release builds: gpumem; it (cargo test --release --no-run: tests/it);
+#           scrape (cargo bench --bench scrape --no-run), all copied from target/release.
+#   OUT_DIR receives report.md, every raw result (JSON lines, logs) and results.tgz.
+#   TRACE_DIR: directories of *.trace.gz (default: shared/traces and benches/traces).
+# Environment: QUICK=1 shortens every timing (a smoke run); IT_FILTER / SKIP_TESTS=1.
 set -uo pipefail
-bin=$(cd "$1" && pwd); traces=$(cd "$2" && pwd); out=$3
-mkdir -p "$out"
-log() { printf '\n== %s\n' "$*" | tee -a "$out/summary.txt"; }
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); shift 2
+trace_dirs=("$@"); [ ${#trace_dirs[@]} -gt 0 ] || trace_dirs=("$here/../../../shared/traces" "$here/../traces")
+traces=(); for d in "${trace_dirs[@]}"; do for f in "$d"/*.trace.gz; do [ -e "$f" ] && traces+=("$f"); done; done
+seconds=2; [ "${QUICK:-0}" = 1 ] && seconds=0.3
+log() { printf '\n== %s\n' "$*"; }
+export GPUMEM_LOG=warn
 
-log "device and driver ($(date -u +%Y-%m-%dT%H:%MZ))"
-nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version --format=csv | tee -a "$out/summary.txt"
+log "device"
+nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.csv"
+"$bin/gpumem" devices --backend cuda --json > "$out/devices.json"
 
-log "gpumem devices --json vs nvidia-smi"
-"$bin/gpumem" devices --backend cuda --json > "$out/devices.json" 2>> "$out/stderr.txt"
-echo "exit=$?" | tee -a "$out/summary.txt"
-python3 - "$out/devices.json" <<'PY' | tee -a "$out/summary.txt"
-import json, subprocess, sys
-ours = json.load(open(sys.argv[1]))
-smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total", "--format=csv,noheader,nounits"],
-                     capture_output=True, text=True).stdout.strip().splitlines()
-for line, dev in zip(smi, ours):
-    index, name, uuid, total_mib = [f.strip() for f in line.split(",")]
-    same_total = abs(dev["total_memory_bytes"] / 2**20 - float(total_mib)) < 1
-    print(f"gpu {index}: name {'OK' if dev['name'] == name else 'DIFF'} ({dev['name']!r} / {name!r}), "
-          f"uuid {'OK' if dev['uuid'] == uuid else 'DIFF'} ({dev['uuid']}), "
-          f"total {'OK' if same_total else 'DIFF'} ({dev['total_memory_bytes']} B / {total_mib} MiB)")
-PY
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  log "integration tests, GPU required"
+  baked=$(strings "$bin/it" | grep -m1 -o '/[^ ]*/target/release/gpumem$' || true)
+  [ -n "$baked" ] && mkdir -p "$(dirname "$baked")" && cp "$bin/gpumem" "$baked"
+  GPUMEM_REQUIRE_GPU=1 "$bin/it" --test-threads=1 ${IT_FILTER:-} > "$out/tests.log" 2>&1
+  echo "exit=$?"; grep -E "^test result|FAILED|panicked" "$out/tests.log"
+fi
 
-log "integration tests with GPUMEM_REQUIRE_GPU=1"
-# The tests run the binary from the path cargo baked in at build time.
-baked=$(strings "$bin/it" | grep -m1 -o '/[^ ]*/target/release/gpumem$' || true)
-if [ -n "$baked" ]; then mkdir -p "$(dirname "$baked")" && cp "$bin/gpumem" "$baked"; fi
-GPUMEM_REQUIRE_GPU=1 "$bin/it" --test-threads=1 ${IT_FILTER:-} > "$out/tests.txt" 2>&1
-echo "exit=$?" | tee -a "$out/summary.txt"
-grep -E "^test result|FAILED|panicked" "$out/tests.txt" | tee -a "$out/summary.txt"
+log "allocation speed (gpumem bench)"
+"$bin/gpumem" bench --backend cuda --json --threads 1,8 --seconds "$seconds" > "$out/bench.jsonl" 2> "$out/bench.log"
+echo "exit=$? ($(wc -l < "$out/bench.jsonl") cases)"
 
-log "replay on CUDA (pooled, then direct)"
-for strategy in pooled direct; do
-  "$bin/gpumem" replay --backend cuda --json --strategy "$strategy" --plot "$out/replay-$strategy.svg" \
-    "$traces"/*.trace.gz 2>> "$out/stderr.txt" | tee -a "$out/replay.jsonl"
+log "waste on traces: gpumem (CUDA backend)"
+"$bin/gpumem" replay --backend cuda --json "${traces[@]}" > "$out/replay-gpumem.jsonl" 2> "$out/replay.log"
+echo "exit=$?"
+log "waste on traces: PyTorch"
+for conf in "" "expandable_segments:True" "backend:cudaMallocAsync"; do
+  PYTORCH_CUDA_ALLOC_CONF="$conf" python3 "$here/torch_replay.py" "${traces[@]}" >> "$out/replay-torch.jsonl" 2>> "$out/replay.log"
 done
 
-log "allocator benchmark (criterion, cuda)"
-GPUMEM_BENCH_BACKEND=cuda "$bin/alloc" --bench ${BENCH_FILTER:-} > "$out/bench.txt" 2>&1
-echo "exit=$?" | tee -a "$out/summary.txt"
-grep -E "^[a-zA-Z_]+/|time:" "$out/bench.txt" | paste - - | awk '{print $1, $(NF-4), $(NF-3)}' | tee -a "$out/summary.txt"
+log "truthfulness: gpumem against nvidia-smi while the demo runs"
+python3 "$here/truthfulness.py" "$bin/gpumem" "$out" | tee "$out/truthfulness.log"
+
+log "exporter cost (criterion: scrape and hot path with and without the sampler)"
+if [ -x "$bin/scrape" ]; then
+  "$bin/scrape" --bench --warm-up-time 0.5 --measurement-time "$seconds" > "$out/scrape.log" 2>&1
+  echo "exit=$?"
+fi
+
+log "report"
+python3 "$here/report.py" "$out" > "$out/report.md" && tail -n +1 "$out/report.md"
+tar czf "$out/results.tgz" -C "$out" --exclude results.tgz . 2>/dev/null

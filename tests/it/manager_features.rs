@@ -267,3 +267,38 @@ fn pressure_and_fallback_work_on_cuda() {
     let pinned = m.backend().alloc_pinned_host(0, 64 * MIB).unwrap();
     m.backend().free_pinned_host(0, pinned).unwrap();
 }
+
+/// On a host with two or more GPUs (set `GPUMEM_REQUIRE_GPUS=2` to make their absence a failure).
+#[test]
+fn placement_across_real_gpus() {
+    let required: usize = std::env::var("GPUMEM_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let Some(cuda) = cuda_backend() else {
+        assert_eq!(required, 0, "GPUMEM_REQUIRE_GPUS={required} but CUDA is unusable");
+        return;
+    };
+    let count = cuda.device_count();
+    if count < 2 {
+        assert!(required < 2, "GPUMEM_REQUIRE_GPUS={required} but only {count} GPU(s)");
+        eprintln!("skipping: one GPU");
+        return;
+    }
+    let m = MemoryManager::new(cuda, MemoryConfig::default()).unwrap();
+    // Fill device 0 so device 1 has the most headroom.
+    let ballast = m.alloc(0, m.headroom(0).unwrap() / 2, &AllocOptions::default()).unwrap();
+    let first = m.allocate_on_best_device(256 * MIB, Some("model-a"), &AllocOptions::default()).unwrap();
+    assert_ne!(first.device(), 0, "device 0 is half full");
+    drop(ballast);
+    m.empty_cache();
+    let again = m.allocate_on_best_device(256 * MIB, Some("model-a"), &AllocOptions::default()).unwrap();
+    assert_eq!(again.device(), first.device(), "the key sticks");
+    for device in 0..count {
+        let buffer = m.alloc(device, 64 * MIB, &AllocOptions::default()).unwrap();
+        assert_eq!(buffer.device(), device);
+        let stats = m.device_stats(device).unwrap();
+        assert!(stats.counters.live_allocations >= 1);
+        assert!(m.backend().mem_info(device).unwrap().used() >= stats.counters.reserved_bytes);
+    }
+}

@@ -1,0 +1,81 @@
+# Turns the raw results of benches/gpu/run.sh into the Markdown tables of docs/performance.md.
+# usage: python3 report.py OUT_DIR > report.md
+import json, os, re, sys
+from collections import defaultdict
+
+out = sys.argv[1]
+
+
+def lines(name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return []
+    rows = []
+    for line in open(path):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
+
+
+def size(b):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            return f"{b / scale:g} {unit}"
+    return f"{b} B"
+
+
+def ns(v):
+    return f"{v / 1000:.1f} µs" if v >= 10_000 else f"{v:.0f} ns"
+
+
+smi = open(os.path.join(out, "nvidia-smi.csv")).read().strip().splitlines()
+print(f"Device: {smi[-1] if smi else 'unknown'}\n")
+
+bench = lines("bench.jsonl")
+if bench:
+    print("### Allocation speed: alloc + free pair, median / p99\n")
+    sizes = sorted({r["size_bytes"] for r in bench})
+    print("| allocator | threads | " + " | ".join(size(s) for s in sizes) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in sizes) + " |")
+    cells = defaultdict(dict)
+    for r in bench:
+        cells[(r["allocator"], r["threads"])][r["size_bytes"]] = f"{ns(r['median_ns'])} / {ns(r['p99_ns'])}"
+    for (allocator, threads), row in sorted(cells.items()):
+        print(f"| {allocator} | {threads} | " + " | ".join(row.get(s, "") for s in sizes) + " |")
+    print()
+
+gpumem = {r["trace"]: r for r in lines("replay-gpumem.jsonl")}
+torch = defaultdict(dict)
+for r in lines("replay-torch.jsonl"):
+    torch[r["trace"]][r["conf"] or "default"] = r
+if gpumem:
+    print("### Reserved over peak requested on real traces (lower is better, 1.000 is the floor)\n")
+    print("| trace | gpumem | gpumem ns/op | PyTorch default | PyTorch expandable_segments | CUDA driver pool (cudaMallocAsync) | gpumem vs driver accounting gap |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in sorted(gpumem.items()):
+        t = torch.get(name, {})
+        pick = lambda conf: f"{t[conf]['reserved_over_peak']:.3f}" if conf in t else "n/a"
+        print(f"| {name} | **{r['reserved_over_peak']:.3f}** | {r['ns_per_op']:.0f} | {pick('default')} | "
+              f"{pick('expandable_segments:True')} | {pick('backend:cudaMallocAsync')} | {r['max_device_vs_reserved_gap_bytes']} B |")
+    print()
+
+truth_path = os.path.join(out, "truthfulness.json")
+if os.path.exists(truth_path):
+    truth = json.load(open(truth_path))
+    print("### Truthfulness: gpumem against nvidia-smi while `gpumem demo` runs on the GPU\n")
+    print("| check | gpumem | nvidia-smi | tolerance | |")
+    print("| --- | --- | --- | --- | --- |")
+    for c in truth["checks"]:
+        fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else str(v)
+        print(f"| {c['what']} | {fmt(c['gpumem'])} | {fmt(c['nvidia_smi'])} | {c['tolerance']} | {'ok' if c['ok'] else 'DIFFERS'} |")
+    print()
+
+scrape = os.path.join(out, "scrape.log")
+if os.path.exists(scrape):
+    print("### Exporter cost (criterion medians)\n")
+    text = open(scrape).read()
+    for name, value, unit in re.findall(r"^(\S+)\s*\n?\s*time:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]", text, re.M):
+        print(f"- `{name}`: {value} {unit}")
+    print()
