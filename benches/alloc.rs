@@ -48,6 +48,13 @@ fn single_thread(c: &mut Criterion) {
             ..ManagerConfig::default()
         },
     );
+    let with_backtraces = manager(
+        &backend,
+        ManagerConfig {
+            capture_backtraces: true,
+            ..ManagerConfig::default()
+        },
+    );
     // A miss: the cache is emptied after every free, so each allocation maps its pages.
     let no_cache = manager(&backend, ManagerConfig::default());
     let mut group = c.benchmark_group("alloc_free");
@@ -78,6 +85,10 @@ fn single_thread(c: &mut Criterion) {
             },
         );
     }
+    // The cost of recording the thread and a backtrace per allocation (off by default).
+    group.bench_function("gpumem_pool_hit_backtraces/4.00KiB", |b| {
+        b.iter(|| drop(black_box(with_backtraces.alloc(0, 4 * KIB, &options).unwrap())))
+    });
     group.finish();
     stream_ordered_baseline(c);
 }

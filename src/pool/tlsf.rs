@@ -355,6 +355,14 @@ mod tests {
         assert_eq!(tlsf.block(aligned).offset % (1 << 16), 0);
     }
 
+    /// The leak tracker's share of each live allocation's host memory (budget: 64 bytes), and
+    /// the whole block record the allocator keeps per block anyway.
+    #[test]
+    fn per_allocation_bookkeeping_stays_small() {
+        assert!(std::mem::size_of::<LiveInfo>() <= 32);
+        assert!(std::mem::size_of::<Block>() <= 72);
+    }
+
     #[test]
     fn refuses_when_nothing_fits() {
         let mut tlsf = Tlsf::new(4096);
