@@ -48,47 +48,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
-/// A duration such as `500ms`, `1s`, `1.5s`, `2m` or `1h`. A unit is required: a bare `5`
-/// could mean seconds or milliseconds, and guessing wrong is worse than asking.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let example = "e.g. 500ms, 1s, 2m or 1h";
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration ({example})"))?;
-    let seconds_per_unit = match unit.trim() {
-        "ms" => 0.001,
-        "s" | "sec" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "" => return Err(format!("'{text}' needs a unit: ms, s, m or h ({example})")),
-        other => {
-            return Err(format!(
-                "'{text}' has an unknown unit '{other}' (use ms, s, m or h)"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(value * seconds_per_unit)
-        .map_err(|_| format!("'{text}' is out of range"))
-}
-
-/// A duration for people and flags: "500ms", "1s", "1.5s", "2m", "90m".
-pub fn format_duration(duration: Duration) -> String {
-    let millis = duration.as_millis();
-    if millis < 1000 {
-        format!("{millis}ms")
-    } else if millis % 60_000 == 0 {
-        format!("{}m", millis / 60_000)
-    } else if millis % 1000 == 0 {
-        format!("{}s", millis / 1000)
-    } else {
-        format!("{:.1}s", duration.as_secs_f64())
-    }
-}
+pub use crate::units::{format_duration, parse_duration};
 
 #[cfg(test)]
 mod tests {
