@@ -137,10 +137,13 @@ fn driver_out_of_memory_releases_the_cache_and_retries_once() {
     let sim = small_sim(GIB);
     let config = ManagerConfig {
         idle_pages_kept: 1000,
+        small_max_bytes: MIB,
+        gpu_memory_fraction: 1.0,
         ..ManagerConfig::default()
     };
     let m = MemoryManager::new(sim.clone(), config).unwrap();
-    // Fill the small pool's cache with idle pages, then ask the large pool for most of the device.
+    // Fill the small pool's cache with idle pages, then ask the large pool for most of the device:
+    // only the driver's refusal and the retry can move the small pool's pages to the large one.
     let small: Vec<_> = (0..600)
         .map(|_| m.alloc(0, MIB, &AllocOptions::default()).unwrap())
         .collect();
