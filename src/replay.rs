@@ -150,7 +150,11 @@ fn counters_ooms(stats: Option<&crate::manager::views::DeviceStats>) -> u64 {
 }
 
 fn device_used(manager: &MemoryManager, device: usize) -> Option<u64> {
-    manager.backend().mem_info(device).ok().map(|info| info.used())
+    manager
+        .backend()
+        .mem_info(device)
+        .ok()
+        .map(|info| info.used())
 }
 
 fn timeline_point(manager: &MemoryManager, device: usize, event: u64) -> TimelinePoint {

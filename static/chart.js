@@ -140,13 +140,16 @@
       .then(function (reply) { return reply.ok ? reply.json() : null; })
       .then(function (history) {
         if (!history || !history.points) return;
-        if (history.points.length) {
+        var fresh = history.points.length > 0;
+        if (fresh) {
           points = points.concat(history.points);
           lastT = points[points.length - 1].t;
           var cutoff = lastT - WINDOW_SECONDS;
           while (points.length && points[0].t < cutoff) points.shift();
         }
         drawAll();
+        // How many times new samples reached the charts; the browser test reads it.
+        if (fresh) window.gpumemChartUpdates = (window.gpumemChartUpdates || 0) + 1;
       })
       .catch(function () { /* the exporter is restarting or gone; try again next tick */ })
       .then(function () { setTimeout(poll, intervalMs); });

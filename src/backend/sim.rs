@@ -10,8 +10,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Address space each simulated device hands out (64 TiB), far more than its pools reserve.
-const ADDRESS_SPACE_PER_DEVICE: u64 = 1 << 46;
+/// Address space each simulated device hands out (1 PiB): every arena reserves twice the
+/// device, per kind, shard and stream, so 64 TiB ran out at a 4 TiB device or a few dozen
+/// streams on an 80 GiB one (then every allocation failed with a confusing error).
+const ADDRESS_SPACE_PER_DEVICE: u64 = 1 << 50;
 /// Where device 0's addresses start; like the driver's, they are never 0.
 const ADDRESS_BASE: u64 = 1 << 46;
 

@@ -29,6 +29,11 @@ pub struct DemoArgs {
     #[arg(long, env = "GPUMEM_SPIKE_AT")]
     spike_at: Option<String>,
 
+    /// Also publish snapshots into this directory (created if missing) every interval, for a
+    /// sidecar to collect with `gpumem serve --collect-dir DIR`.
+    #[arg(long, env = "GPUMEM_PUBLISH_DIR", value_name = "DIR")]
+    publish_dir: Option<std::path::PathBuf>,
+
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -49,6 +54,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         Some(text) => Some(flag_duration("--spike-at", text)?),
         None => None,
     };
+    let memory = args.common.memory_config()?;
 
     let opened = args.common.open()?;
     let devices = args
@@ -70,11 +76,14 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         duration,
         leak_age,
         spike_at,
+        publish_dir: args.publish_dir,
+        memory,
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => CliError::runtime(format!(
             "{bind} (pick another address with --listen or GPUMEM_LISTEN)"
         )),
+        DemoError::Publish(publish) => CliError::usage(format!("--publish-dir: {publish}")),
         other => CliError::runtime(other.to_string()),
     })
 }

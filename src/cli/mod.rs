@@ -5,7 +5,9 @@ mod bench;
 mod demo;
 mod devices;
 mod estimate;
+mod healthcheck;
 mod replay;
+mod serve;
 
 use crate::backend::{open_backend, sim, BackendChoice, OpenedBackend};
 use crate::units::parse_bytes;
@@ -70,6 +72,12 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// Time allocation and free (median and p99) for gpumem and the driver's allocators.
     Bench(bench::BenchArgs),
+    /// The exporter/sidecar: device and per-process memory from NVML (no CUDA context), and the
+    /// snapshots engines publish into --collect-dir, on /metrics, the status page and the API.
+    Serve(serve::ServeArgs),
+    /// GET a URL (default: the local exporter's /healthz); exit 0 on 2xx, 1 otherwise
+    /// (for container health checks).
+    Healthcheck(healthcheck::HealthcheckArgs),
 }
 
 /// Flags every command shares.
@@ -108,6 +116,10 @@ pub struct CommonArgs {
     pub sim_devices: usize,
 }
 
+/// The largest simulated device: far above any GPU, and small enough that every pool's
+/// address range (twice the device, per arena) fits the simulated address space.
+const MAX_SIM_MEMORY: u64 = 4 * crate::units::TIB;
+
 impl CommonArgs {
     fn sim_config(&self) -> Result<sim::SimConfig, CliError> {
         let total = parse_bytes(&self.sim_memory)
@@ -115,6 +127,12 @@ impl CommonArgs {
         if total < crate::units::GIB {
             return Err(CliError::usage(format!(
                 "--sim-memory: '{}' is too small; a simulated device needs at least 1 GiB",
+                self.sim_memory
+            )));
+        }
+        if total > MAX_SIM_MEMORY {
+            return Err(CliError::usage(format!(
+                "--sim-memory: '{}' is too large; a simulated device has at most 4 TiB",
                 self.sim_memory
             )));
         }
@@ -210,14 +228,36 @@ pub fn run() -> i32 {
         Command::Replay(args) => replay::run(args),
         Command::Estimate(args) => estimate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Healthcheck(args) => healthcheck::run(args),
     };
     match outcome {
         Ok(()) => 0,
         Err(error) => {
-            eprintln!("gpumem: {error}");
+            eprintln!("gpumem: {}", one_line(&error.message));
             error.code
         }
     }
+}
+
+/// An error message as one bounded line, whatever it quotes (a TOML error over two lines, a
+/// file name or value with a newline in it, a megabyte of garbage): control characters are
+/// escaped and the line ends after 2000 characters.
+fn one_line(message: &str) -> String {
+    const LIMIT: usize = 2000;
+    let mut line = String::with_capacity(message.len().min(LIMIT + 3));
+    for c in message.chars() {
+        if line.len() >= LIMIT {
+            line.push('…');
+            break;
+        }
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }
 
 #[cfg(test)]
@@ -228,6 +268,14 @@ mod tests {
     fn device_selection_accepts_all_and_lists() {
         assert_eq!(parse_device_selection("all", 3), Ok(vec![0, 1, 2]));
         assert_eq!(parse_device_selection("2, 0,2", 3), Ok(vec![2, 0]));
+    }
+
+    #[test]
+    fn errors_are_printed_as_one_bounded_line() {
+        assert_eq!(one_line("plain"), "plain");
+        assert_eq!(one_line("two\nlines\t"), "two\\nlines\\t");
+        let long = one_line(&"x".repeat(10_000));
+        assert!(long.chars().count() <= 2001 && long.ends_with('…'));
     }
 
     #[test]

@@ -65,6 +65,25 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
             backend.device_count()
         )));
     }
+    // Every trace gets a fresh manager with this configuration, checked before anything is
+    // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
+    let config = MemoryConfig {
+        strategy: args.strategy,
+        devices: Some(vec![device]),
+        shards: 1,
+        idle_pages_kept: args.idle_pages,
+        idle_per_mille: args.idle_per_mille,
+        // Replay measures the allocator alone: no upkeep thread, no pool cap.
+        release_idle_after: None,
+        cleanup_interval: None,
+        gpu_memory_fraction: 1.0,
+        preallocate_bytes: 0,
+        ..base
+    };
+    config.validate().map_err(|e| match e.key.as_str() {
+        "idle_per_mille" => CliError::usage(format!("--idle-per-mille: {}", e.message)),
+        _ => CliError::usage(e.to_string()),
+    })?;
     if !args.json {
         println!(
             "{:<20} {:>9} {:>14} {:>14} {:>9} {:>14} {:>7} {:>9}",
@@ -80,20 +99,7 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
     }
     for trace in &traces {
         // A fresh manager per trace: nothing cached from the previous one skews the next.
-        let config = MemoryConfig {
-            strategy: args.strategy,
-            devices: Some(vec![device]),
-            shards: 1,
-            idle_pages_kept: args.idle_pages,
-            idle_per_mille: args.idle_per_mille,
-            // Replay measures the allocator alone: no upkeep thread, no pool cap.
-            release_idle_after: None,
-            cleanup_interval: None,
-            gpu_memory_fraction: 1.0,
-            preallocate_bytes: 0,
-            ..base.clone()
-        };
-        let manager = MemoryManager::new(backend.clone(), config)
+        let manager = MemoryManager::new(backend.clone(), config.clone())
             .map_err(|e| CliError::runtime(e.to_string()))?;
         let bar = progress_bar(trace.events.len() as u64, &trace.name);
         let (report, timeline) = replay(&manager, device, trace, |done| bar.set_position(done))

@@ -13,9 +13,11 @@ use crate::backend::sim::SimBackend;
 use crate::backend::DeviceBackend;
 use crate::exporter::{Exporter, ExporterError};
 use crate::manager::{ManagerConfig, MemoryManager};
+use crate::publish::{PublishError, Publisher};
 use pressure::{PressureSource, PressureSwing};
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,12 +40,18 @@ pub struct DemoSettings {
     pub leak_age: Duration,
     /// Start a pressure spike this long after the start.
     pub spike_at: Option<Duration>,
+    /// Also publish snapshots into this directory, for `gpumem serve --collect-dir`.
+    pub publish_dir: Option<PathBuf>,
+    /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
+    pub memory: ManagerConfig,
 }
 
 #[derive(Debug, Error)]
 pub enum DemoError {
     #[error("{0}")]
     Exporter(#[from] ExporterError),
+    #[error("{0}")]
+    Publish(#[from] PublishError),
     #[error("could not set up the memory manager: {0}")]
     Manager(#[from] crate::error::InitError),
     #[error("could not start the demo: {0}")]
@@ -58,10 +66,14 @@ pub fn run(
     settings: DemoSettings,
 ) -> Result<(), DemoError> {
     let config = ManagerConfig {
-        // Shorter than the default so the chart shows cached memory going back to the driver.
-        release_idle_after: Some(Duration::from_secs(15)),
+        // At most 15 s, shorter than the default, so the chart shows cached memory going back
+        // to the driver.
+        release_idle_after: settings
+            .memory
+            .release_idle_after
+            .map(|after| after.min(Duration::from_secs(15))),
         devices: settings.devices.clone(),
-        ..ManagerConfig::default()
+        ..settings.memory.clone()
     };
     let manager = MemoryManager::new(backend, config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -83,6 +95,20 @@ async fn serve(
     let long_lived: &[&str] = match sim {
         Some(_) => &["weights"],
         None => &["weights", pressure::BALLAST_TAG],
+    };
+    // Before the exporter: a directory that cannot be written to ends the demo before it starts.
+    let publisher = match &settings.publish_dir {
+        Some(dir) => Some(
+            Publisher::builder()
+                .manager(manager.clone())
+                .dir(dir)
+                .interval(settings.interval)
+                .leak_age(settings.leak_age)
+                .long_lived_tags(long_lived.iter().copied())
+                .process_name("gpumem-demo")
+                .spawn()?,
+        ),
+        None => None,
     };
     let exporter = Exporter::builder()
         .manager(manager.clone())
@@ -114,6 +140,10 @@ async fn serve(
         tracing::error!("the demo workload stopped with a panic");
     }
     exporter.shutdown_and_wait().await;
+    if let Some(publisher) = publisher {
+        // Removes the published file, so a collecting sidecar drops the demo at once.
+        let _ = tokio::task::spawn_blocking(move || publisher.shutdown()).await;
+    }
     Ok(())
 }
 
@@ -131,7 +161,8 @@ async fn wait_for_end(duration: Option<Duration>) {
     }
 }
 
-async fn interrupted() {
+/// Returns on Ctrl-C or SIGTERM (`gpumem serve` waits on it too).
+pub(crate) async fn interrupted() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

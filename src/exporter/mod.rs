@@ -26,7 +26,7 @@ pub use flags::{
 
 use crate::manager::pressure::PressureThresholds;
 use crate::manager::MemoryManager;
-use crate::sampler::{self, Sample, Sampler, MIN_INTERVAL};
+use crate::sampler::{self, Sample, Sampler, SnapshotSource, MIN_INTERVAL};
 use crate::snapshot::CaptureSettings;
 use crate::web::{self, WebState};
 use axum::Router;
@@ -41,7 +41,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
 pub enum ExporterError {
-    #[error("the exporter needs at least one memory manager (call .manager(m))")]
+    #[error("the exporter needs at least one memory manager (call .manager(m)) or a source (.source(s))")]
     NoManagers,
     #[error("the interval {} is too short; the shortest is {}", format_duration(*.0), format_duration(MIN_INTERVAL))]
     IntervalTooShort(Duration),
@@ -73,6 +73,7 @@ pub struct ExporterBuilder {
     leak_age: Option<Duration>,
     pressure: Option<PressureThresholds>,
     routes: Option<Router>,
+    source: Option<Box<dyn SnapshotSource>>,
 }
 
 impl Default for ExporterBuilder {
@@ -84,6 +85,7 @@ impl Default for ExporterBuilder {
             leak_age: None,
             pressure: None,
             routes: None,
+            source: None,
         }
     }
 }
@@ -131,15 +133,23 @@ impl ExporterBuilder {
         self
     }
 
+    /// Samples `source` instead of managers (the sidecar); managers given as well are ignored.
+    pub fn source(mut self, source: Box<dyn SnapshotSource>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
     /// Binds the address, takes the first sample (so every endpoint has data at once) and
     /// starts the sampler and the server. Errors are returned here, never panicked on.
     pub fn spawn(mut self) -> Result<ExporterHandle, ExporterError> {
-        let Some(first) = self.managers.first() else {
-            return Err(ExporterError::NoManagers);
-        };
         // The page and the manager's own pressure callbacks should agree on the levels.
-        self.capture.leak_age = self.leak_age.unwrap_or(first.config().leak_age);
-        self.capture.pressure = self.pressure.unwrap_or(first.config().pressure);
+        let (leak_age, pressure) = match (self.managers.first(), &self.source) {
+            (_, Some(_)) => (self.capture.leak_age, self.capture.pressure),
+            (Some(first), None) => (first.config().leak_age, first.config().pressure),
+            (None, None) => return Err(ExporterError::NoManagers),
+        };
+        self.capture.leak_age = self.leak_age.unwrap_or(leak_age);
+        self.capture.pressure = self.pressure.unwrap_or(pressure);
         let interval = self.capture.interval;
         if interval < MIN_INTERVAL {
             return Err(ExporterError::IntervalTooShort(interval));
@@ -152,7 +162,10 @@ impl ExporterBuilder {
         listener.set_nonblocking(true).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
 
-        let mut sampler = Sampler::new(self.managers, self.capture);
+        let mut sampler = match self.source {
+            Some(source) => Sampler::with_source(source, self.capture),
+            None => Sampler::new(self.managers, self.capture),
+        };
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
         let state = WebState::new(latest, sampler.history(), interval);

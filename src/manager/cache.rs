@@ -141,7 +141,7 @@ impl MemoryManager {
             for pool in managed.pools() {
                 pool.reset_peaks();
             }
-            managed.direct.counters.reset_peaks();
+            managed.direct.reset_peaks();
             managed.reserve.reset_peak();
         }
     }

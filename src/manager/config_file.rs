@@ -76,6 +76,8 @@ impl Raw<'_> {
     fn shown(&self) -> String {
         match self {
             Raw::Text(text) => format!("'{text}'"),
+            // A date's own text; `Value`'s Display would show toml's private wrapper table.
+            Raw::Toml(toml::Value::Datetime(date)) => date.to_string(),
             Raw::Toml(value) => value.to_string(),
         }
     }
@@ -217,6 +219,33 @@ fn flatten(table: &toml::Table) -> Vec<(String, &toml::Value)> {
     keys
 }
 
+/// Applies the keys of a TOML document over `config`; errors name `shown` (the file) and the key.
+fn apply_toml(config: &mut MemoryConfig, shown: &str, text: &str) -> Result<(), ConfigError> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        // toml's message spans lines ("invalid string\nexpected ..."): one line, with where.
+        let line = e.span().map_or(1, |span| {
+            text.get(..span.start)
+                .map_or(1, |before| before.matches('\n').count() + 1)
+        });
+        let message = e.message().lines().collect::<Vec<_>>().join("; ");
+        ConfigError::new(shown, format!("not valid TOML at line {line}: {message}"))
+    })?;
+    for (key, value) in flatten(&table) {
+        apply(config, &key, &Raw::Toml(value))
+            .map_err(|e| ConfigError::new(format!("{shown}: {}", e.key), e.message))?;
+    }
+    Ok(())
+}
+
+/// A configuration from the text of a TOML file alone (no environment), checked: what
+/// `--config` reads, for callers that hold the text (and the config parser's fuzz target).
+pub fn parse_config_str(text: &str) -> Result<MemoryConfig, ConfigError> {
+    let mut config = MemoryConfig::default();
+    apply_toml(&mut config, "config", text)?;
+    config.validate()?;
+    Ok(config)
+}
+
 /// Reads and checks the configuration; the error names the file or variable and the key.
 pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError> {
     let mut config = MemoryConfig::default();
@@ -224,13 +253,7 @@ pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError>
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(&shown, format!("cannot read the config file: {e}")))?;
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            ConfigError::new(&shown, format!("not valid TOML: {}", e.message()))
-        })?;
-        for (key, value) in flatten(&table) {
-            apply(&mut config, &key, &Raw::Toml(value))
-                .map_err(|e| ConfigError::new(format!("{shown}: {}", e.key), e.message))?;
-        }
+        apply_toml(&mut config, &shown, &text)?;
     }
     let env = |name: &str| {
         sources

@@ -75,7 +75,12 @@ impl MemoryManager {
         }
         counters.add(&managed.direct.counters.read());
         counters.reserved_bytes = managed.reserve.reserved_bytes.load(Relaxed);
-        counters.peak_reserved_bytes = managed.reserve.peak_reserved_bytes.load(Relaxed);
+        // Read while a pool grows, the value may be raised and its peak not yet.
+        counters.peak_reserved_bytes = managed
+            .reserve
+            .peak_reserved_bytes
+            .load(Relaxed)
+            .max(counters.reserved_bytes);
         Ok(DeviceStats {
             device,
             counters,

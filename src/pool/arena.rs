@@ -61,6 +61,8 @@ pub struct Arena {
     pages: PageTable,
     runs: Vec<PageRun>,
     released_while_allocating: Released,
+    /// Pages a failed allocation mapped and could not unmap again (see `map_runs`).
+    kept_after_failed_map: Released,
 }
 
 impl Arena {
@@ -91,6 +93,7 @@ impl Arena {
             pages: PageTable::default(),
             runs: Vec::new(),
             released_while_allocating: Released::default(),
+            kept_after_failed_map: Released::default(),
         })
     }
 
@@ -193,9 +196,12 @@ impl Arena {
                 for earlier in &self.runs[..index] {
                     let (addr, bytes) = self.run_range(*earlier);
                     // The pages were mapped a moment ago and nothing uses them; if the driver
-                    // cannot unmap them now, they stay mapped and are released with the arena.
+                    // cannot unmap them now, they stay mapped (idle, released later like any
+                    // cached page) and must be counted as reserved.
                     if backend.unmap(self.device, addr, bytes).is_err() {
                         self.pages.mark_mapped(*earlier, now);
+                        self.kept_after_failed_map.bytes += bytes;
+                        self.kept_after_failed_map.calls += 1;
                     }
                 }
                 return Err(ArenaError::Backend(error));
@@ -235,6 +241,12 @@ impl Arena {
     /// [`take_released_while_allocating`](Self::take_released_while_allocating)).
     pub fn take_released_while_allocating(&mut self) -> Released {
         std::mem::take(&mut self.released_while_allocating)
+    }
+
+    /// Pages a failed [`alloc`](Self::alloc) mapped and could not unmap: still held from the
+    /// driver, as idle pages (reset by this call).
+    pub fn take_kept_after_failed_map(&mut self) -> Released {
+        std::mem::take(&mut self.kept_after_failed_map)
     }
 
     fn release_idle_sparing(

@@ -77,6 +77,13 @@ impl DirectPool {
         Ok(())
     }
 
+    /// Peaks restart from the current values, under the lock that orders every other write
+    /// to the counters (the counters have one writer at a time).
+    pub fn reset_peaks(&self) {
+        let _writers = self.live.lock();
+        self.counters.reset_peaks();
+    }
+
     pub fn for_each_live(&self, mut visit: impl FnMut(DevicePtr, u64, LiveInfo)) {
         for (&ptr, &(size, live)) in self.live.lock().iter() {
             visit(ptr, size, live);

@@ -3,6 +3,7 @@
 //! and [`DirectPool`] sends every request to the driver (the no-pool baseline).
 
 pub mod arena;
+mod atomic;
 pub mod direct;
 pub mod pages;
 pub mod stats;
@@ -18,11 +19,14 @@ use crate::error::BackendError;
 use arena::Arena;
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 /// Bytes held from the driver by all pools of one device, with its exact peak. Changed only
-/// when the driver is called (the miss path), so sharing it across threads costs nothing hot.
+/// when the driver is called (the miss path), so sharing it across threads costs nothing hot —
+/// which is also why its operations can afford `SeqCst`: [`reset_peak`](Self::reset_peak)
+/// needs one order of all of them (checked by the loom model in tests/it/reliability).
 #[derive(Debug, Default)]
 pub struct DeviceReserve {
     pub reserved_bytes: AtomicU64,
@@ -31,17 +35,22 @@ pub struct DeviceReserve {
 
 impl DeviceReserve {
     pub fn grow(&self, bytes: u64) {
-        let now = self.reserved_bytes.fetch_add(bytes, Relaxed) + bytes;
-        self.peak_reserved_bytes.fetch_max(now, Relaxed);
+        let now = self.reserved_bytes.fetch_add(bytes, SeqCst) + bytes;
+        self.peak_reserved_bytes.fetch_max(now, SeqCst);
     }
 
     pub fn shrink(&self, bytes: u64) {
-        self.reserved_bytes.fetch_sub(bytes, Relaxed);
+        self.reserved_bytes.fetch_sub(bytes, SeqCst);
     }
 
+    /// Restarts the peak from what is reserved now. A `grow` racing with the store may have
+    /// raised the peak just before it was overwritten, so the peak is raised again to what is
+    /// reserved after it: the peak never ends below the value.
     pub fn reset_peak(&self) {
         self.peak_reserved_bytes
-            .store(self.reserved_bytes.load(Relaxed), Relaxed);
+            .store(self.reserved_bytes.load(SeqCst), SeqCst);
+        self.peak_reserved_bytes
+            .fetch_max(self.reserved_bytes.load(SeqCst), SeqCst);
     }
 }
 
@@ -170,6 +179,11 @@ impl Pool {
         if released.calls > 0 {
             slot.counters.on_release(released.bytes, released.calls);
             self.reserve.shrink(released.bytes);
+        }
+        let kept = arena.take_kept_after_failed_map();
+        if kept.calls > 0 {
+            slot.counters.on_reserve(kept.bytes, kept.calls);
+            self.reserve.grow(kept.bytes);
         }
         slot.counters
             .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);

@@ -1,8 +1,9 @@
 //! Per-pool counters: written only by the holder of the pool's lock (plain relaxed loads and
 //! stores, no read-modify-write), read lock-free by snapshots.
 
+use super::atomic::AtomicU64;
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(Debug, Default)]
 pub struct PoolCounters {
@@ -117,14 +118,19 @@ impl PoolCounters {
         }
     }
 
+    /// The counters now. Read while the owner writes, a value may already be raised and its
+    /// peak not yet: each peak is at least its value as read.
     pub fn read(&self) -> CounterValues {
+        let requested_bytes = self.requested_bytes.load(Relaxed);
+        let in_use_bytes = self.in_use_bytes.load(Relaxed);
+        let reserved_bytes = self.reserved_bytes.load(Relaxed);
         CounterValues {
-            requested_bytes: self.requested_bytes.load(Relaxed),
-            in_use_bytes: self.in_use_bytes.load(Relaxed),
-            reserved_bytes: self.reserved_bytes.load(Relaxed),
-            peak_requested_bytes: self.peak_requested_bytes.load(Relaxed),
-            peak_in_use_bytes: self.peak_in_use_bytes.load(Relaxed),
-            peak_reserved_bytes: self.peak_reserved_bytes.load(Relaxed),
+            requested_bytes,
+            in_use_bytes,
+            reserved_bytes,
+            peak_requested_bytes: self.peak_requested_bytes.load(Relaxed).max(requested_bytes),
+            peak_in_use_bytes: self.peak_in_use_bytes.load(Relaxed).max(in_use_bytes),
+            peak_reserved_bytes: self.peak_reserved_bytes.load(Relaxed).max(reserved_bytes),
             live_allocations: self.live_allocations.load(Relaxed),
             allocations: self.allocations.load(Relaxed),
             frees: self.frees.load(Relaxed),

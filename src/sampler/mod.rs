@@ -36,9 +36,22 @@ impl Sample {
     }
 }
 
+/// Something other than in-process managers that produces snapshots: the sidecar's NVML
+/// readings and collected files. Called on the sampler's blocking thread.
+pub trait SnapshotSource: Send {
+    /// Takes one snapshot. Entries in its `problems` make the sample count as failed.
+    fn capture(&mut self, settings: &CaptureSettings) -> Snapshot;
+}
+
+/// Where samples come from.
+enum Source {
+    Managers(Vec<MemoryManager>),
+    Other(Box<dyn SnapshotSource>),
+}
+
 /// Takes samples; the state (health counters, the previous sample) lives between ticks.
 pub struct Sampler {
-    managers: Vec<MemoryManager>,
+    source: Source,
     settings: CaptureSettings,
     health: SamplerHealth,
     history: Arc<History>,
@@ -49,9 +62,18 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler for `managers`; `settings.interval` must already be at least [`MIN_INTERVAL`].
     pub fn new(managers: Vec<MemoryManager>, settings: CaptureSettings) -> Self {
+        Self::from_source(Source::Managers(managers), settings)
+    }
+
+    /// A sampler over `source` instead of managers (same interval rule as [`Sampler::new`]).
+    pub fn with_source(source: Box<dyn SnapshotSource>, settings: CaptureSettings) -> Self {
+        Self::from_source(Source::Other(source), settings)
+    }
+
+    fn from_source(source: Source, settings: CaptureSettings) -> Self {
         let history = Arc::new(History::new(settings.interval, HISTORY_WINDOW));
         Sampler {
-            managers,
+            source,
             settings,
             health: SamplerHealth::default(),
             history,
@@ -71,13 +93,18 @@ impl Sampler {
     /// Does one tick's work: upkeep, snapshot, health, history. Blocking (walks arenas, calls
     /// the driver): call it from a blocking thread.
     pub fn sample(&mut self) -> Arc<Sample> {
-        for manager in &self.managers {
-            let released = manager.maintain();
-            if released > 0 {
-                tracing::debug!(released, "returned idle pages to the driver");
+        let mut snapshot = match &mut self.source {
+            Source::Managers(managers) => {
+                for manager in managers.iter() {
+                    let released = manager.maintain();
+                    if released > 0 {
+                        tracing::debug!(released, "returned idle pages to the driver");
+                    }
+                }
+                capture(managers, &self.settings)
             }
-        }
-        let mut snapshot = capture(&self.managers, &self.settings);
+            Source::Other(source) => source.capture(&self.settings),
+        };
         if snapshot.problems.is_empty() {
             self.health.samples_ok += 1;
             self.health.latest_ok = true;

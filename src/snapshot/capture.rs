@@ -142,6 +142,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
         devices: devices.into_values().collect(),
         problems,
         health: Default::default(),
+        sidecar: None,
     }
 }
 

@@ -6,8 +6,13 @@
 //! manager's internal structs instead of embedding them, so the allocator can change freely.
 
 mod capture;
+mod sidecar;
 
 pub use capture::{capture, CaptureSettings};
+pub use sidecar::{
+    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ReasonCount,
+    SidecarSnapshot, SourceStatus,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +37,9 @@ pub struct Snapshot {
     /// What went wrong in this sample (a device whose memory could not be read, ...).
     pub problems: Vec<String>,
     pub health: SamplerHealth,
+    /// What the sidecar (`gpumem serve`) adds; absent for in-process managers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar: Option<SidecarSnapshot>,
 }
 
 /// One device: what the driver says about it and what this process's pools hold on it.

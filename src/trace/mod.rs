@@ -95,6 +95,8 @@ pub enum LineError {
     TooManyIds,
     #[error("invalid UTF-8")]
     InvalidUtf8,
+    #[error("line longer than {0} bytes (is this a trace file?)")]
+    TooLong(usize),
     #[error("metadata is not valid JSON: {0}")]
     BadMetadata(String),
 }

@@ -3,7 +3,7 @@
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
 use super::{LineError, Trace, TraceError, TraceEvent};
 
@@ -11,6 +11,11 @@ use super::{LineError, Trace, TraceError, TraceEvent};
 const MAX_SIZE: u64 = 1 << 40;
 /// Most events (or allocations) a metadata hint may make us reserve room for up front.
 const MAX_RESERVE: usize = 1 << 24;
+/// Longest line read (a trace's lines are tens of bytes): a file that is not a trace, with no
+/// newline in sight, is rejected instead of being read into memory whole.
+const MAX_LINE: usize = 64 * 1024;
+/// How much of a bad token an error quotes.
+const QUOTED: usize = 40;
 const ALLOC_USAGE: &str = "a <id> <size> <stream>";
 const FREE_USAGE: &str = "f <id>";
 
@@ -25,7 +30,8 @@ pub(super) fn parse(
     let mut line = 0usize;
     loop {
         buf.clear();
-        let read = reader
+        let read = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
             .read_until(b'\n', &mut buf)
             .map_err(|source| TraceError::Read {
                 file: label.to_string(),
@@ -36,6 +42,13 @@ pub(super) fn parse(
             break;
         }
         line += 1;
+        if buf.len() > MAX_LINE && buf.last() != Some(&b'\n') {
+            return Err(TraceError::Line {
+                file: label.to_string(),
+                line,
+                reason: LineError::TooLong(MAX_LINE),
+            });
+        }
         state.line(line, &buf).map_err(|reason| TraceError::Line {
             file: label.to_string(),
             line,
@@ -65,7 +78,8 @@ struct State {
     ids: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
     /// Requested size per slot; 0 once freed (a live size is never 0).
     sizes: Vec<u64>,
-    live: u64,
+    /// Up to u32::MAX live sizes of up to 2^40 bytes each: more than a u64 holds.
+    live: u128,
     peak: u64,
 }
 
@@ -95,7 +109,7 @@ impl State {
                 }
                 Ok(())
             }
-            _ => Err(LineError::UnknownOp(op.to_string())),
+            _ => Err(LineError::UnknownOp(quoted(op))),
         }
     }
 
@@ -139,9 +153,8 @@ impl State {
         }
         self.sizes.push(size);
         self.events.push(TraceEvent::Alloc { slot, size, stream });
-        // At most u32::MAX live sizes of at most 2^40 bytes each: the sum fits in u64.
-        self.live += size;
-        self.peak = self.peak.max(self.live);
+        self.live += u128::from(size);
+        self.peak = self.peak.max(u64::try_from(self.live).unwrap_or(u64::MAX));
         Ok(())
     }
 
@@ -151,7 +164,7 @@ impl State {
             Some(size) if *size != 0 => std::mem::take(size),
             _ => return Err(LineError::DoubleFree(id)),
         };
-        self.live -= size;
+        self.live -= u128::from(size);
         self.events.push(TraceEvent::Free { slot });
         Ok(())
     }
@@ -183,7 +196,7 @@ fn bad_number(text: &str, field: &'static str) -> LineError {
     let negative = text
         .strip_prefix('-')
         .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
-    let text = text.to_string();
+    let text = quoted(text);
     if negative {
         LineError::Negative { field, text }
     } else {
@@ -196,8 +209,17 @@ fn no_more(extra: Option<&str>, usage: &'static str) -> Result<(), LineError> {
         None => Ok(()),
         Some(text) => Err(LineError::ExtraField {
             usage,
-            text: text.to_string(),
+            text: quoted(text),
         }),
+    }
+}
+
+/// A token for an error message: whole if short, else its start and an ellipsis (a line may
+/// be 64 KiB of one token when the file is not a trace at all).
+fn quoted(text: &str) -> String {
+    match text.char_indices().nth(QUOTED) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
     }
 }
 

@@ -24,7 +24,9 @@ pub async fn history(State(state): State<WebState>, Query(query): Query<HistoryQ
     Json(state.history.reply_since(query.since)).into_response()
 }
 
-/// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise.
+/// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise. A sidecar
+/// source that is down but optional (NVML on a host without it) keeps 200 and is listed: a
+/// liveness probe must not restart what a restart cannot fix.
 pub async fn healthz(State(state): State<WebState>) -> Response {
     let sample = state.latest();
     let health = &sample.snapshot.health;
@@ -50,5 +52,18 @@ pub async fn healthz(State(state): State<WebState>) -> Response {
         )
             .into_response();
     }
-    (StatusCode::OK, "ok\n").into_response()
+    let degraded = sample
+        .snapshot
+        .sidecar
+        .as_ref()
+        .map(|s| s.degraded())
+        .unwrap_or_default();
+    if degraded.is_empty() {
+        return (StatusCode::OK, "ok\n").into_response();
+    }
+    (
+        StatusCode::OK,
+        format!("ok, degraded:\n{}\n", degraded.join("\n")),
+    )
+        .into_response()
 }

@@ -1,7 +1,10 @@
 //! `/metrics`: a `prometheus` [`Collector`] that turns one snapshot into metric families, and the
 //! text rendering of them. Every family is declared once in the tables below (name, help, type,
 //! labels), which is also where the metrics contract is read from. Labels are bounded: `gpu`,
-//! `uuid`, `pool`, `state`, `band` and the build's `version` — never ids or tags.
+//! `uuid`, `pool`, `state`, `band` and the build's `version` — never ids or tags. The sidecar's
+//! series (collected processes, NVML, `source`) are in [`sidecar`].
+
+mod sidecar;
 
 use crate::manager::pressure::PressureLevel;
 use crate::snapshot::{DeviceSnapshot, PoolSnapshot, Snapshot};
@@ -145,10 +148,10 @@ const BUILD_INFO: Def = def(
     "gpumem_build_info",
     GAUGE,
     &["version", "backend"],
-    "Always 1; the labels say which gpumem version is running and on which backend (cuda or sim).",
+    "Always 1; the labels say which gpumem version is running and on which backend (cuda or sim; for the sidecar, where device memory comes from: nvml, cuda, sim or none).",
 );
 const UP: Def = def("gpumem_up", GAUGE, &[],
-    "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0.");
+    "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0. The sidecar adds one per source (source=nvml, cuda, sim, collect): 1 while it works.");
 const SAMPLE_DURATION: Def = def(
     "gpumem_sample_duration_seconds",
     GAUGE,
@@ -207,6 +210,7 @@ pub fn all_defs() -> impl Iterator<Item = &'static Def> {
         .copied()
         .chain(DEVICE_METRICS.iter().map(|(d, _)| d))
         .chain(POOL_METRICS.iter().map(|(d, _)| d))
+        .chain(sidecar::DEFS.iter().copied())
 }
 
 /// The metrics of one snapshot, as a `prometheus` collector.
@@ -306,10 +310,9 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
             1.0,
         )],
     );
-    out.add(
-        &UP,
-        single(&UP, f64::from(u8::from(health.latest_ok && fresh))),
-    );
+    let mut up = single(&UP, f64::from(u8::from(health.latest_ok && fresh)));
+    up.extend(sidecar::up_samples(snapshot));
+    out.add(&UP, up);
     out.add(
         &SAMPLE_DURATION,
         single(&SAMPLE_DURATION, snapshot.sample_duration_seconds),
@@ -339,11 +342,14 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
     };
 
     for (def, value) in DEVICE_METRICS {
-        let samples = (0..snapshot.devices.len())
+        let own = sidecar::own_device_series(snapshot, def);
+        let mut samples: Vec<Metric> = (0..snapshot.devices.len())
+            .filter(|_| own)
             .filter_map(|i| {
                 value(&snapshot.devices[i]).map(|v| sample(def.kind, &device_labels(i), v))
             })
             .collect();
+        samples.extend(sidecar::process_device_samples(snapshot, def));
         out.add(def, samples);
     }
     let mut states = Vec::new();
@@ -381,8 +387,10 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
                 ));
             }
         }
+        samples.extend(sidecar::process_pool_samples(snapshot, def));
         out.add(def, samples);
     }
+    sidecar::add_families(snapshot, &mut out);
     out.0
 }
 

@@ -2,6 +2,10 @@
 //! `templates/index.html` with askama; every number is on the page without JavaScript (the
 //! chart, fed by `/api/v1/history`, is the only script).
 
+mod sidecar;
+
+pub use sidecar::SidecarView;
+
 use super::format;
 use crate::snapshot::{DeviceSnapshot, Snapshot};
 use askama::Template;
@@ -22,6 +26,8 @@ pub struct IndexPage {
     pub samples_failed: String,
     pub problems: Vec<String>,
     pub devices: Vec<DeviceView>,
+    /// The sidecar's sources and processes (`gpumem serve`); `None` in-process.
+    pub sidecar: Option<SidecarView>,
 }
 
 pub struct DeviceView {
@@ -30,6 +36,9 @@ pub struct DeviceView {
     pub uuid: String,
     pub simulated: bool,
     pub total_bytes: u64,
+    /// Whether this process has pools on the device (false in the sidecar, which only reads
+    /// device memory: its pool panels would be empty).
+    pub own_pools: bool,
     /// CSS class and label of the pressure badge.
     pub pressure_class: &'static str,
     pub pressure_label: String,
@@ -126,13 +135,18 @@ impl IndexPage {
             samples_ok: format::count(health.samples_ok),
             samples_failed: format::count(health.samples_failed),
             problems: snapshot.problems.clone(),
-            devices: snapshot.devices.iter().map(DeviceView::new).collect(),
+            devices: snapshot
+                .devices
+                .iter()
+                .map(|d| DeviceView::new(d, snapshot.sidecar.is_none()))
+                .collect(),
+            sidecar: snapshot.sidecar.as_ref().map(SidecarView::new),
         }
     }
 }
 
 impl DeviceView {
-    fn new(device: &DeviceSnapshot) -> Self {
+    fn new(device: &DeviceSnapshot, own_pools: bool) -> Self {
         let stats = &device.stats;
         let (pressure_class, pressure_label) = match device.pressure {
             Some(p) => (
@@ -188,10 +202,13 @@ impl DeviceView {
                 warn: stats.ooms > 0,
             },
         ];
+        if !own_pools {
+            tiles.clear();
+        }
         if let Some(memory) = device.memory {
             let used_ratio = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
             tiles.insert(
-                2,
+                tiles.len().min(2),
                 Tile {
                     label: "Device used",
                     value: format::bytes(memory.used_bytes),
@@ -210,6 +227,7 @@ impl DeviceView {
             uuid: device.uuid.clone(),
             simulated: device.simulated,
             total_bytes: device.memory.map_or(device.total_bytes, |m| m.total_bytes),
+            own_pools,
             pressure_class,
             pressure_label,
             pressure_short: device.pressure.map_or("unknown", |p| p.level.name()),
@@ -225,7 +243,7 @@ impl DeviceView {
                 ooms: format::count(stats.ooms),
             },
             memory_known: device.memory.is_some(),
-            bar: memory_bar(device),
+            bar: memory_bar(device, own_pools),
             tiles,
             pools: device.pools.iter().map(pool_row).collect(),
             leaks: device.leak_suspects.iter().map(group_row).collect(),
@@ -244,8 +262,9 @@ impl DeviceView {
     }
 }
 
-/// The bar: this process's memory in use, its cached memory, other users, free.
-fn memory_bar(device: &DeviceSnapshot) -> Vec<BarSegment> {
+/// The bar: this process's memory in use, its cached memory, other users, free (without pools
+/// of its own: used and free).
+fn memory_bar(device: &DeviceSnapshot, own_pools: bool) -> Vec<BarSegment> {
     let stats = &device.stats;
     let in_use = stats.in_use_bytes.min(stats.reserved_bytes);
     let cached = stats.reserved_bytes - in_use;
@@ -264,12 +283,14 @@ fn memory_bar(device: &DeviceSnapshot) -> Vec<BarSegment> {
         value: format::bytes(bytes),
         width: width(bytes),
     };
-    let mut bar = vec![
-        segment("in-use", "In use (this process)", in_use),
-        segment("cached", "Cached by pools", cached),
-    ];
+    let mut bar = Vec::new();
+    if own_pools {
+        bar.push(segment("in-use", "In use (this process)", in_use));
+        bar.push(segment("cached", "Cached by pools", cached));
+    }
     if let (Some(others), Some(free)) = (others, free) {
-        bar.push(segment("others", "Used by others", others));
+        let label = if own_pools { "Used by others" } else { "Used" };
+        bar.push(segment("others", label, others));
         bar.push(segment("free", "Free", free));
     }
     bar

@@ -1,6 +1,7 @@
 //! `gpumem demo` as a user runs it: prints its URL, serves live allocations, forces a pressure
 //! spike on request, exits 0 after `--duration` or on SIGTERM, and refuses bad flags and a
-//! taken port with one line and the right exit code.
+//! taken port with one line and the right exit code. [`Running`] is the running demo the
+//! Prometheus and browser tests (`e2e`, `browser`) start as well.
 
 use crate::web::{eventually, get, request, value_of};
 use std::io::{BufRead, BufReader};
@@ -23,9 +24,9 @@ fn demo(args: &[&str]) -> Command {
 }
 
 /// A running demo; killed if the test fails before it exits.
-struct Running {
+pub(crate) struct Running {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Drop for Running {
@@ -38,7 +39,8 @@ impl Drop for Running {
 }
 
 impl Running {
-    fn start(args: &[&str]) -> Running {
+    /// Starts `gpumem demo ARGS` and waits (up to 30 s) for the URL it prints.
+    pub(crate) fn start(args: &[&str]) -> Running {
         let mut child = demo(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -210,115 +212,4 @@ fn a_taken_port_is_one_line_and_exit_1() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
-}
-
-/// Percent-encodes a PromQL query for a URL.
-fn url_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
-}
-
-/// The first value of an instant query's result, if any.
-fn query(prometheus: SocketAddr, promql: &str) -> Option<f64> {
-    let reply = request(
-        prometheus,
-        "GET",
-        &format!("/api/v1/query?query={}", url_encode(promql)),
-    )
-    .ok()?;
-    let body: serde_json::Value = serde_json::from_str(&reply.body).ok()?;
-    body["data"]["result"][0]["value"][1].as_str()?.parse().ok()
-}
-
-/// A free loopback port (bound, then released for Prometheus to take).
-fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
-}
-
-/// End to end: a real Prometheus scrapes the demo, and its query API returns the series —
-/// including the critical pressure a spike forces.
-#[test]
-fn prometheus_scrapes_the_demo() {
-    if !crate::web::tool_available("prometheus") {
-        return;
-    }
-    let demo = Running::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--backend",
-        "sim",
-        "--spike-at",
-        "2s",
-        "--duration",
-        "60s",
-    ]);
-    let dir = std::env::temp_dir().join(format!("gpumem-prometheus-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpumem\n    static_configs:\n      - targets: ['{}']\n",
-            demo.addr
-        ),
-    )
-    .expect("write config");
-    let prometheus_addr = free_port();
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address={prometheus_addr}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus starts");
-    let mut prometheus = Running {
-        child,
-        addr: prometheus_addr,
-    };
-
-    let scraped = eventually(Duration::from_secs(30), || {
-        query(
-            prometheus_addr,
-            "gpumem_live_allocations{job=\"gpumem\",gpu=\"0\"}",
-        )
-        .is_some_and(|v| v > 0.0)
-    });
-    let up = query(prometheus_addr, "up{job=\"gpumem\"}");
-    let critical = eventually(Duration::from_secs(20), || {
-        query(
-            prometheus_addr,
-            "max(gpumem_pressure_state{state=\"critical\"})",
-        ) == Some(1.0)
-    });
-    let hits = query(
-        prometheus_addr,
-        "sum(gpumem_pool_hits_total) / sum(gpumem_pool_requests_total)",
-    );
-    let _ = prometheus.child.kill();
-    let _ = prometheus.wait(Duration::from_secs(10));
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        scraped,
-        "Prometheus never returned gpumem_live_allocations > 0"
-    );
-    assert_eq!(up, Some(1.0), "Prometheus should see the target up");
-    assert!(
-        critical,
-        "the forced spike never showed as critical pressure in Prometheus"
-    );
-    assert!(
-        hits.is_some_and(|ratio| ratio > 0.0 && ratio <= 1.0),
-        "hit ratio {hits:?}"
-    );
 }

@@ -2,10 +2,13 @@
 
 mod allocator;
 mod backend_contract;
+mod browser;
 mod cli;
 mod cuda_loading;
 mod manager_features;
 mod demo;
+mod e2e;
 mod estimate;
+mod sidecar;
 mod support;
 mod web;

@@ -1,0 +1,105 @@
+//! `gpumem serve`: the exporter/sidecar. Device memory and per-process memory from NVML (never a
+//! CUDA context unless `--allow-cuda-context`), plus the snapshots engines publish into
+//! `--collect-dir`. Flags are checked before anything is opened; then it serves until Ctrl-C or
+//! SIGTERM, like the demo.
+
+use super::{CliError, CommonArgs};
+use crate::backend::BackendChoice;
+use crate::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
+use crate::exporter::{Exporter, ExporterError, ExporterFlags};
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    exporter: ExporterFlags,
+
+    /// Directory engines publish their snapshots to (docs/publish-format.md); every process's
+    /// series are exported with `process` and `pid` labels.
+    #[arg(long, env = "GPUMEM_COLLECT_DIR", value_name = "DIR")]
+    collect_dir: Option<PathBuf>,
+
+    /// Without NVML, read device memory through CUDA (cuMemGetInfo) instead. This creates a CUDA
+    /// context on every device, about 500 MiB each, which is why it is off by default.
+    /// (GPUMEM_ALLOW_CUDA_CONTEXT takes 1/0, true/false, yes/no, on/off.)
+    #[arg(long, env = "GPUMEM_ALLOW_CUDA_CONTEXT", value_parser = clap::builder::BoolishValueParser::new())]
+    allow_cuda_context: bool,
+
+    /// The NVML library to load (default: libnvidia-ml.so.1, then libnvidia-ml.so).
+    #[arg(long, env = "GPUMEM_NVML_LIBRARY", value_name = "PATH")]
+    nvml_library: Option<String>,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+pub fn run(args: ServeArgs) -> Result<(), CliError> {
+    // Every flag is checked before a library is loaded or a port bound.
+    let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
+    let collect = match &args.collect_dir {
+        Some(dir) => {
+            check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
+            Some(CollectSettings::new(dir, interval))
+        }
+        None => None,
+    };
+    let config = args.common.memory_config()?;
+    let source = match args.common.backend {
+        BackendChoice::Auto => DeviceSource::Nvml {
+            library: args.nvml_library.clone(),
+            cuda_fallback: args.allow_cuda_context,
+        },
+        BackendChoice::Sim => DeviceSource::Backend(args.common.open()?.backend),
+        BackendChoice::Cuda if !args.allow_cuda_context => {
+            return Err(CliError::usage(
+                "--backend cuda: serve reads devices through NVML; reading them through CUDA \
+                 creates a context (about 500 MiB per device): add --allow-cuda-context if you mean it",
+            ))
+        }
+        BackendChoice::Cuda => DeviceSource::Backend(args.common.open()?.backend),
+    };
+    if args.collect_dir.is_none() {
+        tracing::info!("no --collect-dir: exporting device and per-process memory only");
+    }
+
+    let mut sidecar = Sidecar::open(source, collect);
+    match sidecar.device_count() {
+        Some(count) => sidecar.select_devices(args.common.selected_devices(count)?),
+        None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(
+            "--devices {}: no device source works yet; reporting every device once one does",
+            args.common.devices
+        ),
+        None => {}
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gpumem-serve")
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
+    runtime.block_on(async move {
+        let exporter = Exporter::builder()
+            .source(Box::new(sidecar))
+            .listen(listen)
+            .interval(interval)
+            .leak_age(config.leak_age)
+            .pressure_thresholds(config.pressure)
+            .spawn()
+            .map_err(|error| match error {
+                bind @ ExporterError::Bind { .. } => CliError::runtime(format!(
+                    "{bind} (pick another address with --listen or GPUMEM_LISTEN)"
+                )),
+                other => CliError::runtime(other.to_string()),
+            })?;
+        // stdout, so scripts and tests can read the address (as `gpumem demo` does).
+        println!("gpumem serve: open {}", exporter.url());
+        let _ = std::io::stdout().flush();
+        crate::demo::interrupted().await;
+        tracing::info!("stopping on signal; finishing requests in flight");
+        exporter.shutdown_and_wait().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,28 @@
+//! Publishing: an engine writes its managers' snapshots into a shared directory (default
+//! `/run/gpumem`), one file per process, so that a sidecar (`gpumem serve --collect-dir`) can
+//! export them without the engine opening a port —
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let manager: gpumem::MemoryManager = unimplemented!();
+//! let publisher = gpumem::publish::Publisher::builder()
+//!     .manager(manager)
+//!     .dir("/run/gpumem")
+//!     .spawn()?;
+//! // ... serve inference ...
+//! publisher.shutdown(); // removes the file
+//! # Ok(()) }
+//! ```
+//!
+//! The file format is in [`format`] and `docs/publish-format.md`; [`process`] reads `/proc`.
+
+mod atomic;
+pub mod format;
+pub mod process;
+mod publisher;
+
+pub use atomic::write_atomically;
+pub use format::{file_name, Identity, PublishedFile, FORMAT, VERSION};
+pub use publisher::{
+    default_dir, PublishError, Publisher, PublisherBuilder, PublisherHandle, DEFAULT_DIR,
+};

@@ -1,0 +1,151 @@
+//! What `gpumem serve` (the sidecar) adds to a snapshot: how its sources are doing (NVML, the
+//! collect directory, ...), the processes NVML sees on each GPU, and the snapshots collected
+//! from other processes. [`ProcessDevice`] and [`ProcessPool`] are also the body of the publish
+//! format (`docs/publish-format.md`): every field `f` of a device is exported as `gpumem_f`, every
+//! field `f` of a pool as `gpumem_pool_f`, labelled with the process and pid that published it.
+
+use serde::{Deserialize, Serialize};
+
+/// The sidecar's part of a snapshot; `None` in a snapshot of in-process managers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SidecarSnapshot {
+    /// Each source in use and whether it works (`gpumem_up{source=...}`).
+    pub sources: Vec<SourceStatus>,
+    /// Compute processes on the GPUs, as NVML reports them.
+    pub gpu_processes: Vec<GpuProcess>,
+    /// Processes whose published snapshots are fresh and whose pid is alive.
+    pub processes: Vec<CollectedProcess>,
+    /// How reading the collect directory went; `None` without `--collect-dir`.
+    pub collect: Option<CollectStatus>,
+}
+
+impl SidecarSnapshot {
+    /// The sources that do not work, as `source: reason` lines (for `/healthz` and the page).
+    pub fn degraded(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .filter(|s| !s.up)
+            .map(|s| format!("{}: {}", s.source, s.reason.as_deref().unwrap_or("down")))
+            .collect()
+    }
+}
+
+/// One source of the sidecar's data: `nvml`, `cuda`, `sim` (device memory) or `collect`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    pub source: String,
+    pub up: bool,
+    /// Why it is down (or a note while up, such as a fallback in use).
+    pub reason: Option<String>,
+}
+
+/// A process with a compute context on a GPU, from NVML.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// NVML's device index (not necessarily the CUDA index; join on `uuid`).
+    pub gpu: usize,
+    pub uuid: String,
+    /// The pid as this sidecar's PID namespace sees it when it could be mapped, else NVML's.
+    pub pid: u32,
+    /// The pid NVML reported (the host's PID namespace).
+    pub nvml_pid: u32,
+    /// Whether `pid` was found among the processes this sidecar can see.
+    pub mapped: bool,
+    /// The process name, or `unknown`.
+    pub process: String,
+    /// Device memory the process uses; `None` when NVML cannot tell (no permission, vGPU, ...).
+    pub used_bytes: Option<u64>,
+}
+
+/// One process's published snapshot, as collected.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectedProcess {
+    pub pid: u32,
+    pub process: String,
+    /// What wrote the file (`gpumem 0.1.0`, `torch 2.4`, ...), when it said.
+    pub writer: Option<String>,
+    /// The file it came from, relative to the collect directory.
+    pub file: String,
+    /// When the process took it, in seconds since the Unix epoch.
+    pub timestamp_seconds: f64,
+    /// How old it was when collected.
+    pub age_seconds: f64,
+    pub devices: Vec<ProcessDevice>,
+}
+
+/// One device of a published snapshot. Everything but `gpu` is optional: a writer publishes
+/// what it knows (PyTorch has no leak ages), and what is missing is not exported.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessDevice {
+    /// The device index in the publishing process (a CUDA index; join on `uuid` across hosts).
+    pub gpu: u32,
+    /// `GPU-…`, joinable with NVML's and dcgm-exporter's.
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub requested_bytes: Option<u64>,
+    pub in_use_bytes: Option<u64>,
+    pub reserved_bytes: Option<u64>,
+    pub in_use_peak_bytes: Option<u64>,
+    pub reserved_peak_bytes: Option<u64>,
+    pub allocations_total: Option<u64>,
+    pub frees_total: Option<u64>,
+    pub driver_allocs_total: Option<u64>,
+    pub driver_frees_total: Option<u64>,
+    pub driver_errors_total: Option<u64>,
+    pub ooms_total: Option<u64>,
+    pub oom_retries_total: Option<u64>,
+    pub cpu_fallbacks_total: Option<u64>,
+    pub host_fallback_bytes: Option<u64>,
+    pub live_allocations: Option<u64>,
+    pub live_bytes: Option<u64>,
+    pub leak_suspect_allocations: Option<u64>,
+    pub leak_suspect_bytes: Option<u64>,
+    pub oldest_allocation_age_seconds: Option<f64>,
+    #[serde(default)]
+    pub pools: Vec<ProcessPool>,
+}
+
+/// One pool of a published device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessPool {
+    /// A short name such as `small` or `large` (lowercase letters, digits, `_`).
+    pub pool: String,
+    pub reserved_bytes: Option<u64>,
+    pub in_use_bytes: Option<u64>,
+    pub requested_bytes: Option<u64>,
+    pub cached_free_bytes: Option<u64>,
+    pub largest_free_block_bytes: Option<u64>,
+    pub fragmentation_ratio: Option<f64>,
+    pub idle_pages: Option<u64>,
+    pub live_allocations: Option<u64>,
+    pub requests_total: Option<u64>,
+    pub hits_total: Option<u64>,
+    pub driver_allocs_total: Option<u64>,
+    pub driver_frees_total: Option<u64>,
+    pub driver_errors_total: Option<u64>,
+}
+
+/// How the collect directory is doing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectStatus {
+    pub dir: String,
+    /// Whether the latest scan could list the directory.
+    pub readable: bool,
+    /// Candidate files (`*.json`) seen in the latest scan.
+    pub files: u64,
+    /// Files skipped in the latest scan, by reason.
+    pub rejected: Vec<ReasonCount>,
+    /// Files skipped since the start, by reason (a file skipped in ten scans counts ten times).
+    pub rejections_total: Vec<ReasonCount>,
+    /// Processes whose series were dropped since the start, by reason (`stale`, `exited`).
+    pub dropped_total: Vec<ReasonCount>,
+    /// Scans that could not list the directory.
+    pub dir_errors_total: u64,
+}
+
+/// A count under a bounded reason (a metric label).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasonCount {
+    pub reason: String,
+    pub count: u64,
+}

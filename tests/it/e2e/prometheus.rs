@@ -1,0 +1,302 @@
+//! A real Prometheus (the Debian package's `prometheus`) on a free loopback port with a temporary
+//! data directory, scraping `gpumem demo` every second with `grafana/alerts.yml` loaded (its
+//! `for:` cut to one second). Once it has scraped, every dashboard query returns data (those on
+//! sidecar-only metrics must parse: a demo has no NVML processes), and so do the instance and GPU
+//! variables; a pressure spike forced through the demo's API fires the pressure alerts; every rule
+//! evaluates without error; stopping the demo fires GpumemExporterDown. Skipped without
+//! prometheus, unless CI=true.
+
+use super::dashboard::{self, uses_sidecar_metrics};
+use super::rules::{alert_rules, rules_with_short_for};
+use crate::demo::Running;
+use crate::web::{eventually, request, tool_available};
+use serde_json::Value;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// How often Prometheus scrapes and evaluates rules in the test.
+const STEP: &str = "1s";
+/// The whole test, start to finish (it takes about 15 s).
+const BUDGET: Duration = Duration::from_secs(90);
+/// What the dashboard's `$__rate_interval` becomes: Grafana's floor of four scrape intervals.
+const RATE_INTERVAL: &str = "4s";
+const JOB: &str = "gpumem";
+
+/// Percent-encodes a query parameter.
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+/// A Prometheus server for one test; killed, and its data removed, when dropped.
+pub struct Prometheus {
+    child: Child,
+    addr: SocketAddr,
+    dir: TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Starts Prometheus scraping `target` as job `gpumem`, with `rules` as its only rule file,
+    /// and waits (up to 20 s) until it is ready. Retries on another port when it exits at once
+    /// (the free port it was given was taken in between).
+    pub fn start(target: SocketAddr, rules: &str) -> Prometheus {
+        let dir = tempfile::Builder::new()
+            .prefix("gpumem-prometheus-")
+            .tempdir()
+            .expect("temp dir");
+        std::fs::write(dir.path().join("alerts.yml"), rules).expect("write rules");
+        let config = format!(
+            "global:\n  scrape_interval: {STEP}\n  scrape_timeout: {STEP}\n  evaluation_interval: {STEP}\n\
+             rule_files:\n  - alerts.yml\n\
+             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{target}']\n"
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::spawn(dir.path()) {
+                Ok((child, addr)) => return Prometheus { child, addr, dir },
+                Err(why) => failures.push(why),
+            }
+        }
+        panic!("Prometheus did not start: {failures:#?}");
+    }
+
+    fn spawn(dir: &Path) -> Result<(Child, SocketAddr), String> {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?;
+        let log = std::fs::File::create(dir.join("prometheus.log")).map_err(|e| e.to_string())?;
+        let mut child = Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("prometheus would not run: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("exited with {status}: {}", log_tail(dir)));
+            }
+            if request(addr, "GET", "/-/ready").is_ok_and(|r| r.status == 200) {
+                return Ok((child, addr));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("Prometheus was not ready within 20 s: {}", log_tail(dir))
+    }
+
+    /// An instant query's result vector, or why there is none.
+    pub fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
+        let path = format!("/api/v1/query?query={}", url_encode(promql));
+        let reply = request(self.addr, "GET", &path).map_err(|e| e.to_string())?;
+        let body: Value = serde_json::from_str(&reply.body)
+            .map_err(|e| format!("HTTP {}: {e}: {}", reply.status, reply.body))?;
+        if body["status"] != "success" {
+            return Err(format!("{}: {}", body["errorType"], body["error"]));
+        }
+        Ok(body["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// The first value of a query's result, if it has one.
+    pub fn value(&self, promql: &str) -> Option<f64> {
+        let result = self.query(promql).ok()?;
+        result.first()?["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Whether `alert` is firing (for the demo's GPU 0 where `gpu` is given).
+    fn firing(&self, alert: &str, gpu: Option<&str>) -> bool {
+        let gpu = gpu.map_or(String::new(), |g| format!(",gpu=\"{g}\""));
+        let promql = format!("ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"{gpu}}}");
+        self.query(&promql).is_ok_and(|r| !r.is_empty())
+    }
+
+    /// The rules Prometheus loaded, with their health.
+    fn rules(&self) -> Vec<Value> {
+        let reply = request(self.addr, "GET", "/api/v1/rules").expect("rules API");
+        let body: Value = serde_json::from_str(&reply.body).expect("rules JSON");
+        body["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        log_tail(self.dir.path())
+    }
+}
+
+fn log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Prometheus scrapes the demo; the dashboard's queries, variables and the alerts work on it.
+#[test]
+fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
+    if !tool_available("prometheus") {
+        return;
+    }
+    let started = Instant::now();
+    let left = || BUDGET.saturating_sub(started.elapsed());
+    let demo = Running::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "200ms",
+        "--backend",
+        "sim",
+        "--duration",
+        "120s",
+    ]);
+    let target = demo.addr;
+    let prometheus = Prometheus::start(target, &rules_with_short_for(STEP));
+    let instance = target.to_string();
+
+    // Five scrapes give every rate() over $__rate_interval its two samples.
+    let scraped = eventually(left(), || {
+        prometheus
+            .value(&format!("count_over_time(up{{job=\"{JOB}\"}}[1m])"))
+            .is_some_and(|n| n >= 5.0)
+    });
+    assert!(
+        scraped,
+        "Prometheus did not scrape the demo:\n{}",
+        prometheus.log()
+    );
+    assert_eq!(prometheus.value(&format!("up{{job=\"{JOB}\"}}")), Some(1.0));
+    assert!(
+        !prometheus.firing("GpumemPressureCritical", None),
+        "the pressure alert fires before the spike"
+    );
+
+    // Every dashboard query, with its variables filled in as Grafana would, returns data.
+    let values = [
+        ("instance", instance.as_str()),
+        ("gpu", "0"),
+        ("__rate_interval", RATE_INTERVAL),
+    ];
+    let board = dashboard::load();
+    let mut empty = Vec::new();
+    let mut waiting = Vec::new();
+    for query in dashboard::queries(&board) {
+        let promql = dashboard::substitute(&query.expr, &values)
+            .unwrap_or_else(|e| panic!("{}: {e}", query.panel));
+        if uses_sidecar_metrics(&query.expr) {
+            // Only a sidecar publishes these; here the query must at least be valid PromQL.
+            if let Err(why) = prometheus.query(&promql) {
+                empty.push(format!("{}: {promql}: {why}", query.panel));
+            }
+        } else {
+            waiting.push((query.panel, promql));
+        }
+    }
+    assert!(waiting.len() >= 10, "too few dashboard queries to check");
+    // A query may need one more scrape or evaluation: ask again until all answer.
+    eventually(left().min(Duration::from_secs(20)), || {
+        waiting.retain(|(_, promql)| !prometheus.query(promql).is_ok_and(|r| !r.is_empty()));
+        waiting.is_empty()
+    });
+    for (panel, promql) in waiting {
+        let why = prometheus.query(&promql).err().unwrap_or("no data".into());
+        empty.push(format!("{panel}: {promql}: {why}"));
+    }
+    for variable in dashboard::variable_queries(&board) {
+        let selector = dashboard::substitute(&variable.selector, &values)
+            .unwrap_or_else(|e| panic!("variable {}: {e}", variable.name));
+        let labelled = prometheus.query(&selector).is_ok_and(|r| {
+            r.iter()
+                .any(|s| s["metric"][variable.label.as_str()].is_string())
+        });
+        if !labelled {
+            empty.push(format!(
+                "variable {}: {selector} has no {}",
+                variable.name, variable.label
+            ));
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "dashboard queries without data:\n{}",
+        empty.join("\n")
+    );
+    let live = prometheus.value(&format!(
+        "gpumem_live_allocations{{instance=\"{instance}\",gpu=\"0\"}}"
+    ));
+    assert!(live.is_some_and(|n| n > 0.0), "live allocations {live:?}");
+    let hits = prometheus.value("sum(gpumem_pool_hits_total) / sum(gpumem_pool_requests_total)");
+    assert!(
+        hits.is_some_and(|r| r > 0.0 && r <= 1.0),
+        "hit ratio {hits:?}"
+    );
+
+    // A forced spike makes GPU 0 critical: both pressure alerts fire.
+    let spike = request(target, "POST", "/api/v1/demo/pressure-spike?seconds=60").expect("spike");
+    assert_eq!(spike.status, 202, "{}", spike.body);
+    let fired = eventually(left(), || {
+        prometheus.firing("GpumemPressureCritical", Some("0"))
+            && prometheus.firing("GpumemPressureHigh", Some("0"))
+    });
+    assert!(
+        fired,
+        "the spike did not fire the pressure alerts; pressure level {:?}",
+        prometheus.value("gpumem_pressure_level")
+    );
+
+    // Every rule of the file was loaded and evaluates against real series without error.
+    let rules = prometheus.rules();
+    assert_eq!(
+        rules.len(),
+        alert_rules().len(),
+        "Prometheus loaded other rules"
+    );
+    for rule in &rules {
+        assert_eq!(
+            rule["health"], "ok",
+            "{} failed: {}",
+            rule["name"], rule["lastError"]
+        );
+    }
+
+    // The demo goes away: the exporter-down alert fires.
+    drop(demo);
+    let down = eventually(left(), || prometheus.firing("GpumemExporterDown", None));
+    assert!(down, "stopping the demo did not fire GpumemExporterDown");
+    eprintln!(
+        "prometheus end-to-end test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
