@@ -64,7 +64,11 @@ if gpumem:
 truth_path = os.path.join(out, "truthfulness.json")
 if os.path.exists(truth_path):
     truth = json.load(open(truth_path))
-    print("### Truthfulness: gpumem against nvidia-smi while `gpumem demo` runs on the GPU\n")
+    print("### Truthfulness: gpumem against nvidia-smi, GPU held steady by a PyTorch process (MiB)\n")
+    for flag in ("name_and_uuid_match", "serve_has_no_context", "steady", "steady_during_scrape"):
+        if flag in truth:
+            print(f"- {flag.replace('_', ' ')}: {'yes' if truth[flag] else 'NO'}")
+    print()
     print("| check | gpumem | nvidia-smi | tolerance | |")
     print("| --- | --- | --- | --- | --- |")
     for c in truth["checks"]:
