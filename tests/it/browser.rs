@@ -5,7 +5,7 @@
 //! window shows) and target/status-page-full.png (the whole page). Skipped without chromium,
 //! unless CI=true.
 
-use crate::demo::Running;
+use crate::support::Running;
 use crate::web::{eventually, get, tool_available, value_of};
 use serde_json::{json, Value};
 use std::net::TcpStream;
@@ -252,16 +252,7 @@ fn the_status_page_updates_its_chart_without_errors_in_chromium() {
         return;
     }
     let started = Instant::now();
-    let demo = Running::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--backend",
-        "sim",
-        "--duration",
-        "90s",
-    ]);
+    let demo = Running::sim_demo("90s");
     // A page worth looking at: the model is loaded and a few history points exist.
     let loaded = eventually(Duration::from_secs(15), || {
         value_of(

@@ -1,87 +1,12 @@
 //! `gpumem demo` as a user runs it: prints its URL, serves live allocations, forces a pressure
 //! spike on request, exits 0 after `--duration` or on SIGTERM, and refuses bad flags and a
-//! taken port with one line and the right exit code. [`Running`] is the running demo the
-//! Prometheus and browser tests (`e2e`, `browser`) start as well.
+//! taken port with one line and the right exit code. (Starting it is `support::Running`, which
+//! the Prometheus and browser tests, `e2e` and `browser`, use as well.)
 
+use crate::support::{gpumem, Running};
 use crate::web::{eventually, get, request, value_of};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-/// The demo binary with a clean environment (no GPUMEM_* flags leaking in from the caller).
-fn demo(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
-    command.arg("demo").args(args);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("GPUMEM_") {
-            command.env_remove(key);
-        }
-    }
-    command.env("GPUMEM_LOG", "warn");
-    command
-}
-
-/// A running demo; killed if the test fails before it exits.
-pub(crate) struct Running {
-    child: Child,
-    pub(crate) addr: SocketAddr,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Running {
-    /// Starts `gpumem demo ARGS` and waits (up to 30 s) for the URL it prints.
-    pub(crate) fn start(args: &[&str]) -> Running {
-        let mut child = demo(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the gpumem binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (lines, received) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let line = received
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the demo prints its URL");
-        let url = line
-            .strip_prefix("gpumem demo: open http://")
-            .unwrap_or_else(|| panic!("unexpected first line: {line}"));
-        let addr = url
-            .trim_end_matches('/')
-            .parse()
-            .expect("a socket address in the URL");
-        Running { child, addr }
-    }
-
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the demo did not exit within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
+use std::time::Duration;
 
 fn live_allocations(addr: SocketAddr) -> f64 {
     let metrics = get(addr, "/metrics");
@@ -90,16 +15,7 @@ fn live_allocations(addr: SocketAddr) -> f64 {
 
 #[test]
 fn the_demo_serves_live_allocations_and_exits_after_its_duration() {
-    let mut demo = Running::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--duration",
-        "5s",
-        "--interval",
-        "200ms",
-        "--backend",
-        "sim",
-    ]);
+    let mut demo = Running::sim_demo("5s");
     let addr = demo.addr;
     assert!(
         eventually(Duration::from_secs(4), || live_allocations(addr) > 0.0),
@@ -121,6 +37,7 @@ fn the_demo_serves_live_allocations_and_exits_after_its_duration() {
 #[test]
 fn a_pressure_spike_goes_critical_and_sigterm_stops_the_demo() {
     let mut demo = Running::start(&[
+        "demo",
         "--listen",
         "127.0.0.1:0",
         "--interval",
@@ -160,12 +77,7 @@ fn a_pressure_spike_goes_critical_and_sigterm_stops_the_demo() {
         Some(3.0)
     );
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &demo.child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
-    let status = demo.wait(Duration::from_secs(20));
+    let status = demo.terminate(Duration::from_secs(20));
     assert!(status.success(), "demo exited with {status} on SIGTERM");
 }
 
@@ -178,7 +90,8 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["--duration", "5"][..], "--duration"),
         (&["--leak-age", "old"][..], "--leak-age"),
     ] {
-        let output = demo(args)
+        let output = gpumem(&["demo"])
+            .args(args)
             .args(["--backend", "sim"])
             .output()
             .expect("runs");
@@ -197,9 +110,17 @@ fn bad_flags_exit_2_naming_the_flag() {
 fn a_taken_port_is_one_line_and_exit_1() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr").to_string();
-    let output = demo(&["--listen", &addr, "--duration", "2s", "--backend", "sim"])
-        .output()
-        .expect("runs");
+    let output = gpumem(&[
+        "demo",
+        "--listen",
+        &addr,
+        "--duration",
+        "2s",
+        "--backend",
+        "sim",
+    ])
+    .output()
+    .expect("runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(

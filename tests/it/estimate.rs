@@ -3,6 +3,17 @@
 
 use std::process::{Command, Output};
 
+/// An estimate that does not fit: Llama 2 70B on a 24 GiB simulated device.
+const LLAMA_70B_ON_24_GIB: [&str; 7] = [
+    "estimate",
+    "--model",
+    "llama-70b",
+    "--backend",
+    "sim",
+    "--sim-memory",
+    "24GiB",
+];
+
 fn gpumem_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
     command.args(args).env("GPUMEM_LOG", "warn");
@@ -29,6 +40,20 @@ fn json(output: &Output) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).expect("stdout is one JSON object")
 }
 
+/// The human-readable output of a run that must exit 0.
+fn success_text(args: &[&str]) -> String {
+    let out = gpumem(args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stdout(&out)
+}
+
+/// The line of the device table for GPU 0.
+fn gpu_0_row(text: &str) -> &str {
+    text.lines()
+        .find(|l| l.starts_with("0 "))
+        .expect("a row for GPU 0")
+}
+
 /// Bad input: exit 2, nothing on stdout, one line on stderr containing `needle`.
 fn assert_usage_error(args: &[&str], needle: &str) {
     let out = gpumem(args);
@@ -41,9 +66,7 @@ fn assert_usage_error(args: &[&str], needle: &str) {
 
 #[test]
 fn llama_7b_fits_on_the_80_gib_simulated_device() {
-    let out = gpumem(&["estimate", "--model", "llama-7b", "--backend", "sim"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
+    let text = success_text(&["estimate", "--model", "llama-7b", "--backend", "sim"]);
     for needle in [
         "llama-7b (Llama 2 7B)",
         "parameters   6.74 B",
@@ -56,36 +79,20 @@ fn llama_7b_fits_on_the_80_gib_simulated_device() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
-    let row = text
-        .lines()
-        .find(|l| l.starts_with("0 "))
-        .expect("a row for GPU 0");
+    let row = gpu_0_row(&text);
     assert!(row.contains(" yes "), "{row}");
 }
 
 #[test]
 fn llama_70b_does_not_fit_on_24_gib_and_says_so() {
-    let out = gpumem(&[
-        "estimate",
-        "--model",
-        "llama-70b",
-        "--backend",
-        "sim",
-        "--sim-memory",
-        "24GiB",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
+    let text = success_text(&LLAMA_70B_ON_24_GIB);
     assert!(text.contains("does not fit"), "{text}");
     assert!(
         text.contains("GPU 0 (Simulated H100) has 24.00 GiB free"),
         "{text}"
     );
     assert!(!text.contains("recommended"), "{text}");
-    let row = text
-        .lines()
-        .find(|l| l.starts_with("0 "))
-        .expect("a row for GPU 0");
+    let row = gpu_0_row(&text);
     assert!(row.contains(" no "), "{row}");
 }
 
@@ -120,16 +127,7 @@ fn json_carries_the_breakdown_and_the_recommendation() {
     assert_eq!(v["devices"][0]["linear_batch"], 512);
     assert_eq!(v["recommended_device"]["index"], 0);
 
-    let out = gpumem(&[
-        "estimate",
-        "--model",
-        "llama-70b",
-        "--backend",
-        "sim",
-        "--sim-memory",
-        "24GiB",
-        "--json",
-    ]);
+    let out = gpumem(&[&LLAMA_70B_ON_24_GIB[..], &["--json"]].concat());
     let v = json(&out);
     assert!(v["recommended_device"].is_null());
     assert_eq!(v["devices"][0]["fits"], false);
@@ -213,41 +211,26 @@ fn preset_values_can_be_overridden_by_flags() {
 
 #[test]
 fn invalid_shapes_exit_2_with_one_line() {
-    let sim = ["--backend", "sim"];
-    let cases: [(&[&str], &str); 7] = [
-        (
-            &["--model", "llama-7b", "--layers", "0"],
-            "--layers: must be at least 1 (got 0)",
-        ),
-        (
-            &["--model", "llama-7b", "--layers", "-3"],
-            "--layers: must be at least 1 (got -3)",
-        ),
-        (
-            &["--model", "llama-7b", "--heads", "30"],
-            "heads (30) must divide hidden (4096)",
-        ),
-        (
-            &["--model", "llama-7b", "--kv-heads", "5"],
-            "kv-heads (5) must divide heads (32)",
-        ),
-        (
-            &["--model", "llama-7b", "--batch", "0"],
-            "--batch: must be at least 1",
-        ),
-        (
-            &["--model", "llama-7b", "--max-seq", "-1"],
-            "--max-seq: must be at least 1",
-        ),
-        (
-            &["--hidden", "4096", "--layers", "32"],
-            "missing --intermediate, --vocab, --heads, --kv-heads",
-        ),
-    ];
-    for (flags, needle) in cases {
+    let shape_error = |flags: &[&str], needle: &str| {
         let mut args = vec!["estimate"];
         args.extend_from_slice(flags);
-        args.extend_from_slice(&sim);
+        args.extend_from_slice(&["--backend", "sim"]);
         assert_usage_error(&args, needle);
+    };
+    // One bad value on top of a preset.
+    for (flag, value, needle) in [
+        ("--layers", "0", "--layers: must be at least 1 (got 0)"),
+        ("--layers", "-3", "--layers: must be at least 1 (got -3)"),
+        ("--heads", "30", "heads (30) must divide hidden (4096)"),
+        ("--kv-heads", "5", "kv-heads (5) must divide heads (32)"),
+        ("--batch", "0", "--batch: must be at least 1"),
+        ("--max-seq", "-1", "--max-seq: must be at least 1"),
+    ] {
+        shape_error(&["--model", "llama-7b", flag, value], needle);
     }
+    // A custom shape with flags missing.
+    shape_error(
+        &["--hidden", "4096", "--layers", "32"],
+        "missing --intermediate, --vocab, --heads, --kv-heads",
+    );
 }

@@ -1,4 +1,11 @@
-//! Helpers shared by the integration tests: backends to run against, and the GPU switch.
+//! Helpers shared by the integration tests: backends to run against and the GPU switch here;
+//! the gpumem binary in `binary`, promtool in `promtool`.
+
+mod binary;
+mod promtool;
+
+pub use binary::{gpumem, Running};
+pub use promtool::promtool_check_metrics;
 
 use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::sim::{SimBackend, SimConfig};

@@ -21,16 +21,7 @@ fn read_repo_file(relative: &str) -> String {
 
 /// The `/metrics` text of a running `gpumem demo`, once it has every family (pools included).
 fn demo_metrics() -> String {
-    let demo = crate::demo::Running::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--backend",
-        "sim",
-        "--duration",
-        "60s",
-    ]);
+    let demo = crate::support::Running::sim_demo("60s");
     let mut text = String::new();
     // The first sample may not have every family yet (timestamps, pools): wait for them.
     let ready = crate::web::eventually(std::time::Duration::from_secs(20), || {

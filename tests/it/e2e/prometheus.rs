@@ -8,7 +8,7 @@
 
 use super::dashboard::{self, uses_sidecar_metrics};
 use super::rules::{alert_rules, rules_with_short_for};
-use crate::demo::Running;
+use crate::support::Running;
 use crate::web::{eventually, request, tool_available};
 use serde_json::Value;
 use std::net::{SocketAddr, TcpListener};
@@ -172,16 +172,7 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
     }
     let started = Instant::now();
     let left = || BUDGET.saturating_sub(started.elapsed());
-    let demo = Running::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--backend",
-        "sim",
-        "--duration",
-        "120s",
-    ]);
+    let demo = Running::sim_demo("120s");
     let target = demo.addr;
     let prometheus = Prometheus::start(target, &rules_with_short_for(STEP));
     let instance = target.to_string();

@@ -3,7 +3,7 @@
 //! CUDA context. Skipped without NVML, unless GPUMEM_REQUIRE_GPU=1, which makes a missing NVML a
 //! failure.
 
-use super::{Running, TempDir};
+use super::{publishing_demo, serve, TempDir};
 use crate::support::gpu_required;
 use crate::web::{eventually, get, value_of};
 use gpumem::nvml::NvmlReader;
@@ -51,15 +51,7 @@ fn serve_reports_nvml_memory_and_the_demo_without_a_context_of_its_own() {
     let Some(reader) = nvml() else { return };
     let dir = TempDir::new("gpu-serve");
     let before = compute_processes(&reader);
-    let sidecar = Running::start(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--collect-dir",
-        dir.str(),
-    ]);
+    let sidecar = serve(&dir, &[]);
     std::thread::sleep(Duration::from_secs(2));
     let metrics = get(sidecar.addr, "/metrics").body;
     assert_eq!(
@@ -84,19 +76,7 @@ fn serve_reports_nvml_memory_and_the_demo_without_a_context_of_its_own() {
     );
 
     // A CUDA demo on GPU 0 shows up as a process with device memory, and publishes.
-    let demo = Running::start(&[
-        "demo",
-        "--backend",
-        "cuda",
-        "--devices",
-        "0",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--publish-dir",
-        dir.str(),
-    ]);
+    let demo = publishing_demo(&dir, &["--backend", "cuda", "--devices", "0"]);
     assert!(
         eventually(Duration::from_secs(20), || {
             let text = get(sidecar.addr, "/metrics").body;

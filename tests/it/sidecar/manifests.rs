@@ -4,7 +4,8 @@
 //! pass are flags the binary takes; and the commands they run, started here for real, serve
 //! /healthz and /metrics where the probes and scrapers look.
 
-use super::{gpumem, Running, TempDir};
+use super::TempDir;
+use crate::support::{gpumem, Running};
 use crate::web::get;
 use std::path::{Path, PathBuf};
 use yaml_rust2::{Yaml, YamlLoader};

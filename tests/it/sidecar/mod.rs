@@ -12,13 +12,9 @@ mod publish;
 mod python;
 mod serve;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use crate::support::Running;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 /// A directory under the system's temporary directory, removed when dropped.
 pub struct TempDir(PathBuf);
@@ -55,90 +51,36 @@ impl Drop for TempDir {
     }
 }
 
-/// The gpumem binary with a clean environment (no GPUMEM_* settings from the caller).
-pub fn gpumem(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
-    command.args(args);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("GPUMEM_") {
-            command.env_remove(key);
-        }
-    }
-    command.env("GPUMEM_LOG", "warn");
-    command
+/// `gpumem serve` on a free loopback port, sampling every 200 ms, collecting from `dir`, with
+/// `extra` flags.
+pub fn serve(dir: &TempDir, extra: &[&str]) -> Running {
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "200ms",
+        "--collect-dir",
+        dir.str(),
+    ];
+    args.extend_from_slice(extra);
+    Running::start(&args)
 }
 
-/// A serving gpumem command (`demo`, `serve`); killed if the test ends first.
-pub struct Running {
-    pub child: Child,
-    pub addr: SocketAddr,
-}
-
-impl Running {
-    /// Starts `gpumem <args>` and waits for its "gpumem <command>: open http://ADDR/" line.
-    pub fn start(args: &[&str]) -> Running {
-        let mut child = gpumem(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the gpumem binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (lines, received) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let line = received
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("gpumem {args:?} printed no URL"));
-        let url = line
-            .split_once(": open http://")
-            .map(|(_, url)| url)
-            .unwrap_or_else(|| panic!("unexpected first line: {line}"));
-        let addr = url
-            .trim_end_matches('/')
-            .parse()
-            .expect("a socket address in the URL");
-        Running { child, addr }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Kills it with SIGKILL (no chance to clean up) and reaps it, so its pid is gone.
-    pub fn kill_hard(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Sends SIGTERM and waits for the exit.
-    pub fn terminate(&mut self, limit: Duration) -> ExitStatus {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(sent.success());
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "no exit within {limit:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill_hard();
-        }
-    }
+/// `gpumem demo` on `backend` (its flags), on a free loopback port, sampling every 200 ms and
+/// publishing to `dir`.
+pub fn publishing_demo(dir: &TempDir, backend: &[&str]) -> Running {
+    let mut args = vec!["demo"];
+    args.extend_from_slice(backend);
+    args.extend([
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "200ms",
+        "--publish-dir",
+        dir.str(),
+    ]);
+    Running::start(&args)
 }
 
 /// A valid published file for `pid`, taken at `timestamp`, with one device.

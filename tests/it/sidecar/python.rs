@@ -5,7 +5,7 @@
 use super::TempDir;
 use crate::web::tool_available;
 use gpumem::collect::read_file;
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// The first ```python block of the document.
 fn example_writer() -> String {
@@ -48,7 +48,10 @@ def get_device_properties(index):
     return _Properties()
 "#;
 
-fn python_env(dir: &TempDir) -> Option<Command> {
+/// Runs `script` as `engine.py` with the publish directory as its argument, next to the stand-in
+/// `torch` and the documented writer (`gpumem_publish`), and checks it succeeds; `None` (skip)
+/// without python3.
+fn run_engine(dir: &TempDir, publish: &TempDir, script: &str) -> Option<Output> {
     if !tool_available("python3") {
         return None;
     }
@@ -61,24 +64,10 @@ fn python_env(dir: &TempDir) -> Option<Command> {
     .expect("write");
     std::fs::write(package.join("cuda.py"), FAKE_TORCH_CUDA).expect("write");
     std::fs::write(dir.join("gpumem_publish.py"), example_writer()).expect("write");
-    let mut python = Command::new("python3");
-    python.env("PYTHONPATH", dir.path()).current_dir(dir.path());
-    Some(python)
-}
-
-#[test]
-fn the_documented_python_writer_publishes_a_valid_file() {
-    let dir = TempDir::new("python");
-    let publish = TempDir::new("python-publish");
-    let Some(mut python) = python_env(&dir) else {
-        return;
-    };
-    std::fs::write(
-        dir.join("engine.py"),
-        "import sys, gpumem_publish\nprint(gpumem_publish.publish_once(sys.argv[1]))\n",
-    )
-    .expect("write");
-    let output = python
+    std::fs::write(dir.join("engine.py"), script).expect("write");
+    let output = Command::new("python3")
+        .env("PYTHONPATH", dir.path())
+        .current_dir(dir.path())
         .args(["engine.py", publish.str()])
         .output()
         .expect("python runs");
@@ -87,6 +76,20 @@ fn the_documented_python_writer_publishes_a_valid_file() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    Some(output)
+}
+
+#[test]
+fn the_documented_python_writer_publishes_a_valid_file() {
+    let dir = TempDir::new("python");
+    let publish = TempDir::new("python-publish");
+    let Some(output) = run_engine(
+        &dir,
+        &publish,
+        "import sys, gpumem_publish\nprint(gpumem_publish.publish_once(sys.argv[1]))\n",
+    ) else {
+        return;
+    };
     let path = String::from_utf8_lossy(&output.stdout).trim().to_string();
     let file =
         read_file(std::path::Path::new(&path), u64::MAX).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -152,26 +155,16 @@ fn the_documented_python_writer_publishes_a_valid_file() {
 fn the_python_background_publisher_removes_its_file_at_exit() {
     let dir = TempDir::new("python-start");
     let publish = TempDir::new("python-start-publish");
-    let Some(mut python) = python_env(&dir) else {
-        return;
-    };
-    std::fs::write(
-        dir.join("engine.py"),
+    let Some(output) = run_engine(
+        &dir,
+        &publish,
         "import os, sys, time, gpumem_publish\n\
          gpumem_publish.start(sys.argv[1], 0.1)\n\
          time.sleep(0.5)\n\
          print(os.path.exists(os.path.join(sys.argv[1], f'gpumem-{os.getpid()}.json')))\n",
-    )
-    .expect("write");
-    let output = python
-        .args(["engine.py", publish.str()])
-        .output()
-        .expect("python runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    ) else {
+        return;
+    };
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),
         "True",

@@ -3,40 +3,16 @@
 //! frozen; bad files and a vanishing directory are reported, never fatal; no NVML is a degraded
 //! 200, not a crash; bad flags exit 2; and `gpumem healthcheck` checks it.
 
-use super::{gpumem, now, published, Running, TempDir};
+use super::{now, published, publishing_demo, serve, TempDir};
+use crate::support::{gpumem, promtool_check_metrics, Running};
 use crate::web::{eventually, get, tool_available, value_of};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 const INTERVAL_MS: u64 = 200;
 
-fn serve(dir: &TempDir, extra: &[&str]) -> Running {
-    let mut args = vec![
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--collect-dir",
-        dir.str(),
-    ];
-    args.extend_from_slice(extra);
-    Running::start(&args)
-}
-
 fn demo(dir: &TempDir) -> Running {
-    Running::start(&[
-        "demo",
-        "--backend",
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--publish-dir",
-        dir.str(),
-    ])
+    publishing_demo(dir, &["--backend", "sim"])
 }
 
 fn reserved_of(sidecar: &Running, pid: u32) -> Option<f64> {
@@ -354,27 +330,9 @@ fn promtool_accepts_the_sidecars_metrics() {
     std::fs::write(dir.join("bad.json"), "nope").expect("write");
     std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
     let body = get(sidecar.addr, "/metrics").body;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write");
-    let output = child.wait_with_output().expect("promtool finishes");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (status, said) = promtool_check_metrics(&body);
     assert!(
-        output.status.success() && said.trim().is_empty(),
+        status.success() && said.trim().is_empty(),
         "promtool: {said}\n{body}"
     );
 }

@@ -4,8 +4,7 @@
 
 use super::http::{get, tool_available};
 use super::Fixture;
-use std::io::Write;
-use std::process::{Command, Stdio};
+use crate::support::promtool_check_metrics;
 
 #[test]
 fn promtool_accepts_the_metrics() {
@@ -14,28 +13,7 @@ fn promtool_accepts_the_metrics() {
     }
     let fixture = Fixture::start();
     let body = get(fixture.addr(), "/metrics").body;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write");
-    let output = child.wait_with_output().expect("promtool finishes");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "promtool check metrics failed: {said}"
-    );
+    let (status, said) = promtool_check_metrics(&body);
+    assert!(status.success(), "promtool check metrics failed: {said}");
     assert!(said.trim().is_empty(), "promtool warned: {said}");
 }

@@ -1,0 +1,116 @@
+//! The gpumem binary as the tests run it: a clean environment ([`gpumem`]), and a serving command
+//! (`demo`, `serve`) started until it prints its URL and killed when dropped ([`Running`]).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The gpumem binary with a clean environment (no GPUMEM_* settings from the caller).
+pub fn gpumem(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
+    command.args(args);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("GPUMEM_") {
+            command.env_remove(key);
+        }
+    }
+    command.env("GPUMEM_LOG", "warn");
+    command
+}
+
+/// A serving gpumem command (`demo`, `serve`); killed if the test ends first.
+pub struct Running {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Running {
+    /// Starts `gpumem <args>` and waits (up to 30 s) for its first line, which must be
+    /// "gpumem <command>: open http://ADDR/".
+    pub fn start(args: &[&str]) -> Running {
+        let mut child = gpumem(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the gpumem binary starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = received
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("gpumem {args:?} printed no URL"));
+        let prefix = format!("gpumem {}: open http://", args[0]);
+        let url = line
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"));
+        let addr = url
+            .trim_end_matches('/')
+            .parse()
+            .expect("a socket address in the URL");
+        Running { child, addr }
+    }
+
+    /// `gpumem demo` on the simulated device, on a free loopback port, sampling every 200 ms,
+    /// exiting after `duration` ("60s").
+    pub fn sim_demo(duration: &str) -> Running {
+        Running::start(&[
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--interval",
+            "200ms",
+            "--backend",
+            "sim",
+            "--duration",
+            duration,
+        ])
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills it with SIGKILL (no chance to clean up) and reaps it, so its pid is gone.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits up to `limit` for it to exit by itself.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGTERM and waits (up to `limit`) for the exit.
+    pub fn terminate(&mut self, limit: Duration) -> ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success());
+        self.wait(limit)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill_hard();
+        }
+    }
+}
