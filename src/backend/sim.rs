@@ -59,6 +59,10 @@ pub struct SimFaults {
     fail_alloc_call: AtomicU64,
     /// Every `alloc` and `map` call so far, on all devices.
     alloc_calls: AtomicU64,
+    /// Fail the k-th call that gives memory back (`free` or `unmap`, counted from 1); 0 = never.
+    fail_free_call: AtomicU64,
+    /// Every `free` and `unmap` call so far, on all devices.
+    free_calls: AtomicU64,
     fail_frees: AtomicBool,
     fail_mem_info: AtomicBool,
 }
@@ -69,6 +73,12 @@ impl SimFaults {
         let done = self.alloc_calls.load(Ordering::SeqCst);
         self.fail_alloc_call.store(done + k, Ordering::SeqCst);
     }
+    /// Makes the `k`-th call from now that gives memory back fail (1 = the next one): one
+    /// release in the middle of several, as a driver failing part-way.
+    pub fn fail_nth_free_from_now(&self, k: u64) {
+        let done = self.free_calls.load(Ordering::SeqCst);
+        self.fail_free_call.store(done + k, Ordering::SeqCst);
+    }
     pub fn set_fail_frees(&self, on: bool) {
         self.fail_frees.store(on, Ordering::SeqCst);
     }
@@ -77,6 +87,7 @@ impl SimFaults {
     }
     pub fn clear(&self) {
         self.fail_alloc_call.store(0, Ordering::SeqCst);
+        self.fail_free_call.store(0, Ordering::SeqCst);
         self.set_fail_frees(false);
         self.set_fail_mem_info(false);
     }
@@ -85,6 +96,16 @@ impl SimFaults {
         let call = self.alloc_calls.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fail_alloc_call.load(Ordering::SeqCst) == call {
             return Err(BackendError::Injected("allocation call failed"));
+        }
+        Ok(())
+    }
+
+    fn on_free_call(&self) -> Result<(), BackendError> {
+        let call = self.free_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_frees.load(Ordering::SeqCst)
+            || self.fail_free_call.load(Ordering::SeqCst) == call
+        {
+            return Err(BackendError::Injected("free failed"));
         }
         Ok(())
     }
@@ -312,9 +333,7 @@ impl DeviceBackend for SimBackend {
 
     fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
         let mut state = self.device(device)?.lock();
-        if self.faults.fail_frees.load(Ordering::SeqCst) {
-            return Err(BackendError::Injected("free failed"));
-        }
+        self.faults.on_free_call()?;
         let size = state
             .direct
             .remove(&ptr)
@@ -391,9 +410,7 @@ impl DeviceBackend for SimBackend {
         if let Some(page) = self.pages(addr, size).find(|p| !state.mapped.contains(p)) {
             return Err(BackendError::InvalidAddress { device, ptr: page });
         }
-        if self.faults.fail_frees.load(Ordering::SeqCst) {
-            return Err(BackendError::Injected("unmap failed"));
-        }
+        self.faults.on_free_call()?;
         for page in self.pages(addr, size) {
             state.mapped.remove(&page);
         }

@@ -74,13 +74,7 @@ impl MemoryManager {
             }
         }
         counters.add(&managed.direct.counters.read());
-        counters.reserved_bytes = managed.reserve.reserved_bytes.load(Relaxed);
-        // Read while a pool grows, the value may be raised and its peak not yet.
-        counters.peak_reserved_bytes = managed
-            .reserve
-            .peak_reserved_bytes
-            .load(Relaxed)
-            .max(counters.reserved_bytes);
+        (counters.reserved_bytes, counters.peak_reserved_bytes) = managed.reserve.read();
         Ok(DeviceStats {
             device,
             counters,

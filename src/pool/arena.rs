@@ -50,6 +50,14 @@ pub struct Released {
     pub calls: u64,
 }
 
+/// A release the driver stopped part-way: what was given back before it refused still was,
+/// and must be counted.
+#[derive(Debug)]
+pub struct ReleaseError {
+    pub released: Released,
+    pub error: BackendError,
+}
+
 pub struct Arena {
     device: usize,
     stream: StreamId,
@@ -158,7 +166,7 @@ impl Arena {
                     // block is about to reuse; the rest must come from other pools.
                     let spare = |page: u32| (first..=last).contains(&page);
                     let released = self.release_idle_sparing(backend, excess, spare);
-                    self.released_while_allocating = released.unwrap_or_default();
+                    self.released_while_allocating = released.unwrap_or_else(|e| e.released);
                     if self.released_while_allocating.bytes >= excess {
                         self.map_runs(backend)
                     } else {
@@ -254,7 +262,7 @@ impl Arena {
         backend: &dyn DeviceBackend,
         bytes: u64,
         spare: impl Fn(u32) -> bool,
-    ) -> Result<Released, BackendError> {
+    ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
         self.release_pages(backend, |taken, _| taken < pages, spare)
     }
@@ -265,7 +273,7 @@ impl Arena {
         &mut self,
         backend: &dyn DeviceBackend,
         keep_going: impl FnMut(usize, u64) -> bool,
-    ) -> Result<Released, BackendError> {
+    ) -> Result<Released, ReleaseError> {
         self.release_pages(backend, keep_going, |_| false)
     }
 
@@ -274,14 +282,17 @@ impl Arena {
         backend: &dyn DeviceBackend,
         keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
-    ) -> Result<Released, BackendError> {
+    ) -> Result<Released, ReleaseError> {
         let pages = self.pages.take_idle(keep_going, spare);
         if pages.is_empty() {
             return Ok(Released::default());
         }
         if let Err(error) = backend.synchronize_stream(self.device, self.stream) {
             self.pages.restore_idle(&pages, crate::clock::now());
-            return Err(error);
+            return Err(ReleaseError {
+                released: Released::default(),
+                error,
+            });
         }
         let mut released = Released::default();
         let runs = runs_of(pages);
@@ -293,7 +304,7 @@ impl Arena {
                     let pages: Vec<u32> = (left.first..left.first + left.count).collect();
                     self.pages.restore_idle(&pages, now);
                 }
-                return Err(error);
+                return Err(ReleaseError { released, error });
             }
             released.bytes += bytes;
             released.calls += 1;
@@ -338,7 +349,9 @@ impl Arena {
 
     /// Unmaps everything and gives the address range back. Live blocks must be gone.
     pub fn destroy(mut self, backend: &dyn DeviceBackend) -> Result<Released, BackendError> {
-        let released = self.release_idle(backend, |_, _| true)?;
+        let released = self
+            .release_idle(backend, |_, _| true)
+            .map_err(|e| e.error)?;
         backend.release_address_range(self.device, self.base, self.span)?;
         Ok(released)
     }

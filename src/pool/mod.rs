@@ -9,7 +9,7 @@ pub mod pages;
 pub mod stats;
 pub mod tlsf;
 
-pub use arena::{ArenaError, MapDecision, Placed, Released};
+pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
 pub use direct::DirectPool;
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
@@ -17,16 +17,14 @@ pub use tlsf::{LiveInfo, MIN_BLOCK};
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
 use arena::Arena;
+use atomic::AtomicU64;
 use parking_lot::Mutex;
 use serde::Serialize;
-use atomic::AtomicU64;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// Bytes held from the driver by all pools of one device, with its exact peak. Changed only
-/// when the driver is called (the miss path), so sharing it across threads costs nothing hot —
-/// which is also why its operations can afford `SeqCst`: [`reset_peak`](Self::reset_peak)
-/// needs one order of all of them (checked by the loom model in tests/it/reliability).
+/// when the driver is called (the miss path), so sharing it across threads costs nothing hot.
 #[derive(Debug, Default)]
 pub struct DeviceReserve {
     pub reserved_bytes: AtomicU64,
@@ -35,22 +33,29 @@ pub struct DeviceReserve {
 
 impl DeviceReserve {
     pub fn grow(&self, bytes: u64) {
-        let now = self.reserved_bytes.fetch_add(bytes, SeqCst) + bytes;
-        self.peak_reserved_bytes.fetch_max(now, SeqCst);
+        let now = self.reserved_bytes.fetch_add(bytes, Relaxed) + bytes;
+        self.peak_reserved_bytes.fetch_max(now, Relaxed);
     }
 
     pub fn shrink(&self, bytes: u64) {
-        self.reserved_bytes.fetch_sub(bytes, SeqCst);
+        self.reserved_bytes.fetch_sub(bytes, Relaxed);
     }
 
-    /// Restarts the peak from what is reserved now. A `grow` racing with the store may have
-    /// raised the peak just before it was overwritten, so the peak is raised again to what is
-    /// reserved after it: the peak never ends below the value.
     pub fn reset_peak(&self) {
         self.peak_reserved_bytes
-            .store(self.reserved_bytes.load(SeqCst), SeqCst);
-        self.peak_reserved_bytes
-            .fetch_max(self.reserved_bytes.load(SeqCst), SeqCst);
+            .store(self.reserved_bytes.load(Relaxed), Relaxed);
+    }
+
+    /// The reserved bytes and their peak. Read while a pool grows (between its add and its
+    /// raise of the peak) or while the peak is reset (which may overwrite a concurrent raise),
+    /// the stored peak can be below the value: the peak returned never is (the loom model in
+    /// tests/it/reliability/model_check.rs checks every interleaving).
+    pub fn read(&self) -> (u64, u64) {
+        let reserved = self.reserved_bytes.load(Relaxed);
+        (
+            reserved,
+            self.peak_reserved_bytes.load(Relaxed).max(reserved),
+        )
     }
 }
 
@@ -234,18 +239,24 @@ impl Pool {
         (mapped, live)
     }
 
+    /// Counts what a release gave back — all of it, or what it gave back before the driver
+    /// refused (those pages are gone from the device all the same).
     fn account_release(
         &self,
         slot: &ArenaSlot,
-        released: Result<Released, BackendError>,
+        released: Result<Released, ReleaseError>,
     ) -> Result<Released, BackendError> {
-        match released {
-            Ok(released) => {
-                slot.counters.on_release(released.bytes, released.calls);
-                self.reserve.shrink(released.bytes);
-                Ok(released)
-            }
-            Err(error) => {
+        let (released, error) = match released {
+            Ok(released) => (released, None),
+            Err(partial) => (partial.released, Some(partial.error)),
+        };
+        if released.calls > 0 {
+            slot.counters.on_release(released.bytes, released.calls);
+            self.reserve.shrink(released.bytes);
+        }
+        match error {
+            None => Ok(released),
+            Some(error) => {
                 slot.counters.on_driver_error();
                 Err(error)
             }

@@ -40,10 +40,13 @@ pub fn clean_process_name(name: &str) -> String {
         .map(|c| if c.is_control() { '_' } else { c })
         .take(MAX_PROCESS_NAME)
         .collect();
+    // Cut at the limit, a name may end in spaces: trim again, so cleaning a clean name
+    // changes nothing (the sidecar cleans what publishers already cleaned).
+    let cleaned = cleaned.trim_end();
     if cleaned.is_empty() {
         "unknown".to_string()
     } else {
-        cleaned
+        cleaned.to_string()
     }
 }
 
@@ -90,6 +93,9 @@ mod tests {
         assert_eq!(clean_process_name("a\tb"), "a_b");
         assert_eq!(clean_process_name(""), "unknown");
         assert_eq!(clean_process_name(&"x".repeat(100)).len(), MAX_PROCESS_NAME);
+        let cut_at_spaces = format!("{}    tail", "x".repeat(MAX_PROCESS_NAME - 2));
+        let once = clean_process_name(&cut_at_spaces);
+        assert_eq!(clean_process_name(&once), once, "cleaning is idempotent");
     }
 
     #[cfg(target_os = "linux")]

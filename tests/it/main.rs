@@ -9,6 +9,7 @@ mod manager_features;
 mod demo;
 mod e2e;
 mod estimate;
+mod reliability;
 mod sidecar;
 mod support;
 mod web;
