@@ -87,7 +87,11 @@ fn single_thread(c: &mut Criterion) {
     }
     // The cost of recording the thread and a backtrace per allocation (off by default).
     group.bench_function("gpumem_pool_hit_backtraces/4.00KiB", |b| {
-        b.iter(|| drop(black_box(with_backtraces.alloc(0, 4 * KIB, &options).unwrap())))
+        b.iter(|| {
+            drop(black_box(
+                with_backtraces.alloc(0, 4 * KIB, &options).unwrap(),
+            ))
+        })
     });
     group.finish();
     stream_ordered_baseline(c);

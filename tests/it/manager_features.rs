@@ -276,23 +276,35 @@ fn placement_across_real_gpus() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let Some(cuda) = cuda_backend() else {
-        assert_eq!(required, 0, "GPUMEM_REQUIRE_GPUS={required} but CUDA is unusable");
+        assert_eq!(
+            required, 0,
+            "GPUMEM_REQUIRE_GPUS={required} but CUDA is unusable"
+        );
         return;
     };
     let count = cuda.device_count();
     if count < 2 {
-        assert!(required < 2, "GPUMEM_REQUIRE_GPUS={required} but only {count} GPU(s)");
+        assert!(
+            required < 2,
+            "GPUMEM_REQUIRE_GPUS={required} but only {count} GPU(s)"
+        );
         eprintln!("skipping: one GPU");
         return;
     }
     let m = MemoryManager::new(cuda, MemoryConfig::default()).unwrap();
     // Fill device 0 so device 1 has the most headroom.
-    let ballast = m.alloc(0, m.headroom(0).unwrap() / 2, &AllocOptions::default()).unwrap();
-    let first = m.allocate_on_best_device(256 * MIB, Some("model-a"), &AllocOptions::default()).unwrap();
+    let ballast = m
+        .alloc(0, m.headroom(0).unwrap() / 2, &AllocOptions::default())
+        .unwrap();
+    let first = m
+        .allocate_on_best_device(256 * MIB, Some("model-a"), &AllocOptions::default())
+        .unwrap();
     assert_ne!(first.device(), 0, "device 0 is half full");
     drop(ballast);
     m.empty_cache();
-    let again = m.allocate_on_best_device(256 * MIB, Some("model-a"), &AllocOptions::default()).unwrap();
+    let again = m
+        .allocate_on_best_device(256 * MIB, Some("model-a"), &AllocOptions::default())
+        .unwrap();
     assert_eq!(again.device(), first.device(), "the key sticks");
     for device in 0..count {
         let buffer = m.alloc(device, 64 * MIB, &AllocOptions::default()).unwrap();
