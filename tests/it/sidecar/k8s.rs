@@ -7,7 +7,6 @@ use super::manifests::{
     PUBLISH_DIR,
 };
 use super::TempDir;
-use crate::web::tool_available;
 use std::process::Command;
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -185,7 +184,15 @@ fn the_kubernetes_example_runs_the_sidecar_next_to_the_engine() {
 
 #[test]
 fn kubectl_builds_the_kustomization() {
-    if !tool_available("kubectl") {
+    // kubectl is a convenience here, not something the project installs: skip without it even
+    // on CI (the manifests are checked field by field above).
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: kubectl is not installed");
         return;
     }
     let output = Command::new("kubectl")
