@@ -253,16 +253,69 @@ fn soft_fd_limit() -> usize {
         .unwrap_or(1024)
 }
 
+/// `gpumem demo` in its own process (so its descriptors are its own to count), started
+/// through `sh -c` so `limits` can set `ulimit`s first; killed when dropped.
+struct Demo {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Demo {
+    fn start(limits: &str) -> Demo {
+        let script = format!(
+            "{limits} exec \"$0\" demo --backend sim --listen 127.0.0.1:0 --interval 200ms --duration 120s"
+        );
+        let binary = gpumem().get_program().to_owned();
+        let mut command = std::process::Command::new("sh");
+        command.arg("-c").arg(script).arg(binary);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("GPUMEM_") {
+                command.env_remove(key);
+            }
+        }
+        let mut child = command
+            .env("GPUMEM_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sh runs");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the demo prints its URL");
+        let addr = line
+            .trim()
+            .strip_prefix("gpumem demo: open http://")
+            .and_then(|rest| rest.trim_end_matches('/').parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        Demo { child, addr }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Hundreds of idle connections held open, and 32 clients requesting at once: every request is
-/// answered, and once the idle connections close their descriptors are given back.
+/// answered, and once the idle connections close the server gives their descriptors back.
 #[test]
 fn many_connections_at_once_are_served() {
-    let fixture = Fixture::start();
-    let addr = fixture.addr();
-    let me = std::process::id();
-    let before = open_fds(me).expect("fd count");
-    // Client and server ends both live in this process; stay well inside its limit.
-    let idle = (soft_fd_limit() / 5).min(400);
+    let demo = Demo::start("");
+    let (addr, pid) = (demo.addr, demo.child.id());
+    assert!(eventually(Duration::from_secs(10), || {
+        request(addr, "GET", "/healthz").is_ok_and(|r| r.status == 200)
+    }));
+    let before = open_fds(pid).expect("fd count");
+    // The client ends live in this process, with other tests: stay well inside its limit.
+    let idle = (soft_fd_limit() / 4).min(400);
     let held: Vec<TcpStream> = (0..idle)
         .map(|_| TcpStream::connect(addr).expect("connect an idle client"))
         .collect();
@@ -288,13 +341,18 @@ fn many_connections_at_once_are_served() {
         served, 320,
         "every request answered with {idle} idle connections open"
     );
+    let during = open_fds(pid).unwrap_or(0);
+    assert!(
+        during >= before + idle / 2,
+        "the server holds the idle connections"
+    );
     assert_healthy(addr, "many connections");
     drop(held);
     assert!(
-        eventually(Duration::from_secs(10), || open_fds(me)
-            .is_some_and(|n| n <= before + 16)),
-        "descriptors were not given back: {before} before, {:?} after",
-        open_fds(me)
+        eventually(Duration::from_secs(10), || open_fds(pid)
+            .is_some_and(|n| n <= before + 4)),
+        "the server kept descriptors: {before} before, {during} during, {:?} after",
+        open_fds(pid)
     );
 }
 
@@ -302,52 +360,23 @@ fn many_connections_at_once_are_served() {
 /// delays them, keeps running, and serves again once they close.
 #[test]
 fn a_server_out_of_file_descriptors_recovers() {
-    let mut child: Child = gpumem_in_shell(
-        "ulimit -n 64 && exec \"$0\" demo --backend sim --listen 127.0.0.1:0 --interval 200ms --duration 60s",
-    );
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("the demo prints its URL");
-    let addr: SocketAddr = line
-        .trim()
-        .strip_prefix("gpumem demo: open http://")
-        .and_then(|rest| rest.trim_end_matches('/').parse().ok())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    let mut demo = Demo::start("ulimit -n 64 &&");
+    let addr = demo.addr;
     let hogs: Vec<TcpStream> = (0..120)
         .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok())
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    assert!(child.try_wait().expect("wait").is_none(), "the demo died");
+    assert!(demo.alive(), "the demo died");
     drop(hogs);
     let recovered = eventually(Duration::from_secs(15), || {
         request(addr, "GET", "/healthz").is_ok_and(|r| r.status == 200)
     });
-    let alive = child.try_wait().expect("wait").is_none();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(alive, "the demo died after running out of descriptors");
+    assert!(
+        demo.alive(),
+        "the demo died after running out of descriptors"
+    );
     assert!(
         recovered,
         "the demo did not serve again once the connections closed"
     );
-}
-
-/// The gpumem binary run through `sh -c SCRIPT gpumem-path` (so the script can set limits).
-fn gpumem_in_shell(script: &str) -> Child {
-    let binary = gpumem().get_program().to_owned();
-    let mut command = std::process::Command::new("sh");
-    command.arg("-c").arg(script).arg(binary);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("GPUMEM_") {
-            command.env_remove(key);
-        }
-    }
-    command
-        .env("GPUMEM_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sh runs")
 }
