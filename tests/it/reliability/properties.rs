@@ -54,31 +54,8 @@ fn toml_value() -> impl Strategy<Value = String> {
     ]
 }
 
-/// The keys of docs/configuration.md.
-const KEYS: &[&str] = &[
-    "preset",
-    "pooling",
-    "strategy",
-    "devices",
-    "gpu_memory_fraction",
-    "max_pool_size",
-    "min_free_bytes",
-    "cpu_fallback",
-    "track_allocations",
-    "leak_age",
-    "cleanup_interval",
-    "release_idle_after",
-    "max_cached_bytes",
-    "preallocate",
-    "shards",
-    "small_max_bytes",
-    "idle_pages_kept",
-    "idle_per_mille",
-    "pressure.medium",
-    "pressure.high",
-    "pressure.critical",
-    "pressure.reserve",
-];
+/// Every key a config file may set, as the parser knows them.
+use gpumem::manager::CONFIG_KEYS as KEYS;
 
 fn toml_key() -> impl Strategy<Value = String> {
     prop_oneof![
