@@ -2,22 +2,21 @@
 //! (read through the vDSO in a few nanoseconds, where `Instant::now` costs 25–45 ns), with a
 //! resolution of a few milliseconds — ample for leak ages and idle times measured in seconds.
 
-use nix::time::{clock_gettime, ClockId};
 use std::time::Duration;
 
-/// Now, in nanoseconds of the coarse monotonic clock (only meaningful to [`between`]).
+/// Now, in ticks of the coarse monotonic clock (only meaningful to [`between`] and [`since`]).
+/// `coarsetime` calls `clock_gettime` directly: about half the cost of going through `nix`,
+/// which matters at two reads per allocation. Its shared "recent" cache is left alone, so
+/// threads reading the clock never write to a common cache line.
 #[inline]
 pub fn now() -> u64 {
-    match clock_gettime(ClockId::CLOCK_MONOTONIC_COARSE) {
-        Ok(time) => time.tv_sec() as u64 * 1_000_000_000 + time.tv_nsec() as u64,
-        // Not expected on Linux; a zero timestamp only makes an age read as "since boot".
-        Err(_) => 0,
-    }
+    coarsetime::Instant::now_without_cache_update().as_ticks()
 }
 
 /// Time from tick `start` to tick `end` (zero if `end` is earlier).
 pub fn between(start: u64, end: u64) -> Duration {
-    Duration::from_nanos(end.saturating_sub(start))
+    let ticks = coarsetime::Duration::from_ticks(end.saturating_sub(start));
+    Duration::from_nanos(ticks.as_nanos())
 }
 
 /// Time since tick `start`.

@@ -110,6 +110,7 @@ impl DeviceBuffer {
         match self.origin.take() {
             Some(Origin::Pooled { pool, kind, block }) => {
                 pool.free(kind, block);
+                super::handles::park(pool);
                 Ok(())
             }
             Some(Origin::Direct(pool)) => pool.free(self.ptr),

@@ -8,6 +8,7 @@ mod cache;
 pub mod config;
 mod config_file;
 pub mod fallback;
+mod handles;
 pub mod leaks;
 pub mod placement;
 pub mod pressure;
@@ -25,8 +26,8 @@ pub use tag::Tag;
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Pool, PoolKind, PoolSettings,
-    MIN_BLOCK,
+    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Placed, Pool, PoolKind,
+    PoolSettings, MIN_BLOCK,
 };
 use crate::units::align_up;
 use buffer::Origin;
@@ -135,6 +136,16 @@ impl ManagedDevice {
             })
             .sum();
         pooled + self.direct.counters.read().in_use_bytes
+    }
+}
+
+impl Drop for ManagedDevice {
+    /// Pool handles can outlive the manager (in live buffers, or parked per thread): retiring
+    /// the pools gives their memory back now, or at their last live buffer's free.
+    fn drop(&mut self) {
+        for pool in self.pools() {
+            pool.retire();
+        }
     }
 }
 
@@ -327,6 +338,19 @@ impl MemoryManager {
             tag: options.tag.map_or(tag::UNTAGGED, Tag::id),
         };
         let block_size = align_up(size, MIN_BLOCK);
+        // Built first and filled in after: assembling it at the end made the compiler stage the
+        // pool handle on the stack and copy it out with wide loads that missed store
+        // forwarding, a few nanoseconds of a pool hit. Dropped on an error, it frees nothing.
+        let mut buffer = DeviceBuffer {
+            ptr: 0,
+            size,
+            device,
+            id,
+            tag: options.tag,
+            stream: options.stream,
+            origin: None,
+            origins: None,
+        };
         let (ptr, origin) = match self.shared.config.strategy {
             Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
             Strategy::Pooled => {
@@ -334,29 +358,22 @@ impl MemoryManager {
                 self.alloc_pooled(managed, pool, block_size, align, live)?
             }
         };
-        let origins = self.shared.config.capture_backtraces.then(|| {
+        buffer.ptr = ptr;
+        buffer.origin = Some(origin);
+        if self.shared.config.capture_backtraces {
             self.shared.origins.record(id);
-            self.shared.origins.clone()
-        });
-        Ok(DeviceBuffer {
-            ptr,
-            size,
-            device,
-            id,
-            tag: options.tag,
-            stream: options.stream,
-            origin: Some(origin),
-            origins,
-        })
+            buffer.origins = Some(self.shared.origins.clone());
+        }
+        Ok(buffer)
     }
 
     fn pool_for(&self, managed: &ManagedDevice, stream: StreamId, thread_slot: usize) -> Arc<Pool> {
         let shard = thread_slot & (self.shared.shard_count - 1);
         if stream == StreamId::DEFAULT {
-            return Arc::clone(&managed.default_stream[shard]);
+            return handles::take(&managed.default_stream[shard]);
         }
         if let Some(pools) = managed.other_streams.read().get(&stream) {
-            return Arc::clone(&pools[shard]);
+            return handles::take(&pools[shard]);
         }
         let mut streams = managed.other_streams.write();
         let pools = streams.entry(stream).or_insert_with(|| {
@@ -364,9 +381,12 @@ impl MemoryManager {
                 .shards(&self.shared.backend, stream, self.shared.shard_count)
                 .into()
         });
-        Arc::clone(&pools[shard])
+        handles::take(&pools[shard])
     }
 
+    /// A pooled allocation. Inlined into `alloc` so the hit path returns its block through
+    /// registers; everything after a first refusal lives in `alloc_pooled_retrying`.
+    #[inline(always)]
     fn alloc_pooled(
         &self,
         managed: &ManagedDevice,
@@ -376,26 +396,16 @@ impl MemoryManager {
         live: LiveInfo,
     ) -> Result<(u64, Origin), AllocError> {
         let kind = pool.kind_for(size);
-        let may_map = |bytes: u64| self.may_map(managed, bytes);
         let within_budget = |bytes: u64| match self.cache_budget_check(managed, bytes) {
-            MapDecision::Allow => may_map(bytes),
+            MapDecision::Allow => self.may_map(managed, bytes),
             other => other,
         };
-        let mut outcome = pool.alloc(kind, size, align, live, within_budget);
-        if let Err(ArenaError::NeedsRoom(excess)) = outcome {
-            // The arena's own idle pages were not enough: other pools give back their oldest,
-            // so mapping new pages never lifts the device above its recent peak plus slack.
-            self.release_cached_on(managed, |bytes, _| bytes < excess);
-            outcome = pool.alloc(kind, size, align, live, may_map);
-        }
-        if let Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) =
-            outcome
-        {
-            // Cached pages of every pool on the device may be what stands in the way.
-            managed.events.retries.fetch_add(1, Relaxed);
-            self.release_cached_on(managed, |_, _| true);
-            outcome = pool.alloc(kind, size, align, live, may_map);
-        }
+        let outcome = match pool.alloc(kind, size, align, &live, within_budget) {
+            Ok(placed) => Ok(placed),
+            Err(refusal) => {
+                self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal)
+            }
+        };
         match outcome {
             Ok(placed) => {
                 let origin = Origin::Pooled {
@@ -405,8 +415,41 @@ impl MemoryManager {
                 };
                 Ok((placed.ptr, origin))
             }
-            Err(error) => Err(self.explain_failure(managed, live.requested, error)),
+            Err(error) => Err(error),
         }
+    }
+
+    /// What follows a pool's refusal: make room within the cache budget, or release cached
+    /// memory and retry once when the driver or the pool cap said no.
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn alloc_pooled_retrying(
+        &self,
+        managed: &ManagedDevice,
+        pool: &Pool,
+        kind: PoolKind,
+        size: u64,
+        align: u64,
+        live: LiveInfo,
+        refusal: ArenaError,
+    ) -> Result<Placed, AllocError> {
+        let may_map = |bytes: u64| self.may_map(managed, bytes);
+        let mut outcome = Err(refusal);
+        if let Err(ArenaError::NeedsRoom(excess)) = outcome {
+            // The arena's own idle pages were not enough: other pools give back their oldest,
+            // so mapping new pages never lifts the device above its recent peak plus slack.
+            self.release_cached_on(managed, |bytes, _| bytes < excess);
+            outcome = pool.alloc(kind, size, align, &live, may_map);
+        }
+        if let Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) =
+            outcome
+        {
+            // Cached pages of every pool on the device may be what stands in the way.
+            managed.events.retries.fetch_add(1, Relaxed);
+            self.release_cached_on(managed, |_, _| true);
+            outcome = pool.alloc(kind, size, align, &live, may_map);
+        }
+        outcome.map_err(|error| self.explain_failure(managed, live.requested, error))
     }
 
     /// The limits on mapping `bytes` more: the pool cap, and at critical pressure the minimum

@@ -136,13 +136,13 @@ impl Arena {
     /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
     /// `may_map(bytes)` is asked before any page is mapped, to enforce the pool's cap and the
     /// cache budget.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(
         &mut self,
         backend: &dyn DeviceBackend,
         size: u64,
         align: u64,
-        live: LiveInfo,
+        live: &LiveInfo,
         may_map: impl FnOnce(u64) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         let block = self
@@ -231,7 +231,7 @@ impl Arena {
     }
 
     /// Frees a block handed out by [`alloc`](Self::alloc); returns its size and live info.
-    #[inline]
+    #[inline(always)]
     pub fn free(&mut self, block: u32) -> (u64, LiveInfo) {
         let (offset, size, live) = {
             let b = self.tlsf.block(block);

@@ -5,6 +5,7 @@
 pub mod arena;
 mod atomic;
 pub mod direct;
+mod lock;
 pub mod pages;
 pub mod stats;
 pub mod tlsf;
@@ -18,9 +19,9 @@ use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
 use arena::Arena;
 use atomic::AtomicU64;
-use parking_lot::Mutex;
+use lock::ArenaLock;
 use serde::Serialize;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Bytes held from the driver by all pools of one device, with its exact peak. Changed only
@@ -90,28 +91,63 @@ pub struct PoolSettings {
     pub span: u64,
 }
 
-/// One arena and its counters.
+/// What an arena's lock guards: the arena, created on first use, and the backend it was
+/// reserved from. Both leave together when the pool is retired and holds no live block, so a
+/// pool handle that outlives its manager (see `manager::handles`) keeps neither device memory
+/// nor the driver's context alive.
+struct SlotState {
+    arena: Option<Arena>,
+    backend: Option<Arc<dyn DeviceBackend>>,
+}
+
+/// One arena and its counters. Aligned to two cache lines so that the slots of pools used by
+/// different threads never share one (adjacent prefetch pairs lines on x86).
+#[repr(align(128))]
 pub struct ArenaSlot {
-    arena: Mutex<Option<Arena>>,
+    state: ArenaLock<SlotState>,
     pub counters: PoolCounters,
 }
 
 impl ArenaSlot {
-    fn new() -> Self {
+    fn new(backend: Arc<dyn DeviceBackend>) -> Self {
         ArenaSlot {
-            arena: Mutex::new(None),
+            state: ArenaLock::new(SlotState {
+                arena: None,
+                backend: Some(backend),
+            }),
             counters: PoolCounters::default(),
         }
     }
 }
 
+impl SlotState {
+    /// Gives the arena and the backend up (the pool is retired) unless a block is still live.
+    fn wind_down_unless_live(&mut self, device: usize) {
+        if self
+            .arena
+            .as_ref()
+            .is_some_and(|a| a.live_block_count() > 0)
+        {
+            return;
+        }
+        if let (Some(arena), Some(backend)) = (self.arena.take(), self.backend.as_deref()) {
+            if let Err(error) = arena.destroy(backend) {
+                tracing::warn!(device, %error, "could not release a pool's memory on shutdown");
+            }
+        }
+        self.backend = None;
+    }
+}
+
 /// The pools of one device, stream and shard.
 pub struct Pool {
-    backend: Arc<dyn DeviceBackend>,
     pub device: usize,
     pub stream: StreamId,
     settings: PoolSettings,
     reserve: Arc<DeviceReserve>,
+    /// Set once, before the slots are locked to wind down; read under a slot's lock, whose
+    /// release and acquire order it, so a relaxed flag is enough.
+    retired: AtomicBool,
     small: ArenaSlot,
     large: ArenaSlot,
 }
@@ -132,13 +168,13 @@ impl Pool {
         reserve: Arc<DeviceReserve>,
     ) -> Self {
         Pool {
-            backend,
             device,
             stream,
             settings,
             reserve,
-            small: ArenaSlot::new(),
-            large: ArenaSlot::new(),
+            retired: AtomicBool::new(false),
+            small: ArenaSlot::new(Arc::clone(&backend)),
+            large: ArenaSlot::new(backend),
         }
     }
 
@@ -159,27 +195,32 @@ impl Pool {
     }
 
     /// Places a block of `size` bytes (a multiple of 512) for a request of `live.requested`.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(
         &self,
         kind: PoolKind,
         size: u64,
         align: u64,
-        live: LiveInfo,
+        live: &LiveInfo,
         may_map: impl FnOnce(u64) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         let slot = self.slot(kind);
-        let mut guard = slot.arena.lock();
-        let arena = match guard.as_mut() {
-            Some(arena) => arena,
-            None => {
-                let arena =
-                    Arena::new(&*self.backend, self.device, self.stream, self.settings.span)
-                        .map_err(ArenaError::Backend)?;
-                guard.insert(arena)
-            }
+        let mut guard = slot.state.lock();
+        let SlotState { arena, backend, .. } = &mut *guard;
+        let Some(backend) = backend.as_deref() else {
+            return Err(ArenaError::Backend(BackendError::InvalidArgument {
+                call: "alloc",
+                reason: "the pool was retired with its memory manager".to_string(),
+            }));
         };
-        let outcome = arena.alloc(&*self.backend, size, align, live, may_map);
+        let arena = match arena {
+            Some(arena) => arena,
+            None => arena.insert(
+                Arena::new(backend, self.device, self.stream, self.settings.span)
+                    .map_err(ArenaError::Backend)?,
+            ),
+        };
+        let outcome = arena.alloc(backend, size, align, live, may_map);
         let released = arena.take_released_while_allocating();
         if released.calls > 0 {
             slot.counters.on_release(released.bytes, released.calls);
@@ -215,17 +256,34 @@ impl Pool {
     }
 
     /// Frees a block. Pages it leaves empty stay mapped (idle) for reuse; the manager decides
-    /// when cached pages go back to the driver.
-    #[inline]
+    /// when cached pages go back to the driver. The last free of a retired pool releases its
+    /// memory.
+    #[inline(always)]
     pub fn free(&self, kind: PoolKind, block: u32) {
         let slot = self.slot(kind);
-        let mut guard = slot.arena.lock();
-        if let Some(arena) = guard.as_mut() {
+        let mut state = slot.state.lock();
+        if let Some(arena) = state.arena.as_mut() {
             let (size, live) = arena.free(block);
             slot.counters.on_free(live.requested, size);
             slot.counters
                 .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
         }
+        if self.retired.load(Relaxed) {
+            state.wind_down_unless_live(self.device);
+        }
+    }
+
+    /// The manager is gone: release each arena now if nothing in it is live, else when its last
+    /// live block is freed. Handles to the pool may outlive this; they keep only its shell.
+    pub fn retire(&self) {
+        self.retired.store(true, Relaxed);
+        for slot in [&self.small, &self.large] {
+            slot.state.lock().wind_down_unless_live(self.device);
+        }
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Relaxed)
     }
 
     /// (mapped, live) pages of both arenas, read lock-free: live pages hold a live block.
@@ -271,13 +329,18 @@ impl Pool {
     ) -> Result<u64, BackendError> {
         let mut total = 0;
         for slot in [&self.small, &self.large] {
-            let mut guard = slot.arena.lock();
-            let Some(arena) = guard.as_mut() else {
+            let mut guard = slot.state.lock();
+            let SlotState {
+                arena: Some(arena),
+                backend: Some(backend),
+                ..
+            } = &mut *guard
+            else {
                 continue;
             };
             let page = arena.page_size();
             let before = total;
-            let released = arena.release_idle(&*self.backend, |taken, since| {
+            let released = arena.release_idle(&**backend, |taken, since| {
                 keep_going(before + taken as u64 * page, since)
             });
             slot.counters
@@ -293,7 +356,7 @@ impl Pool {
             (PoolKind::Small, &self.small),
             (PoolKind::Large, &self.large),
         ] {
-            if let Some(arena) = slot.arena.lock().as_ref() {
+            if let Some(arena) = slot.state.lock().arena.as_ref() {
                 for (ptr, size, live) in arena.live_blocks() {
                     visit(kind, ptr, size, live);
                 }
@@ -303,7 +366,7 @@ impl Pool {
 
     /// Figures that need a walk over the arena (snapshot time only).
     pub fn arena_view(&self, kind: PoolKind) -> ArenaView {
-        match self.slot(kind).arena.lock().as_ref() {
+        match self.slot(kind).state.lock().arena.as_ref() {
             Some(arena) => ArenaView {
                 largest_cached_free_block: arena.largest_cached_free_block(),
                 idle_pages: arena.idle_pages() as u64,
@@ -314,7 +377,7 @@ impl Pool {
 
     pub fn reset_peaks(&self) {
         for slot in [&self.small, &self.large] {
-            let _guard = slot.arena.lock();
+            let _guard = slot.state.lock();
             slot.counters.reset_peaks();
         }
     }
@@ -323,24 +386,21 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         for slot in [&self.small, &self.large] {
-            let Some(arena) = slot.arena.lock().take() else {
-                continue;
-            };
-            let live = arena.live_block_count();
-            if live > 0 {
-                // Buffers hold the pool alive, so this only happens if one was leaked with
-                // mem::forget: keep the address range rather than free memory still in use.
-                tracing::warn!(
-                    device = self.device,
-                    live,
-                    "pool dropped with live blocks; leaving its memory mapped"
-                );
-                std::mem::forget(arena);
-                continue;
+            let mut state = slot.state.lock();
+            if let Some(live) = state.arena.as_ref().map(Arena::live_block_count) {
+                if live > 0 {
+                    // Buffers hold the pool alive, so this only happens if one was leaked with
+                    // mem::forget: keep the address range rather than free memory still in use.
+                    tracing::warn!(
+                        device = self.device,
+                        live,
+                        "pool dropped with live blocks; leaving its memory mapped"
+                    );
+                    std::mem::forget(state.arena.take());
+                    continue;
+                }
             }
-            if let Err(error) = arena.destroy(&*self.backend) {
-                tracing::warn!(device = self.device, %error, "could not release a pool's memory on shutdown");
-            }
+            state.wind_down_unless_live(self.device);
         }
     }
 }

@@ -101,7 +101,7 @@ impl Tlsf {
     /// Finds and takes a block of exactly `size` bytes at an offset aligned to `align`.
     /// `size` is a multiple of [`MIN_BLOCK`]; `align` a power of two. Returns the block's index.
     #[inline]
-    pub fn alloc(&mut self, size: u64, align: u64, live: LiveInfo) -> Option<u32> {
+    pub fn alloc(&mut self, size: u64, align: u64, live: &LiveInfo) -> Option<u32> {
         let padded = if align <= MIN_BLOCK {
             size
         } else {
@@ -109,11 +109,16 @@ impl Tlsf {
         };
         let index = self.find_fit(padded)?;
         self.remove_free(index);
-        let index = self.split_front_for_alignment(index, align);
+        // Every offset is a multiple of MIN_BLOCK, so smaller alignments hold already.
+        let index = if align <= MIN_BLOCK {
+            index
+        } else {
+            self.split_front_for_alignment(index, align)
+        };
         self.split_tail(index, size);
         let block = &mut self.blocks[index as usize];
         block.state = BlockState::Used;
-        block.live = live;
+        block.live = *live;
         self.free_bytes -= size;
         self.used_blocks += 1;
         Some(index)
@@ -319,9 +324,9 @@ mod tests {
     #[test]
     fn splits_and_coalesces_back_to_one_block() {
         let mut tlsf = Tlsf::new(1 << 20);
-        let a = tlsf.alloc(512, 256, live()).unwrap();
-        let b = tlsf.alloc(4096, 256, live()).unwrap();
-        let c = tlsf.alloc(1024, 256, live()).unwrap();
+        let a = tlsf.alloc(512, 256, &live()).unwrap();
+        let b = tlsf.alloc(4096, 256, &live()).unwrap();
+        let c = tlsf.alloc(1024, 256, &live()).unwrap();
         assert_eq!(tlsf.block(a).offset, 0);
         assert_eq!(tlsf.block(b).offset, 512);
         assert_eq!(tlsf.block(c).offset, 4608);
@@ -337,21 +342,21 @@ mod tests {
     #[test]
     fn reuses_the_best_fitting_hole() {
         let mut tlsf = Tlsf::new(1 << 20);
-        let small_hole = tlsf.alloc(1024, 256, live()).unwrap();
-        let _guard1 = tlsf.alloc(512, 256, live()).unwrap();
-        let big_hole = tlsf.alloc(8192, 256, live()).unwrap();
-        let _guard2 = tlsf.alloc(512, 256, live()).unwrap();
+        let small_hole = tlsf.alloc(1024, 256, &live()).unwrap();
+        let _guard1 = tlsf.alloc(512, 256, &live()).unwrap();
+        let big_hole = tlsf.alloc(8192, 256, &live()).unwrap();
+        let _guard2 = tlsf.alloc(512, 256, &live()).unwrap();
         tlsf.free(big_hole);
         tlsf.free(small_hole);
-        let again = tlsf.alloc(1024, 256, live()).unwrap();
+        let again = tlsf.alloc(1024, 256, &live()).unwrap();
         assert_eq!(tlsf.block(again).offset, 0, "the 1 KiB hole fits exactly");
     }
 
     #[test]
     fn honours_large_alignment() {
         let mut tlsf = Tlsf::new(1 << 24);
-        tlsf.alloc(512, 256, live()).unwrap();
-        let aligned = tlsf.alloc(4096, 1 << 16, live()).unwrap();
+        tlsf.alloc(512, 256, &live()).unwrap();
+        let aligned = tlsf.alloc(4096, 1 << 16, &live()).unwrap();
         assert_eq!(tlsf.block(aligned).offset % (1 << 16), 0);
     }
 
@@ -366,7 +371,7 @@ mod tests {
     #[test]
     fn refuses_when_nothing_fits() {
         let mut tlsf = Tlsf::new(4096);
-        assert!(tlsf.alloc(4096, 256, live()).is_some());
-        assert!(tlsf.alloc(512, 256, live()).is_none());
+        assert!(tlsf.alloc(4096, 256, &live()).is_some());
+        assert!(tlsf.alloc(512, 256, &live()).is_none());
     }
 }

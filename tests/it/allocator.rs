@@ -123,6 +123,38 @@ fn empty_cache_and_trim_give_memory_back() {
 }
 
 #[test]
+fn dropping_the_manager_gives_memory_back_though_this_thread_kept_pool_handles() {
+    for backend in all_backends() {
+        let base_used = backend.mem_info(0).unwrap().used();
+        let m = manager_on(Arc::clone(&backend));
+        // Freed buffers park their pool handles with this thread for the next allocation.
+        for size in [4096, 6 * MIB, 512] {
+            drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
+        }
+        assert!(device_used(&m) > base_used, "the pools hold cached pages");
+        drop(m);
+        assert_eq!(backend.mem_info(0).unwrap().used(), base_used);
+    }
+}
+
+#[test]
+fn a_buffer_outliving_its_manager_keeps_its_memory_until_it_is_freed() {
+    for backend in all_backends() {
+        let base_used = backend.mem_info(0).unwrap().used();
+        let m = manager_on(Arc::clone(&backend));
+        let survivor = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
+        drop(m.alloc(0, 4096, &AllocOptions::default()).unwrap());
+        drop(m);
+        assert!(
+            backend.mem_info(0).unwrap().used() >= base_used + 6 * MIB,
+            "a live buffer's pages stay mapped"
+        );
+        drop(survivor);
+        assert_eq!(backend.mem_info(0).unwrap().used(), base_used);
+    }
+}
+
+#[test]
 fn idle_pages_are_released_after_their_age() {
     let m = manager_on(sim_backend());
     drop(m.alloc(0, 8 * MIB, &AllocOptions::default()).unwrap());
