@@ -68,6 +68,12 @@ pub struct Arena {
     tlsf: Tlsf,
     pages: PageTable,
     runs: Vec<PageRun>,
+    /// The block freed last, if no other was parked: left whole and out of the index's bins
+    /// for the next request of its size, which takes it back without a search, a split or a
+    /// merge. Its pages are released like any freed block's. Everything but that exact reuse
+    /// first merges it back ([`unpark`](Self::unpark)), so the index and the page table never
+    /// disagree where it matters: before a placement, a release, or a measurement.
+    parked: Option<u32>,
     released_while_allocating: Released,
     /// Pages a failed allocation mapped and could not unmap again (see `map_runs`).
     kept_after_failed_map: Released,
@@ -100,6 +106,7 @@ impl Arena {
             tlsf: Tlsf::new(span),
             pages: PageTable::default(),
             runs: Vec::new(),
+            parked: None,
             released_while_allocating: Released::default(),
             kept_after_failed_map: Released::default(),
         })
@@ -145,6 +152,24 @@ impl Arena {
         live: &LiveInfo,
         may_map: impl FnOnce(u64) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
+        if let Some(block) = self.parked {
+            let parked = self.tlsf.block(block);
+            if parked.size == size && parked.offset & (align - 1) == 0 {
+                self.parked = None;
+                let offset = parked.offset;
+                self.tlsf.set_live(block, live);
+                let (first, last) = self.page_span(offset, size);
+                // Still mapped: releasing pages unparks first.
+                self.pages.acquire(first, last);
+                return Ok(Placed {
+                    block,
+                    ptr: self.base + offset,
+                    mapped_bytes: 0,
+                    map_calls: 0,
+                });
+            }
+            self.unpark();
+        }
         let block = self
             .tlsf
             .alloc(size, align, live)
@@ -241,8 +266,19 @@ impl Arena {
         let (first, last) = self.page_span(offset, size);
         // The clock is read only if a page actually goes idle.
         self.pages.release(first, last, crate::clock::now);
-        self.tlsf.free(block);
+        if self.parked.is_none() {
+            self.parked = Some(block);
+        } else {
+            self.tlsf.free(block);
+        }
         (size, live)
+    }
+
+    /// Merges the parked block back into the index as free space.
+    pub fn unpark(&mut self) {
+        if let Some(block) = self.parked.take() {
+            self.tlsf.free(block);
+        }
     }
 
     /// Pages [`alloc`](Self::alloc) unmapped to stay within the cache budget (reset by
@@ -283,6 +319,8 @@ impl Arena {
         keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
+        // A parked block's pages may be idle: it must not be handed out again once they go.
+        self.unpark();
         let pages = self.pages.take_idle(keep_going, spare);
         if pages.is_empty() {
             return Ok(Released::default());
@@ -314,15 +352,17 @@ impl Arena {
 
     /// Live blocks: (device pointer, block size, live info).
     pub fn live_blocks(&self) -> impl Iterator<Item = (DevicePtr, u64, LiveInfo)> + '_ {
+        let parked = self.parked.map(|block| self.tlsf.block(block).offset);
         self.tlsf
             .blocks()
-            .filter(|b| b.state == BlockState::Used)
+            .filter(move |b| b.state == BlockState::Used && Some(b.offset) != parked)
             .map(|b| (self.base + b.offset, b.size, b.live))
     }
 
     /// The largest run of free bytes lying entirely in mapped pages: what could be handed out
-    /// right now without asking the driver.
-    pub fn largest_cached_free_block(&self) -> u64 {
+    /// right now without asking the driver. Merges the parked block back first, as it is free.
+    pub fn largest_cached_free_block(&mut self) -> u64 {
+        self.unpark();
         let mut largest = 0;
         for block in self.tlsf.blocks().filter(|b| b.state == BlockState::Free) {
             let end = block.offset + block.size;
@@ -357,6 +397,75 @@ impl Arena {
     }
 
     pub fn live_block_count(&self) -> usize {
-        self.tlsf.used_blocks()
+        self.tlsf.used_blocks() - usize::from(self.parked.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::units::MIB;
+
+    fn setup() -> (SimBackend, Arena) {
+        let backend = SimBackend::new(SimConfig::default());
+        let arena = Arena::new(&backend, 0, StreamId::DEFAULT, 64 * MIB).unwrap();
+        (backend, arena)
+    }
+
+    fn live(id: u64) -> LiveInfo {
+        LiveInfo {
+            id,
+            requested: 4096,
+            ..LiveInfo::default()
+        }
+    }
+
+    fn alloc(backend: &SimBackend, arena: &mut Arena, size: u64, id: u64) -> Placed {
+        arena
+            .alloc(backend, size, 256, &live(id), |_| MapDecision::Allow)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_parked_block_is_reused_by_the_same_size_and_is_not_live_meanwhile() {
+        let (backend, mut arena) = setup();
+        let first = alloc(&backend, &mut arena, 4096, 1);
+        arena.free(first.block);
+        assert_eq!(arena.live_block_count(), 0);
+        assert_eq!(arena.live_blocks().count(), 0);
+        let again = alloc(&backend, &mut arena, 4096, 2);
+        assert_eq!((again.ptr, again.map_calls), (first.ptr, 0));
+        let live: Vec<_> = arena.live_blocks().collect();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0].2.id, 2, "the new owner is recorded");
+        arena.free(again.block);
+        arena.destroy(&backend).unwrap();
+    }
+
+    #[test]
+    fn another_size_merges_the_parked_block_back_first() {
+        let (backend, mut arena) = setup();
+        let small = alloc(&backend, &mut arena, 4096, 1);
+        arena.free(small.block);
+        // Placement is what it would be without parking: the freed space is whole again.
+        let larger = alloc(&backend, &mut arena, 8192, 2);
+        assert_eq!(larger.ptr, small.ptr);
+        arena.free(larger.block);
+        assert_eq!(arena.largest_cached_free_block(), 2 * MIB);
+        arena.destroy(&backend).unwrap();
+    }
+
+    #[test]
+    fn releasing_pages_never_leaves_a_parked_block_on_unmapped_memory() {
+        let (backend, mut arena) = setup();
+        let first = alloc(&backend, &mut arena, 4096, 1);
+        arena.free(first.block);
+        let released = arena.release_idle(&backend, |_, _| true).unwrap();
+        assert_eq!((released.bytes, arena.mapped_pages()), (2 * MIB, 0));
+        let again = alloc(&backend, &mut arena, 4096, 2);
+        assert_eq!(again.map_calls, 1, "the page is mapped again, not assumed");
+        arena.free(again.block);
+        arena.destroy(&backend).unwrap();
     }
 }

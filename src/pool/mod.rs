@@ -366,7 +366,7 @@ impl Pool {
 
     /// Figures that need a walk over the arena (snapshot time only).
     pub fn arena_view(&self, kind: PoolKind) -> ArenaView {
-        match self.slot(kind).state.lock().arena.as_ref() {
+        match self.slot(kind).state.lock().arena.as_mut() {
             Some(arena) => ArenaView {
                 largest_cached_free_block: arena.largest_cached_free_block(),
                 idle_pages: arena.idle_pages() as u64,

@@ -85,6 +85,12 @@ impl Tlsf {
         &self.blocks[index as usize]
     }
 
+    /// Records a used block's new owner (a block handed out again without a search).
+    pub fn set_live(&mut self, index: u32, live: &LiveInfo) {
+        debug_assert_eq!(self.blocks[index as usize].state, BlockState::Used);
+        self.blocks[index as usize].live = *live;
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
