@@ -297,13 +297,14 @@ impl MemoryManager {
             .copied()
             .flatten()
             .map(|slot| &self.shared.devices[slot])
-            .ok_or(BackendError::InvalidDevice {
+            .ok_or_else(|| BackendError::InvalidDevice {
                 requested: device,
                 count: self.shared.backend.device_count(),
             })
     }
 
     /// Allocates `size` bytes on `device`.
+    #[inline]
     pub fn alloc(
         &self,
         device: usize,
