@@ -72,7 +72,12 @@ fn single_thread(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("gpumem_pool_miss", label(size)),
             &size,
-            |b, &size| b.iter(|| drop(black_box(no_cache.alloc(0, size, &options).unwrap()))),
+            |b, &size| {
+                b.iter(|| {
+                    drop(black_box(no_cache.alloc(0, size, &options).unwrap()));
+                    no_cache.empty_cache();
+                })
+            },
         );
         group.bench_with_input(
             BenchmarkId::new("driver_cuMemAlloc", label(size)),
