@@ -61,6 +61,9 @@ impl BenchTarget {
     }
 }
 
+/// Longest untimed run of pairs before the timed ones (a twentieth of the budget if shorter).
+const WARM_UP: Duration = Duration::from_millis(100);
+
 /// The cost of reading the clock twice, taken off every sample.
 fn clock_overhead() -> f64 {
     let mut samples: Vec<u64> = (0..10_000)
@@ -129,7 +132,13 @@ pub fn measure(
             .map(|_| {
                 let (manager, start, one_pair) = (&manager, &start, &one_pair);
                 scope.spawn(move || -> Result<Vec<u32>, String> {
-                    one_pair(manager)?; // warm: the first pair maps what later hits reuse
+                    // Warm up: the first pair maps what later hits reuse; the rest bring the
+                    // caches and the core's clock speed to where the timed pairs will run.
+                    let warm_until = Instant::now() + (budget / 20).min(WARM_UP);
+                    one_pair(manager)?;
+                    while Instant::now() < warm_until {
+                        one_pair(manager)?;
+                    }
                     start.wait();
                     let began = Instant::now();
                     let mut samples = Vec::with_capacity(iterations.min(1 << 20) as usize);
