@@ -10,17 +10,31 @@ enum PageState {
     Idle,
 }
 
+/// One page: its state, the live blocks on it and, while idle, since when. Kept together so
+/// that a block spanning many pages touches one cache line per few pages, not four arrays.
+#[derive(Clone, Copy, Debug)]
+struct Page {
+    state: PageState,
+    live_blocks: u32,
+    /// When the page went idle, in [`crate::clock`] ticks (for age-based release)...
+    idle_since: u64,
+    /// ...and in which order (the coarse clock ties within milliseconds; this never does).
+    idle_order: u64,
+}
+
+const UNMAPPED: Page = Page {
+    state: PageState::Unmapped,
+    live_blocks: 0,
+    idle_since: 0,
+    idle_order: 0,
+};
+
 /// Per-page state of one arena. Pages are numbered from the arena's base. Finding idle pages
 /// scans the table: that happens only when memory goes back to the driver, so the hot path
 /// keeps no queue, only a counter and a timestamp per page.
 #[derive(Debug, Default)]
 pub struct PageTable {
-    state: Vec<PageState>,
-    live_blocks: Vec<u32>,
-    /// When each idle page went idle, in [`crate::clock`] ticks (for age-based release)...
-    idle_since: Vec<u64>,
-    /// ...and in which order (the coarse clock ties within milliseconds; this never does).
-    idle_order: Vec<u64>,
+    pages: Vec<Page>,
     next_order: u64,
     idle_pages: usize,
     mapped_pages: usize,
@@ -43,18 +57,15 @@ impl PageTable {
     }
 
     pub fn is_mapped(&self, page: u32) -> bool {
-        self.state
+        self.pages
             .get(page as usize)
-            .is_some_and(|s| *s != PageState::Unmapped)
+            .is_some_and(|p| p.state != PageState::Unmapped)
     }
 
     fn grow_to(&mut self, last: u32) {
         let needed = last as usize + 1;
-        if self.state.len() < needed {
-            self.state.resize(needed, PageState::Unmapped);
-            self.live_blocks.resize(needed, 0);
-            self.idle_since.resize(needed, 0);
-            self.idle_order.resize(needed, 0);
+        if self.pages.len() < needed {
+            self.pages.resize(needed, UNMAPPED);
         }
     }
 
@@ -63,7 +74,7 @@ impl PageTable {
     pub fn unmapped_runs(&mut self, first: u32, last: u32, runs: &mut Vec<PageRun>) {
         self.grow_to(last);
         for page in first..=last {
-            if self.state[page as usize] != PageState::Unmapped {
+            if self.pages[page as usize].state != PageState::Unmapped {
                 continue;
             }
             match runs.last_mut() {
@@ -79,15 +90,17 @@ impl PageTable {
     /// Records that the driver has mapped `run` (its pages are idle until acquired).
     pub fn mark_mapped(&mut self, run: PageRun, now: u64) {
         for page in run.first..run.first + run.count {
-            self.set_idle(page, now);
+            self.set_idle(page as usize, now);
             self.mapped_pages += 1;
         }
     }
 
-    fn set_idle(&mut self, page: u32, now: u64) {
-        self.state[page as usize] = PageState::Idle;
-        self.idle_since[page as usize] = now;
-        self.idle_order[page as usize] = self.next_order;
+    #[inline]
+    fn set_idle(&mut self, page: usize, now: u64) {
+        let page = &mut self.pages[page];
+        page.state = PageState::Idle;
+        page.idle_since = now;
+        page.idle_order = self.next_order;
         self.next_order += 1;
         self.idle_pages += 1;
     }
@@ -95,14 +108,13 @@ impl PageTable {
     /// A block now lives on `first..=last`, all of which are mapped.
     #[inline]
     pub fn acquire(&mut self, first: u32, last: u32) {
-        for page in first..=last {
-            let p = page as usize;
-            debug_assert_ne!(self.state[p], PageState::Unmapped);
-            if self.live_blocks[p] == 0 {
-                self.state[p] = PageState::Live;
+        for page in &mut self.pages[first as usize..=last as usize] {
+            debug_assert_ne!(page.state, PageState::Unmapped);
+            if page.live_blocks == 0 {
+                page.state = PageState::Live;
                 self.idle_pages -= 1;
             }
-            self.live_blocks[p] += 1;
+            page.live_blocks += 1;
         }
     }
 
@@ -111,17 +123,22 @@ impl PageTable {
     pub fn release(&mut self, first: u32, last: u32, now: impl FnOnce() -> u64) {
         let mut now = Some(now);
         let mut at = 0;
-        for page in first..=last {
-            let p = page as usize;
-            self.live_blocks[p] -= 1;
-            if self.live_blocks[p] == 0 {
+        for (page, entry) in (first as usize..).zip(&mut self.pages[first as usize..=last as usize])
+        {
+            entry.live_blocks -= 1;
+            if entry.live_blocks == 0 {
                 // Read the clock only when a page actually goes idle, not on every free.
                 if let Some(read) = now.take() {
                     at = read();
                 }
-                self.set_idle(page, at);
+                entry.state = PageState::Idle;
+                entry.idle_since = at;
+                entry.idle_order = self.next_order + (page - first as usize) as u64;
+                self.idle_pages += 1;
             }
         }
+        // Orders are handed out by page position: unique, and increasing from call to call.
+        self.next_order += (last - first) as u64 + 1;
     }
 
     /// Takes idle pages, oldest first, while `keep_going(count_taken, idle_since)` says so,
@@ -135,17 +152,18 @@ impl PageTable {
         if self.idle_pages == 0 {
             return Vec::new();
         }
-        let mut idle: Vec<(u64, u32)> = (0..self.state.len() as u32)
-            .filter(|&p| self.state[p as usize] == PageState::Idle && !spare(p))
-            .map(|p| (self.idle_order[p as usize], p))
+        let mut idle: Vec<(u64, u32)> = (0..self.pages.len() as u32)
+            .filter(|&p| self.pages[p as usize].state == PageState::Idle && !spare(p))
+            .map(|p| (self.pages[p as usize].idle_order, p))
             .collect();
         idle.sort_unstable();
         let mut taken = Vec::new();
         for (_, page) in idle {
-            if !keep_going(taken.len(), self.idle_since[page as usize]) {
+            let entry = &mut self.pages[page as usize];
+            if !keep_going(taken.len(), entry.idle_since) {
                 break;
             }
-            self.state[page as usize] = PageState::Unmapped;
+            entry.state = PageState::Unmapped;
             self.idle_pages -= 1;
             self.mapped_pages -= 1;
             taken.push(page);
@@ -156,7 +174,7 @@ impl PageTable {
     /// Puts back pages from `take_idle` that the driver failed to unmap.
     pub fn restore_idle(&mut self, pages: &[u32], now: u64) {
         for &page in pages {
-            self.set_idle(page, now);
+            self.set_idle(page as usize, now);
             self.mapped_pages += 1;
         }
     }
