@@ -33,6 +33,10 @@ pub struct BenchResult {
     pub size_bytes: u64,
     pub threads: usize,
     pub operations: u64,
+    /// Pairs timed together per sample: one for slow allocators, more where a pair takes less
+    /// than a microsecond, so that the clock's own cost (30-45 ns a read on a busy host) does
+    /// not swamp what is measured. Median and p99 are over these samples.
+    pub pairs_per_sample: u32,
     /// Per alloc + free pair, with the clock's own cost taken off.
     pub median_ns: f64,
     pub p99_ns: f64,
@@ -63,6 +67,29 @@ impl BenchTarget {
 
 /// Longest untimed run of pairs before the timed ones (a twentieth of the budget if shorter).
 const WARM_UP: Duration = Duration::from_millis(100);
+
+/// A sample should last about this long: long against the clock's cost, short against the
+/// things a percentile should still see (a page mapped, a thread preempted).
+const SAMPLE_TARGET_NS: u128 = 1_000;
+/// Most pairs per sample.
+const MAX_BATCH: u32 = 64;
+
+/// How many pairs to time per sample, from the average of a few untimed ones.
+fn pairs_per_sample(
+    mut one_pair: impl FnMut() -> Result<(), String>,
+    budget: Duration,
+) -> Result<u32, String> {
+    one_pair()?; // the first may map pages: not typical
+    let probe_until = Instant::now() + (budget / 100).min(Duration::from_millis(20));
+    let began = Instant::now();
+    let mut pairs = 0u128;
+    while pairs == 0 || Instant::now() < probe_until {
+        one_pair()?;
+        pairs += 1;
+    }
+    let average = (began.elapsed().as_nanos() / pairs).max(1);
+    Ok((SAMPLE_TARGET_NS / average).clamp(1, MAX_BATCH as u128) as u32)
+}
 
 /// The cost of reading the clock twice, taken off every sample.
 fn clock_overhead() -> f64 {
@@ -126,12 +153,13 @@ pub fn measure(
         }
     };
     let overhead = clock_overhead();
+    let batch = pairs_per_sample(|| one_pair(&manager), budget)?;
     let start = Barrier::new(threads);
-    let per_thread: Vec<Result<Vec<u32>, String>> = std::thread::scope(|scope| {
+    let per_thread: Vec<Result<(Vec<u32>, u64), String>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 let (manager, start, one_pair) = (&manager, &start, &one_pair);
-                scope.spawn(move || -> Result<Vec<u32>, String> {
+                scope.spawn(move || -> Result<(Vec<u32>, u64), String> {
                     // Warm up: the first pair maps what later hits reuse; the rest bring the
                     // caches and the core's clock speed to where the timed pairs will run.
                     let warm_until = Instant::now() + (budget / 20).min(WARM_UP);
@@ -141,13 +169,20 @@ pub fn measure(
                     }
                     start.wait();
                     let began = Instant::now();
-                    let mut samples = Vec::with_capacity(iterations.min(1 << 20) as usize);
-                    while (samples.len() as u64) < iterations && began.elapsed() < budget {
+                    let mut samples =
+                        Vec::with_capacity(iterations.div_ceil(batch as u64).min(1 << 20) as usize);
+                    let mut pairs = 0u64;
+                    while pairs < iterations && began.elapsed() < budget {
+                        let this_batch = (iterations - pairs).min(batch as u64);
                         let t = Instant::now();
-                        one_pair(manager)?;
-                        samples.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                        for _ in 0..this_batch {
+                            one_pair(manager)?;
+                        }
+                        let per_pair = t.elapsed().as_nanos() / this_batch as u128;
+                        samples.push(per_pair.min(u32::MAX as u128) as u32);
+                        pairs += this_batch;
                     }
-                    Ok(samples)
+                    Ok((samples, pairs))
                 })
             })
             .collect();
@@ -159,21 +194,24 @@ pub fn measure(
             })
             .collect()
     });
-    let mut samples = Vec::new();
+    let (mut samples, mut operations) = (Vec::new(), 0);
     for result in per_thread {
-        samples.extend(result?);
+        let (thread_samples, pairs) = result?;
+        samples.extend(thread_samples);
+        operations += pairs;
     }
     samples.sort_unstable();
     let pick = |q: f64| {
         let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
-        (samples.get(index).copied().unwrap_or(0) as f64 - overhead).max(0.0)
+        (samples.get(index).copied().unwrap_or(0) as f64 - overhead / batch as f64).max(0.0)
     };
     Ok(BenchResult {
         allocator,
         backend: target.backend.kind().to_string(),
         size_bytes: size,
         threads,
-        operations: samples.len() as u64,
+        operations,
+        pairs_per_sample: batch,
         median_ns: pick(0.5),
         p99_ns: pick(0.99),
     })

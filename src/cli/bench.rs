@@ -94,8 +94,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let target = BenchTarget::new(opened.backend, args.device);
     if !args.json {
         println!(
-            "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10}",
-            "ALLOCATOR", "SIZE", "THREADS", "MEDIAN", "P99", "OPS"
+            "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10} {:>6}",
+            "ALLOCATOR", "SIZE", "THREADS", "MEDIAN", "P99", "OPS", "BATCH"
         );
     }
     for &allocator in &args.allocators {
@@ -115,7 +115,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                     println!("{line}");
                 } else {
                     println!(
-                        "{:<14} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10}",
+                        "{:<14} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10} {:>6}",
                         serde_json::to_value(allocator)
                             .ok()
                             .and_then(|v| v.as_str().map(str::to_string))
@@ -124,7 +124,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                         threads,
                         result.median_ns,
                         result.p99_ns,
-                        result.operations
+                        result.operations,
+                        result.pairs_per_sample
                     );
                 }
             }

@@ -71,6 +71,10 @@ enum Command {
     /// Estimate a model's inference memory (weights, KV cache, activations) and which device fits it.
     Estimate(estimate::EstimateArgs),
     /// Time allocation and free (median and p99) for gpumem and the driver's allocators.
+    ///
+    /// Each sample times BATCH alloc + free pairs and is divided by BATCH: one pair for slow
+    /// allocators, up to 64 where a pair takes well under a microsecond, so the clock's own cost
+    /// does not swamp the figure. Median and p99 are per pair, over those samples.
     Bench(bench::BenchArgs),
     /// The exporter/sidecar: device and per-process memory from NVML (no CUDA context), and the
     /// snapshots engines publish into --collect-dir, on /metrics, the status page and the API.
