@@ -138,6 +138,35 @@ fn dropping_the_manager_gives_memory_back_though_this_thread_kept_pool_handles()
 }
 
 #[test]
+fn handles_parked_by_a_thread_that_lives_on_keep_no_memory_after_the_manager_goes() {
+    for backend in all_backends() {
+        let base_used = backend.mem_info(0).unwrap().used();
+        let m = manager_on(Arc::clone(&backend));
+        let (give, take) = std::sync::mpsc::channel::<DeviceBuffer>();
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let (finish, wait_finish) = std::sync::mpsc::channel::<()>();
+        // Frees buffers it did not allocate (parking their pools' handles), then stays alive.
+        let freer = std::thread::spawn(move || {
+            for buffer in take {
+                drop(buffer);
+            }
+            done.send(()).unwrap();
+            wait_finish.recv().unwrap();
+        });
+        for size in [4096, 6 * MIB] {
+            give.send(m.alloc(0, size, &AllocOptions::default()).unwrap())
+                .unwrap();
+        }
+        drop(give);
+        wait_done.recv().unwrap();
+        drop(m);
+        assert_eq!(backend.mem_info(0).unwrap().used(), base_used);
+        finish.send(()).unwrap();
+        freer.join().unwrap();
+    }
+}
+
+#[test]
 fn a_buffer_outliving_its_manager_keeps_its_memory_until_it_is_freed() {
     for backend in all_backends() {
         let base_used = backend.mem_info(0).unwrap().used();
