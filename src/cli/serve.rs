@@ -74,11 +74,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         None => {}
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("gpumem-serve")
-        .enable_all()
-        .build()
+    let runtime = crate::web::runtime::build("gpumem-serve")
         .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
     runtime.block_on(async move {
         let exporter = Exporter::builder()

@@ -76,12 +76,7 @@ pub fn run(
         ..settings.memory.clone()
     };
     let manager = MemoryManager::new(backend, config)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("gpumem-demo")
-        .enable_all()
-        .build()
-        .map_err(DemoError::Startup)?;
+    let runtime = crate::web::runtime::build("gpumem-demo").map_err(DemoError::Startup)?;
     runtime.block_on(serve(manager, sim, settings))
 }
 

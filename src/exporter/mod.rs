@@ -176,11 +176,7 @@ impl ExporterBuilder {
         let task = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => Task::Tokio(runtime.spawn(work)),
             Err(_) => {
-                let runtime = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .thread_name("gpumem-exporter-worker")
-                    .enable_all()
-                    .build()
+                let runtime = crate::web::runtime::build("gpumem-exporter-worker")
                     .map_err(ExporterError::Runtime)?;
                 let thread = std::thread::Builder::new()
                     .name("gpumem-exporter".to_string())

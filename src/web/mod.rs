@@ -10,6 +10,7 @@ mod assets;
 pub mod format;
 pub mod metrics;
 pub mod page;
+pub mod runtime;
 
 use crate::sampler::{History, Sample};
 use askama::Template;

@@ -1,0 +1,23 @@
+//! The tokio runtime behind every command that serves HTTP (`serve`, `demo`, an embedded
+//! exporter): two workers, and few blocking threads.
+//!
+//! `/metrics` renders on the blocking pool. Tokio's default of up to 512 blocking threads let a
+//! sustained scrape flood start dozens of them, each growing its own glibc malloc arena: resident
+//! memory rose 25 -> 35 MiB over ten minutes of 20,000 requests a second. Four are as many as
+//! two cores can keep busy rendering; more requests simply queue.
+
+use std::io;
+use tokio::runtime::{Builder, Runtime};
+
+const WORKER_THREADS: usize = 2;
+const MAX_BLOCKING_THREADS: usize = 4;
+
+/// A multi-threaded runtime whose threads are named `name`.
+pub fn build(name: &str) -> io::Result<Runtime> {
+    Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_name(name)
+        .enable_all()
+        .build()
+}
