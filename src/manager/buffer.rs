@@ -49,12 +49,39 @@ impl AllocOptions {
 }
 
 pub(crate) enum Origin {
-    Pooled {
-        pool: Arc<Pool>,
-        kind: PoolKind,
-        block: u32,
-    },
+    Pooled { pool: Arc<Pool>, block: PooledBlock },
     Direct(Arc<DirectPool>),
+}
+
+/// Which arena of the pool and which block in it, packed into one word: written with one
+/// store and copied with one load (as two fields, the buffer's copy on return read across
+/// two stores and missed store forwarding, several nanoseconds of a pool hit).
+#[derive(Clone, Copy)]
+pub(crate) struct PooledBlock(u64);
+
+impl PooledBlock {
+    const LARGE: u64 = 1 << 32;
+
+    pub(crate) fn new(kind: PoolKind, block: u32) -> Self {
+        let large = if kind == PoolKind::Large {
+            Self::LARGE
+        } else {
+            0
+        };
+        PooledBlock(large | block as u64)
+    }
+
+    fn kind(self) -> PoolKind {
+        if self.0 & Self::LARGE != 0 {
+            PoolKind::Large
+        } else {
+            PoolKind::Small
+        }
+    }
+
+    fn block(self) -> u32 {
+        self.0 as u32
+    }
 }
 
 /// Device memory owned by the caller; freed when dropped (or by [`free`](Self::free), which
@@ -64,7 +91,9 @@ pub struct DeviceBuffer {
     pub(crate) size: u64,
     pub(crate) device: usize,
     pub(crate) id: u64,
-    pub(crate) tag: Option<Tag>,
+    /// The tag's interned id, 0 for none: one 4-byte field rather than an `Option`, whose
+    /// separately stored halves a later 8-byte copy could not forward from (a pool hit's cost).
+    pub(crate) tag_id: u32,
     pub(crate) stream: StreamId,
     pub(crate) origin: Option<Origin>,
     /// Where the allocating thread and backtrace were recorded, when that is on.
@@ -91,7 +120,7 @@ impl DeviceBuffer {
     }
 
     pub fn tag(&self) -> Option<Tag> {
-        self.tag
+        Tag::from_id(self.tag_id)
     }
 
     pub fn stream(&self) -> StreamId {
@@ -108,8 +137,8 @@ impl DeviceBuffer {
             origins.forget(self.id);
         }
         match self.origin.take() {
-            Some(Origin::Pooled { pool, kind, block }) => {
-                pool.free(kind, block);
+            Some(Origin::Pooled { pool, block }) => {
+                pool.free(block.kind(), block.block());
                 super::handles::park(pool);
                 Ok(())
             }
@@ -134,7 +163,7 @@ impl fmt::Debug for DeviceBuffer {
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("size", &self.size)
             .field("device", &self.device)
-            .field("tag", &self.tag)
+            .field("tag", &self.tag())
             .finish()
     }
 }

@@ -30,7 +30,7 @@ use crate::pool::{
     PoolSettings, MIN_BLOCK,
 };
 use crate::units::align_up;
-use buffer::Origin;
+use buffer::{Origin, PooledBlock};
 use parking_lot::{Mutex, RwLock};
 use pressure::PressureState;
 use std::cell::Cell;
@@ -328,6 +328,7 @@ impl MemoryManager {
             });
         }
         let (thread_slot, id) = next_allocation_id();
+        let tag_id = options.tag.map_or(tag::UNTAGGED, Tag::id);
         let live = LiveInfo {
             id,
             requested: size,
@@ -336,7 +337,7 @@ impl MemoryManager {
             } else {
                 0
             },
-            tag: options.tag.map_or(tag::UNTAGGED, Tag::id),
+            tag: tag_id,
         };
         let block_size = align_up(size, MIN_BLOCK);
         // Built first and filled in after: assembling it at the end made the compiler stage the
@@ -347,7 +348,7 @@ impl MemoryManager {
             size,
             device,
             id,
-            tag: options.tag,
+            tag_id,
             stream: options.stream,
             origin: None,
             origins: None,
@@ -411,8 +412,7 @@ impl MemoryManager {
             Ok(placed) => {
                 let origin = Origin::Pooled {
                     pool,
-                    kind,
-                    block: placed.block,
+                    block: PooledBlock::new(kind, placed.block),
                 };
                 Ok((placed.ptr, origin))
             }
