@@ -68,11 +68,12 @@ pub struct Arena {
     tlsf: Tlsf,
     pages: PageTable,
     runs: Vec<PageRun>,
-    /// The block freed last, if no other was parked: left whole and out of the index's bins
-    /// for the next request of its size, which takes it back without a search, a split or a
-    /// merge. Its pages are released like any freed block's. Everything but that exact reuse
-    /// first merges it back ([`unpark`](Self::unpark)), so the index and the page table never
-    /// disagree where it matters: before a placement, a release, or a measurement.
+    /// The block freed last, if no other was parked: its free is deferred whole — still used in
+    /// the index, its pages still live — for the next request of its size, which takes it back
+    /// without a search, a split, a merge or a page touched, whatever its size. Everything but
+    /// that exact reuse first completes the free ([`unpark`](Self::unpark)), so the index and
+    /// the page table are exact where it matters: before a placement, a release, or a
+    /// measurement. (Between, the page counts the pool publishes count its pages as live.)
     parked: Option<u32>,
     released_while_allocating: Released,
     /// Pages a failed allocation mapped and could not unmap again (see `map_runs`).
@@ -158,9 +159,7 @@ impl Arena {
                 self.parked = None;
                 let offset = parked.offset;
                 self.tlsf.set_live(block, live);
-                let (first, last) = self.page_span(offset, size);
-                // Still mapped: releasing pages unparks first.
-                self.pages.acquire(first, last);
+                // Its pages stayed live while it was parked: nothing to acquire.
                 return Ok(Placed {
                     block,
                     ptr: self.base + offset,
@@ -263,22 +262,28 @@ impl Arena {
             debug_assert_eq!(b.state, BlockState::Used);
             (b.offset, b.size, b.live)
         };
-        let (first, last) = self.page_span(offset, size);
-        // The clock is read only if a page actually goes idle.
-        self.pages.release(first, last, crate::clock::now);
         if self.parked.is_none() {
             self.parked = Some(block);
         } else {
-            self.tlsf.free(block);
+            self.release_block(block, offset, size);
         }
         (size, live)
     }
 
-    /// Merges the parked block back into the index as free space.
+    /// Completes the parked block's free: its pages released, its space merged back.
     pub fn unpark(&mut self) {
         if let Some(block) = self.parked.take() {
-            self.tlsf.free(block);
+            let b = self.tlsf.block(block);
+            let (offset, size) = (b.offset, b.size);
+            self.release_block(block, offset, size);
         }
+    }
+
+    fn release_block(&mut self, block: u32, offset: u64, size: u64) {
+        let (first, last) = self.page_span(offset, size);
+        // The clock is read only if a page actually goes idle.
+        self.pages.release(first, last, crate::clock::now);
+        self.tlsf.free(block);
     }
 
     /// Pages [`alloc`](Self::alloc) unmapped to stay within the cache budget (reset by
@@ -453,6 +458,20 @@ mod tests {
         assert_eq!(larger.ptr, small.ptr);
         arena.free(larger.block);
         assert_eq!(arena.largest_cached_free_block(), 2 * MIB);
+        arena.destroy(&backend).unwrap();
+    }
+
+    #[test]
+    fn a_parked_block_keeps_its_pages_live_until_its_free_completes() {
+        let (backend, mut arena) = setup();
+        let big = alloc(&backend, &mut arena, 6 * MIB, 1);
+        arena.free(big.block);
+        assert_eq!((arena.mapped_pages(), arena.idle_pages()), (3, 0));
+        let again = alloc(&backend, &mut arena, 6 * MIB, 2);
+        assert_eq!((again.ptr, again.map_calls), (big.ptr, 0));
+        arena.free(again.block);
+        arena.unpark();
+        assert_eq!(arena.idle_pages(), 3, "the completed free idles its pages");
         arena.destroy(&backend).unwrap();
     }
 
