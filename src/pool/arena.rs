@@ -324,7 +324,8 @@ impl Arena {
         keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
-        // A parked block's pages may be idle: it must not be handed out again once they go.
+        // Complete a parked block's free first: its pages can then go idle and be released
+        // (a cache being emptied must reach them), and it is never handed out again after.
         self.unpark();
         let pages = self.pages.take_idle(keep_going, spare);
         if pages.is_empty() {
