@@ -11,6 +11,9 @@ pub mod format;
 pub mod metrics;
 pub mod page;
 pub mod runtime;
+mod server;
+
+pub use server::{serve, serve_with_header_timeout, HEADER_READ_TIMEOUT};
 
 use crate::sampler::{History, Sample};
 use askama::Template;
@@ -19,10 +22,8 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// What every handler reads: the latest sample and the history.
@@ -67,17 +68,6 @@ pub fn router(state: WebState, extra: Option<Router>) -> Router {
         None => app,
     };
     app.fallback(not_found)
-}
-
-/// Serves `app` on `listener` until `shutdown` completes, then lets in-flight requests finish.
-pub async fn serve(
-    listener: TcpListener,
-    app: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
 }
 
 async fn metrics_text(State(state): State<WebState>) -> Response {

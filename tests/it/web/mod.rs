@@ -1,7 +1,9 @@
 //! The exporter's HTTP endpoints against a loopback port: the status page, `/metrics` (content
 //! type, families and types), the JSON API, `/healthz` when sampling works and when it fails,
-//! 404 and 405, static files, binding errors, shutdown, and running inside a host runtime.
+//! 404 and 405, static files, binding errors, shutdown, running inside a host runtime, and the
+//! header deadline that closes idle connections.
 
+mod deadline;
 mod http;
 mod tools;
 
