@@ -255,22 +255,15 @@ impl SnapshotSource for Sidecar {
             collect = Some(collected.status);
         }
         Snapshot {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            timestamp_seconds,
-            sample_duration_seconds: started.elapsed().as_secs_f64(),
-            interval_seconds: settings.interval.as_secs_f64(),
-            leak_age_seconds: settings.leak_age.as_secs_f64(),
-            long_lived_tags: settings.long_lived_tags.clone(),
-            backend: backend.to_string(),
             devices,
             problems,
-            health: Default::default(),
             sidecar: Some(SidecarSnapshot {
                 sources,
                 gpu_processes,
                 processes,
                 collect,
             }),
+            ..crate::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
         }
     }
 }

@@ -129,6 +129,25 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
         accumulator.finish(device, settings);
     }
 
+    let backend = managers
+        .first()
+        .map_or_else(String::new, |m| m.backend().kind().to_string());
+    Snapshot {
+        devices: devices.into_values().collect(),
+        problems,
+        ..begun(settings, started, timestamp_seconds, backend)
+    }
+}
+
+/// A snapshot stating only what every sample says about itself: version, when it was taken
+/// (`timestamp_seconds`, having begun at `started`), the settings it was taken with, and the
+/// backend. The in-process capture and the sidecar fill in the rest.
+pub(crate) fn begun(
+    settings: &CaptureSettings,
+    started: Instant,
+    timestamp_seconds: f64,
+    backend: String,
+) -> Snapshot {
     Snapshot {
         version: env!("CARGO_PKG_VERSION").to_string(),
         timestamp_seconds,
@@ -136,13 +155,8 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
         interval_seconds: settings.interval.as_secs_f64(),
         leak_age_seconds: settings.leak_age.as_secs_f64(),
         long_lived_tags: settings.long_lived_tags.clone(),
-        backend: managers
-            .first()
-            .map_or_else(String::new, |m| m.backend().kind().to_string()),
-        devices: devices.into_values().collect(),
-        problems,
-        health: Default::default(),
-        sidecar: None,
+        backend,
+        ..Snapshot::default()
     }
 }
 

@@ -9,6 +9,7 @@ mod capture;
 mod sidecar;
 
 pub use capture::{capture, CaptureSettings};
+pub(crate) use capture::begun;
 pub use sidecar::{
     CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ReasonCount,
     SidecarSnapshot, SourceStatus,
