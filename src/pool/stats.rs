@@ -2,7 +2,7 @@
 //! stores, no read-modify-write), read lock-free by snapshots.
 
 use super::atomic::AtomicU64;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(Debug, Default)]
@@ -144,7 +144,7 @@ impl PoolCounters {
 }
 
 /// A plain copy of [`PoolCounters`] at one instant; adds up across pools.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterValues {
     pub requested_bytes: u64,
     pub in_use_bytes: u64,

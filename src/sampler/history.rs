@@ -83,8 +83,8 @@ impl History {
                 .iter()
                 .map(|d| DevicePoint {
                     gpu: d.index,
-                    in_use_bytes: d.stats.in_use_bytes,
-                    reserved_bytes: d.stats.reserved_bytes,
+                    in_use_bytes: d.stats.pools.in_use_bytes,
+                    reserved_bytes: d.stats.pools.reserved_bytes,
                     device_used_bytes: d.memory.map(|m| m.used_bytes),
                 })
                 .collect(),

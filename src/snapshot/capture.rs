@@ -105,7 +105,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
             match manager.backend().mem_info(*index) {
                 Ok(info) => {
                     let used = info.used();
-                    let ours = device.stats.reserved_bytes.min(used);
+                    let ours = device.stats.pools.reserved_bytes.min(used);
                     device.memory = Some(DeviceMemory {
                         total_bytes: info.total,
                         free_bytes: info.free,
@@ -177,21 +177,7 @@ fn describe(manager: &MemoryManager, index: usize) -> Result<DeviceSnapshot, Str
 }
 
 fn add_stats(total: &mut DeviceCounters, stats: &DeviceStats) {
-    let c = &stats.counters;
-    total.requested_bytes += c.requested_bytes;
-    total.in_use_bytes += c.in_use_bytes;
-    total.reserved_bytes += c.reserved_bytes;
-    total.peak_requested_bytes += c.peak_requested_bytes;
-    total.peak_in_use_bytes += c.peak_in_use_bytes;
-    total.peak_reserved_bytes += c.peak_reserved_bytes;
-    total.live_allocations += c.live_allocations;
-    total.allocations += c.allocations;
-    total.frees += c.frees;
-    total.requests += c.requests;
-    total.hits += c.hits;
-    total.driver_allocs += c.driver_allocs;
-    total.driver_frees += c.driver_frees;
-    total.driver_errors += c.driver_errors;
+    total.pools.add(&stats.counters);
     total.ooms += stats.ooms;
     total.oom_retries += stats.oom_retries;
     total.cpu_fallbacks += stats.cpu_fallbacks;
@@ -401,7 +387,7 @@ mod tests {
         let memory = device.memory.expect("mem_info works");
         assert_eq!(
             memory.used_by_this_process_bytes,
-            device.stats.reserved_bytes
+            device.stats.pools.reserved_bytes
         );
         assert!(device.pressure.is_some());
     }

@@ -8,13 +8,14 @@
 mod capture;
 mod sidecar;
 
-pub use capture::{capture, CaptureSettings};
 pub(crate) use capture::begun;
+pub use capture::{capture, CaptureSettings};
 pub use sidecar::{
     CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ReasonCount,
     SidecarSnapshot, SourceStatus,
 };
 
+use crate::pool::CounterValues;
 use serde::{Deserialize, Serialize};
 
 /// Everything the exporter knows at one instant.
@@ -91,20 +92,10 @@ pub struct Pressure {
 /// Counters of one device, all pools added up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceCounters {
-    pub requested_bytes: u64,
-    pub in_use_bytes: u64,
-    pub reserved_bytes: u64,
-    pub peak_requested_bytes: u64,
-    pub peak_in_use_bytes: u64,
-    pub peak_reserved_bytes: u64,
-    pub live_allocations: u64,
-    pub allocations: u64,
-    pub frees: u64,
-    pub requests: u64,
-    pub hits: u64,
-    pub driver_allocs: u64,
-    pub driver_frees: u64,
-    pub driver_errors: u64,
+    /// The pools' counters, summed over the device's pools (flattened: the JSON keeps one
+    /// object per device).
+    #[serde(flatten)]
+    pub pools: CounterValues,
     pub ooms: u64,
     pub oom_retries: u64,
     /// Requests served from host memory because the device could not.
@@ -116,7 +107,7 @@ pub struct DeviceCounters {
 impl DeviceCounters {
     /// Requests served without a driver call, over all requests (0 before the first).
     pub fn hit_ratio(&self) -> f64 {
-        ratio(self.hits, self.requests)
+        self.pools.hit_ratio()
     }
 }
 

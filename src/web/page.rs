@@ -163,20 +163,20 @@ impl DeviceView {
         let mut tiles = vec![
             Tile {
                 label: "In use",
-                value: format::bytes(stats.in_use_bytes),
-                note: format!("peak {}", format::bytes(stats.peak_in_use_bytes)),
+                value: format::bytes(stats.pools.in_use_bytes),
+                note: format!("peak {}", format::bytes(stats.pools.peak_in_use_bytes)),
                 warn: false,
             },
             Tile {
                 label: "Reserved",
-                value: format::bytes(stats.reserved_bytes),
-                note: format!("peak {}", format::bytes(stats.peak_reserved_bytes)),
+                value: format::bytes(stats.pools.reserved_bytes),
+                note: format!("peak {}", format::bytes(stats.pools.peak_reserved_bytes)),
                 warn: false,
             },
             Tile {
                 label: "Pool hit ratio",
                 value: format::percent(stats.hit_ratio()),
-                note: format!("{} requests", format::count(stats.requests)),
+                note: format!("{} requests", format::count(stats.pools.requests)),
                 warn: false,
             },
             Tile {
@@ -236,8 +236,8 @@ impl DeviceView {
                     .memory
                     .map_or_else(|| "unknown".to_string(), |m| format::bytes(m.used_bytes)),
                 device_total: format!("of {}", format::bytes(device.total_bytes)),
-                in_use: format::bytes(stats.in_use_bytes),
-                reserved: format::bytes(stats.reserved_bytes),
+                in_use: format::bytes(stats.pools.in_use_bytes),
+                reserved: format::bytes(stats.pools.reserved_bytes),
                 leaks: format::count(leak_count),
                 leaks_warn: leak_count > 0,
                 ooms: format::count(stats.ooms),
@@ -266,8 +266,8 @@ impl DeviceView {
 /// of its own: used and free).
 fn memory_bar(device: &DeviceSnapshot, own_pools: bool) -> Vec<BarSegment> {
     let stats = &device.stats;
-    let in_use = stats.in_use_bytes.min(stats.reserved_bytes);
-    let cached = stats.reserved_bytes - in_use;
+    let in_use = stats.pools.in_use_bytes.min(stats.pools.reserved_bytes);
+    let cached = stats.pools.reserved_bytes - in_use;
     let (total, others, free) = match device.memory {
         Some(m) => (
             m.total_bytes,
