@@ -13,7 +13,7 @@ pub mod page;
 pub mod runtime;
 mod server;
 
-pub use server::{serve, serve_with_header_timeout, HEADER_READ_TIMEOUT};
+pub use server::{serve, serve_with_header_timeout};
 
 use crate::sampler::{History, Sample};
 use askama::Template;
