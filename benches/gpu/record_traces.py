@@ -1,16 +1,20 @@
-# Records allocation traces from more PyTorch workloads than shared/traces holds, in the same
-# format (see shared/traces/README.md), so the allocator is judged on workloads it was not tuned
-# on. Randomly initialised models, nothing downloaded. Needs a GPU host with PyTorch and
-# transformers. Writes NAME.trace.gz into $OUT (or /tmp) and prints one JSON line per trace.
-import gzip, json, os, sys, time
+# Records allocation traces from PyTorch workloads, in the format of benches/traces/README.md, so
+# the allocator is judged on workloads that differ from each other and from the ones it was tuned
+# on. Randomly initialised models, nothing downloaded. Needs a GPU host with PyTorch,
+# transformers and timm.
+#
+# usage: python3 record_traces.py [NAME...]   (default: every workload below)
+# Writes NAME.trace.gz into $OUT (or /tmp) and prints one JSON line per trace.
+import gzip, json, os, random, sys, time
 import torch
 
 OUT = os.environ.get("OUT", "/tmp")
 DEV = "cuda"
-torch.manual_seed(0)
 
 
 def record(name, workload):
+    torch.manual_seed(0)
+    random.seed(0)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=3_000_000, context=None, stacks="python")
@@ -32,7 +36,8 @@ def record(name, workload):
             slot = slot_of.pop(event["addr"], None)
             if slot is not None:
                 lines.append(f"f {slot}")
-    meta = dict(name=name, events=len(lines), allocs=allocs, seconds=seconds,
+    meta = dict(name=name, events=len(lines), allocs=allocs, seconds=round(seconds, 2),
+                device=torch.cuda.get_device_name(), torch=torch.__version__,
                 torch_peak_allocated=stats["allocated_bytes.all.peak"],
                 torch_peak_reserved=stats["reserved_bytes.all.peak"])
     with gzip.open(f"{OUT}/{name}.trace.gz", "wt") as out:
@@ -42,17 +47,21 @@ def record(name, workload):
     torch.cuda.empty_cache()
 
 
+def llama(hidden=1024, layers=8, heads=16, kv_heads=4, positions=2048):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000,
+                         max_position_embeddings=positions)
+    return LlamaForCausalLM(config).to(DEV).half().eval()
+
+
 def llama_generate():
     """A small Llama (GQA, RoPE, SwiGLU) generating with a growing KV cache at several batch shapes."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                         num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)
-    model = LlamaForCausalLM(config).to(DEV).half().eval()
+    model = llama()
     with torch.no_grad():
         for batch, prompt, new in [(1, 64, 128), (8, 256, 64), (4, 1000, 32), (16, 33, 96), (2, 700, 128)]:
             ids = torch.randint(0, 32000, (batch, prompt), device=DEV)
             model.generate(ids, max_new_tokens=new, do_sample=True, pad_token_id=0)
-    del model
 
 
 def bert_serve():
@@ -63,27 +72,97 @@ def bert_serve():
     with torch.no_grad():
         for batch, length in shapes:
             model(torch.randint(0, 30000, (batch, length), device=DEV))
-    del model
 
 
-def t5_train():
-    """Sequence-to-sequence training (encoder and decoder, cross-attention), fp32 with AdamW."""
-    from transformers import T5Config, T5ForConditionalGeneration
-    config = T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128,
-                      decoder_start_token_id=0, pad_token_id=0)
-    model = T5ForConditionalGeneration(config).to(DEV)
+def cnn_serve():
+    """A ResNet-50 served at batch sizes that change from request to request, fp16, channels-last."""
+    import timm
+    model = timm.create_model("resnet50", pretrained=False).to(DEV).half().eval()
+    model = model.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for _ in range(60):
+            batch = random.choice([1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, 96])
+            image = torch.randn(batch, 3, 224, 224, device=DEV, dtype=torch.half)
+            model(image.to(memory_format=torch.channels_last))
+
+
+def encoder_varlen():
+    """A RoBERTa-large encoder over batches whose size and padded length are drawn per request."""
+    from transformers import RobertaConfig, RobertaModel
+    config = RobertaConfig(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16,
+                           intermediate_size=4096, max_position_embeddings=514)
+    model = RobertaModel(config).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(80):
+            batch, length = random.randint(1, 48), random.randint(8, 512)
+            ids = torch.randint(3, 50000, (batch, length), device=DEV)
+            mask = torch.ones_like(ids)
+            for row in range(batch):  # ragged requests padded to the batch's longest
+                mask[row, random.randint(1, length):] = 0
+            model(input_ids=ids, attention_mask=mask)
+
+
+def vit_train():
+    """A ViT-Small trained with AdamW and bf16 autocast at a batch size that varies per step."""
+    import timm
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=1000).to(DEV).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for batch, source, target in [(8, 256, 64), (16, 128, 128), (4, 512, 32), (12, 200, 100), (2, 1000, 50)]:
-        inputs = torch.randint(0, 32000, (batch, source), device=DEV)
-        labels = torch.randint(0, 32000, (batch, target), device=DEV)
-        model(input_ids=inputs, labels=labels).loss.backward()
+    for _ in range(24):
+        batch = random.choice([16, 24, 32, 48, 64, 96])
+        images = torch.randn(batch, 3, 224, 224, device=DEV)
+        labels = torch.randint(0, 1000, (batch,), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    del model, optimizer
 
 
-for name, workload in [("llama_generate", llama_generate), ("bert_serve", bert_serve), ("t5_train", t5_train)]:
+def t5_generate():
+    """An encoder-decoder (T5) generating with beam search from sources of varying batch and length."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    config = T5Config(d_model=768, d_ff=3072, num_layers=8, num_decoder_layers=8, num_heads=12,
+                      vocab_size=32128, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(config).to(DEV).half().eval()
+    with torch.no_grad():
+        for batch, source, new, beams in [(1, 120, 48, 4), (8, 400, 32, 2), (16, 64, 40, 1),
+                                          (4, 900, 24, 4), (2, 250, 64, 3)]:
+            ids = torch.randint(2, 32000, (batch, source), device=DEV)
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new, num_beams=beams)
+
+
+def moe_generate():
+    """A Mixtral-style mixture-of-experts stack (8 experts, top-2) generating at several batches."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = MixtralConfig(hidden_size=1024, intermediate_size=2048, num_hidden_layers=6,
+                           num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+                           num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=4096)
+    model = MixtralForCausalLM(config).to(DEV).half().eval()
+    with torch.no_grad():
+        for batch, prompt, new in [(1, 100, 64), (12, 300, 48), (4, 1200, 32), (24, 40, 64), (2, 600, 80)]:
+            ids = torch.randint(0, 32000, (batch, prompt), device=DEV)
+            model.generate(ids, max_new_tokens=new, do_sample=True, pad_token_id=0)
+
+
+def longctx_generate():
+    """A Llama generating after long prompts (4k to 16k tokens), where the KV cache dominates."""
+    model = llama(hidden=1024, layers=8, positions=32768)
+    with torch.no_grad():
+        for batch, prompt, new in [(1, 16000, 48), (2, 8000, 48), (1, 4000, 96), (4, 6000, 32)]:
+            ids = torch.randint(0, 32000, (batch, prompt), device=DEV)
+            model.generate(ids, max_new_tokens=new, do_sample=True, pad_token_id=0)
+
+
+WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
+                 encoder_varlen=encoder_varlen, vit_train=vit_train, t5_generate=t5_generate,
+                 moe_generate=moe_generate, longctx_generate=longctx_generate)
+
+names = sys.argv[1:] or list(WORKLOADS)
+unknown = [name for name in names if name not in WORKLOADS]
+if unknown:
+    sys.exit(f"unknown workload(s) {unknown}; choose from {sorted(WORKLOADS)}")
+for name in names:
     try:
-        record(name, workload)
-    except Exception as error:  # a missing model class must not lose the other traces
-        print(name, "FAILED", repr(error))
+        record(name, WORKLOADS[name])
+    except Exception as error:  # one workload failing must not lose the others
+        print(json.dumps(dict(name=name, failed=repr(error))))
