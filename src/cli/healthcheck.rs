@@ -2,7 +2,7 @@
 //! a 2xx answer, 1 otherwise. For container HEALTHCHECKs in images without curl or wget.
 
 use super::CliError;
-use crate::exporter::{parse_duration, parse_listen, DEFAULT_LISTEN};
+use crate::exporter::{parse_duration, parse_listen, reachable_addr, DEFAULT_LISTEN};
 use clap::Args;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -45,16 +45,9 @@ pub fn run(args: HealthcheckArgs) -> Result<(), CliError> {
 /// `/healthz` on the address the exporter listens on (GPUMEM_LISTEN), on loopback.
 fn default_url() -> Result<String, CliError> {
     let listen = std::env::var("GPUMEM_LISTEN").unwrap_or_else(|_| DEFAULT_LISTEN.to_string());
-    let mut addr =
+    let addr =
         parse_listen(&listen).map_err(|e| CliError::usage(format!("GPUMEM_LISTEN: {e}")))?;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(if addr.is_ipv4() {
-            [127, 0, 0, 1].into()
-        } else {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        });
-    }
-    Ok(format!("http://{addr}/healthz"))
+    Ok(format!("http://{}/healthz", reachable_addr(addr)))
 }
 
 /// Where to connect and what to ask for.
@@ -93,20 +86,12 @@ fn parse_url(url: &str) -> Result<Target, String> {
 
 fn get(target: &Target, timeout: Duration) -> Result<(u16, String), String> {
     let deadline = Instant::now() + timeout;
-    let addrs: Vec<SocketAddr> = target
-        .authority
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {}: {e}", target.authority))?
-        .collect();
-    let addr = addrs
-        .first()
-        .ok_or_else(|| format!("{} resolves to nothing", target.authority))?;
     let left = || {
         deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
-    let mut stream = TcpStream::connect_timeout(addr, left()).map_err(|e| e.to_string())?;
+    let mut stream = connect_any(target, left)?;
     stream
         .set_write_timeout(Some(left()))
         .map_err(|e| e.to_string())?;
@@ -124,15 +109,70 @@ fn get(target: &Target, timeout: Duration) -> Result<(u16, String), String> {
         .take(MAX_REPLY)
         .read_to_end(&mut reply)
         .map_err(|e| format!("no complete answer within {timeout:?}: {e}"))?;
-    let text = String::from_utf8_lossy(&reply);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    parse_reply(&String::from_utf8_lossy(&reply))
+}
+
+/// Connects to the first of the authority's addresses that answers: `localhost` resolves to
+/// `::1` and `127.0.0.1`, and a server may listen on only one of them.
+fn connect_any(target: &Target, left: impl Fn() -> Duration) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = target
+        .authority
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {}: {e}", target.authority))?
+        .collect();
+    let mut failures = Vec::new();
+    for addr in &addrs {
+        match TcpStream::connect_timeout(addr, left()) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => failures.push(format!("{addr}: {e}")),
+        }
+    }
+    if failures.is_empty() {
+        Err(format!("{} resolves to nothing", target.authority))
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+/// The status code and body of an HTTP/1.1 answer, its body de-chunked where it was sent in chunks.
+fn parse_reply(text: &str) -> Result<(u16, String), String> {
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text, ""));
     let status = head
         .lines()
         .next()
         .and_then(|line| line.split_whitespace().nth(1))
         .and_then(|code| code.parse().ok())
         .ok_or_else(|| "the answer is not HTTP".to_string())?;
-    Ok((status, body.to_string()))
+    let chunked = head.lines().skip(1).any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding")
+                && value.to_ascii_lowercase().contains("chunked")
+        })
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+/// Joins the chunks of a chunked body (sizes in hex, optional extensions after `;`), stopping
+/// at the last chunk or at the first malformed size.
+fn dechunk(mut body: &str) -> String {
+    let mut joined = String::new();
+    while let Some((size_line, rest)) = body.split_once("\r\n") {
+        let size = size_line.split(';').next().unwrap_or("").trim();
+        let Ok(size) = usize::from_str_radix(size, 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size || !rest.is_char_boundary(size) {
+            break;
+        }
+        joined.push_str(&rest[..size]);
+        body = rest[size..].strip_prefix("\r\n").unwrap_or(&rest[size..]);
+    }
+    joined
 }
 
 #[cfg(test)]
@@ -159,5 +199,28 @@ mod tests {
         );
         assert!(parse_url("https://x/").is_err());
         assert!(parse_url("http:///healthz").is_err());
+    }
+
+    #[test]
+    fn chunked_answers_are_joined() {
+        let reply = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nok \r\n8;x=1\r\nsampling\r\n0\r\n\r\n";
+        assert_eq!(parse_reply(reply), Ok((200, "ok sampling".to_string())));
+        let plain = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nstale";
+        assert_eq!(parse_reply(plain), Ok((503, "stale".to_string())));
+        assert!(parse_reply("SSH-2.0").is_err());
+    }
+
+    #[test]
+    fn every_resolved_address_is_tried() {
+        // localhost names ::1 and 127.0.0.1 on most hosts; listen on IPv4 only and expect the
+        // connection to find it whichever order the resolver gives.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let target = Target {
+            authority: format!("localhost:{port}"),
+            path: "/".to_string(),
+        };
+        let stream = connect_any(&target, || Duration::from_secs(2)).expect("connects");
+        assert_eq!(stream.peer_addr().expect("peer").port(), port);
     }
 }

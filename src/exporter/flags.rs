@@ -36,6 +36,19 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// Where a client reaches a server listening on `addr`: an unspecified address (0.0.0.0, ::)
+/// is reached on loopback of the same family; anything else as it is.
+pub fn reachable_addr(mut addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    addr
+}
+
 /// A sampling interval: a duration of at least [`MIN_INTERVAL`].
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let interval = parse_duration(text)?;

@@ -21,7 +21,8 @@
 mod flags;
 
 pub use flags::{
-    format_duration, parse_duration, parse_interval, parse_listen, ExporterFlags, DEFAULT_LISTEN,
+    format_duration, parse_duration, parse_interval, parse_listen, reachable_addr, ExporterFlags,
+    DEFAULT_LISTEN,
 };
 
 use crate::manager::pressure::PressureThresholds;
@@ -216,15 +217,7 @@ impl ExporterHandle {
 
     /// The status page's URL; an unspecified address (0.0.0.0) is shown as loopback.
     pub fn url(&self) -> String {
-        let mut addr = self.local_addr;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(if addr.is_ipv4() {
-                [127, 0, 0, 1].into()
-            } else {
-                std::net::Ipv6Addr::LOCALHOST.into()
-            });
-        }
-        format!("http://{addr}/")
+        format!("http://{}/", reachable_addr(self.local_addr))
     }
 
     /// Stops the sampler and the server: no new connections, in-flight requests finish. On the
