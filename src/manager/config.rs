@@ -44,8 +44,9 @@ pub struct MemoryConfig {
     pub pressure: PressureThresholds,
     /// Return cached memory to the driver when a device reaches high pressure.
     pub trim_on_high_pressure: bool,
-    /// How often a background thread runs the manager's upkeep (pressure, idle pages);
-    /// `None` leaves it to the caller (`maintain()`, or the exporter's sampler).
+    /// How often a background thread runs the manager's upkeep (pressure levels and callbacks,
+    /// idle pages returned by age); `None` leaves it to the caller's `maintain()` (the
+    /// exporter's sampler only reads).
     pub cleanup_interval: Option<Duration>,
     /// Upkeep returns pages idle for longer than this; `None` keeps them.
     pub release_idle_after: Option<Duration>,
@@ -86,7 +87,7 @@ impl Default for MemoryConfig {
             leak_age: Duration::from_secs(600),
             pressure: PressureThresholds::default(),
             trim_on_high_pressure: true,
-            cleanup_interval: None,
+            cleanup_interval: Some(Duration::from_secs(1)),
             release_idle_after: Some(Duration::from_secs(60)),
             max_cached_bytes: None,
             preallocate_bytes: 0,

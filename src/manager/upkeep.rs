@@ -1,6 +1,6 @@
-//! The manager's upkeep, run every `cleanup_interval` on its own thread (or by whoever calls
-//! `maintain`, such as the exporter's sampler): pressure levels and their callbacks, trimming
-//! under pressure, idle pages returned by age, and fragmentation warnings.
+//! The manager's upkeep, run every `cleanup_interval` on its own thread (or, with the thread
+//! off, by whoever calls `maintain`): pressure levels and their callbacks, trimming under
+//! pressure, idle pages returned by age, and fragmentation warnings.
 
 use super::pressure::{PressureChange, PressureLevel};
 use super::views::fragmentation;

@@ -90,19 +90,13 @@ impl Sampler {
         self.settings.interval
     }
 
-    /// Does one tick's work: upkeep, snapshot, health, history. Blocking (walks arenas, calls
-    /// the driver): call it from a blocking thread.
+    /// Does one tick's work: snapshot, health, history. It only reads the managers (their
+    /// upkeep is the upkeep thread's, or the embedder's `maintain()`), so sampling never changes
+    /// what the allocator holds. Blocking (walks arenas, calls the driver): call it from a
+    /// blocking thread.
     pub fn sample(&mut self) -> Arc<Sample> {
         let mut snapshot = match &mut self.source {
-            Source::Managers(managers) => {
-                for manager in managers.iter() {
-                    let released = manager.maintain();
-                    if released > 0 {
-                        tracing::debug!(released, "returned idle pages to the driver");
-                    }
-                }
-                capture(managers, &self.settings)
-            }
+            Source::Managers(managers) => capture(managers, &self.settings),
             Source::Other(source) => source.capture(&self.settings),
         };
         if snapshot.problems.is_empty() {
