@@ -101,7 +101,7 @@ pub struct CommonArgs {
     #[arg(long, env = "GPUMEM_DEVICES", default_value = "all", global = true)]
     pub devices: String,
 
-    /// Memory manager settings (TOML; keys in docs/configuration.md). GPUMEM_<KEY> variables
+    /// Memory manager settings (TOML; keys in docs/configuration.md). `GPUMEM_<KEY>` variables
     /// override the file.
     #[arg(long, env = "GPUMEM_CONFIG", value_name = "FILE", global = true)]
     pub config: Option<std::path::PathBuf>,

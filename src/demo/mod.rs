@@ -1,5 +1,5 @@
 //! `gpumem demo`: a real `MemoryManager` under a synthetic inference workload (see
-//! [`workload`]), with pressure swinging up and down (see [`pressure`]), served by the exporter
+//! `workload`), with pressure swinging up and down (see `pressure`), served by the exporter
 //! like any embedding program would. Runs until Ctrl-C, SIGTERM or the optional duration ends,
 //! then stops the workload, lets in-flight requests finish and returns.
 

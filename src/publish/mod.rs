@@ -14,7 +14,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The file format is in [`format`] and `docs/publish-format.md`; [`process`] reads `/proc`.
+//! The file format is in [`mod@format`] and `docs/publish-format.md`; [`process`] reads `/proc`.
 
 mod atomic;
 pub mod format;

@@ -2,7 +2,7 @@
 //! text rendering of them. Every family is declared once in the tables below (name, help, type,
 //! labels), which is also where the metrics contract is read from. Labels are bounded: `gpu`,
 //! `uuid`, `pool`, `state`, `band` and the build's `version` — never ids or tags. The sidecar's
-//! series (collected processes, NVML, `source`) are in [`sidecar`].
+//! series (collected processes, NVML, `source`) are in `sidecar`.
 
 mod sidecar;
 

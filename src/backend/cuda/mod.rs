@@ -5,6 +5,8 @@
 //! Submodules: `probe` (library, symbols, `cuInit`, device count), `properties` (what
 //! `gpumem devices` prints; no context needed) and `vmm` (reserve / map / unmap in pages).
 
+#![allow(unsafe_code)]
+
 mod host;
 mod probe;
 mod properties;
