@@ -5,7 +5,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use gpumem::backend::cuda::CudaBackend;
-use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice};
+use gpumem::backend::{open_backend_or_simulate, sim::SimConfig, BackendChoice};
 use gpumem::units::{KIB, MIB};
 use gpumem::{AllocOptions, DeviceBackend, ManagerConfig, MemoryManager};
 use std::hint::black_box;
@@ -20,7 +20,7 @@ fn backend() -> Arc<dyn DeviceBackend> {
         Ok("sim") => BackendChoice::Sim,
         _ => BackendChoice::Auto,
     };
-    let opened = open_backend(choice, SimConfig::default()).expect("bench backend");
+    let opened = open_backend_or_simulate(choice, SimConfig::default()).expect("bench backend");
     eprintln!("{}", opened.reason);
     opened.backend
 }

@@ -22,6 +22,11 @@ pub mod trace;
 pub mod units;
 pub mod web;
 
+/// The README's code examples, compiled as doc tests so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;
+
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};
 pub use exporter::{Exporter, ExporterHandle};

@@ -127,11 +127,13 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     }
 }
 
-/// The `--backend` choice.
+/// Which device implementation to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendChoice {
-    /// CUDA when the driver loads and reports a device, else the simulated device.
+    /// CUDA when the driver loads and reports a device. What happens otherwise is the opener's
+    /// choice: [`open_backend`] refuses, [`open_backend_or_simulate`] falls back to the
+    /// simulated device (the command line's `--backend auto`).
     Auto,
     /// The CUDA driver; an error when it is unavailable.
     Cuda,
@@ -143,20 +145,25 @@ pub enum BackendChoice {
 pub struct OpenedBackend {
     pub backend: Arc<dyn DeviceBackend>,
     pub reason: String,
+    /// True when `auto` found no usable CUDA driver and the simulated device stands in.
+    pub simulated_fallback: bool,
 }
 
-/// Opens the backend the user asked for. `auto` falls back to the simulated device when the
-/// CUDA driver is missing, broken or has no devices; `cuda` turns that into an error.
+/// Opens the backend asked for, never substituting one for another: `auto` and `cuda` both
+/// need a usable CUDA driver with a device, so an engine on a host whose driver is missing or
+/// broken gets an error instead of simulated memory. Use [`open_backend_or_simulate`] to opt
+/// in to the fallback.
 pub fn open_backend(
     choice: BackendChoice,
     sim: sim::SimConfig,
 ) -> Result<OpenedBackend, BackendError> {
     match choice {
-        BackendChoice::Sim => Ok(OpenedBackend {
-            backend: Arc::new(sim::SimBackend::new(sim)),
-            reason: "backend sim: simulated device requested with --backend sim".to_string(),
-        }),
-        BackendChoice::Cuda => {
+        BackendChoice::Sim => Ok(simulated(
+            sim,
+            "backend sim: simulated device requested".to_string(),
+            false,
+        )),
+        BackendChoice::Cuda | BackendChoice::Auto => {
             let backend = cuda::CudaBackend::open()?;
             let reason = format!(
                 "backend cuda: CUDA driver loaded with {} device(s)",
@@ -165,25 +172,34 @@ pub fn open_backend(
             Ok(OpenedBackend {
                 backend: Arc::new(backend),
                 reason,
+                simulated_fallback: false,
             })
         }
-        BackendChoice::Auto => match cuda::CudaBackend::open() {
-            Ok(backend) => {
-                let reason = format!(
-                    "backend cuda: auto picked the CUDA driver, which reports {} device(s)",
-                    backend.device_count()
-                );
-                Ok(OpenedBackend {
-                    backend: Arc::new(backend),
-                    reason,
-                })
-            }
-            Err(why) => Ok(OpenedBackend {
-                backend: Arc::new(sim::SimBackend::new(sim)),
-                reason: format!(
-                    "backend sim: auto fell back to the simulated device because {why}"
-                ),
-            }),
-        },
+    }
+}
+
+/// As [`open_backend`], except that `auto` falls back to the simulated device when the CUDA
+/// driver is missing, broken or has no devices, and says so in the reason (and in
+/// [`OpenedBackend::simulated_fallback`]). For tools and demos, where a laptop without a GPU
+/// should still work.
+pub fn open_backend_or_simulate(
+    choice: BackendChoice,
+    sim: sim::SimConfig,
+) -> Result<OpenedBackend, BackendError> {
+    match (choice, open_backend(choice, sim.clone())) {
+        (BackendChoice::Auto, Err(why)) => Ok(simulated(
+            sim,
+            format!("backend sim: auto fell back to the simulated device because {why}"),
+            true,
+        )),
+        (_, opened) => opened,
+    }
+}
+
+fn simulated(sim: sim::SimConfig, reason: String, simulated_fallback: bool) -> OpenedBackend {
+    OpenedBackend {
+        backend: Arc::new(sim::SimBackend::new(sim)),
+        reason,
+        simulated_fallback,
     }
 }

@@ -45,8 +45,7 @@ pub fn run(args: HealthcheckArgs) -> Result<(), CliError> {
 /// `/healthz` on the address the exporter listens on (GPUMEM_LISTEN), on loopback.
 fn default_url() -> Result<String, CliError> {
     let listen = std::env::var("GPUMEM_LISTEN").unwrap_or_else(|_| DEFAULT_LISTEN.to_string());
-    let addr =
-        parse_listen(&listen).map_err(|e| CliError::usage(format!("GPUMEM_LISTEN: {e}")))?;
+    let addr = parse_listen(&listen).map_err(|e| CliError::usage(format!("GPUMEM_LISTEN: {e}")))?;
     Ok(format!("http://{}/healthz", reachable_addr(addr)))
 }
 

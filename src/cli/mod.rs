@@ -9,7 +9,7 @@ mod healthcheck;
 mod replay;
 mod serve;
 
-use crate::backend::{open_backend, sim, BackendChoice, OpenedBackend};
+use crate::backend::{open_backend_or_simulate, sim, BackendChoice, OpenedBackend};
 use crate::units::parse_bytes;
 use clap::{Args, Parser, Subcommand};
 use std::fmt;
@@ -158,7 +158,7 @@ impl CommonArgs {
 
     /// Opens the backend, logging which one and why (the first log line of every command).
     pub fn open(&self) -> Result<OpenedBackend, CliError> {
-        let opened = open_backend(self.backend, self.sim_config()?)
+        let opened = open_backend_or_simulate(self.backend, self.sim_config()?)
             .map_err(|e| CliError::runtime(e.to_string()))?;
         tracing::info!("{}", opened.reason);
         Ok(opened)

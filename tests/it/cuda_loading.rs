@@ -45,6 +45,31 @@ fn open_without_a_usable_driver_names_the_library() {
 }
 
 #[test]
+fn the_library_never_substitutes_the_simulated_device_unasked() {
+    use gpumem::backend::{open_backend, open_backend_or_simulate, sim::SimConfig};
+    use gpumem::{BackendChoice, BackendKind};
+    match open_backend(BackendChoice::Auto, SimConfig::default()) {
+        Ok(opened) => {
+            assert_eq!(opened.backend.kind(), BackendKind::Cuda);
+            assert!(!opened.simulated_fallback);
+        }
+        Err(error) => {
+            assert!(
+                !gpu_required(),
+                "GPUMEM_REQUIRE_GPU=1 but auto failed: {error}"
+            );
+            let opened = open_backend_or_simulate(BackendChoice::Auto, SimConfig::default())
+                .expect("the opt-in fallback opens the simulated device");
+            assert_eq!(opened.backend.kind(), BackendKind::Sim);
+            assert!(opened.simulated_fallback);
+            assert!(opened.reason.contains("fell back"), "{}", opened.reason);
+            // Asking for CUDA by name is refused by both openers.
+            assert!(open_backend_or_simulate(BackendChoice::Cuda, SimConfig::default()).is_err());
+        }
+    }
+}
+
+#[test]
 fn stub_library_without_the_driver_api_is_a_clear_error() {
     let Some(dir) = build_stub(
         "no-symbols",
