@@ -12,7 +12,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// What is being timed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Allocator {
     /// gpumem, memory already cached: no driver call.

@@ -1,26 +1,48 @@
 //! gpumem: a GPU memory manager (caching pools over the CUDA driver, leak tracking, pressure)
 //! and the observability around it (sampler, Prometheus endpoint, status page, sidecar).
 
+//!
+//! The core — [`backend`], [`pool`], [`manager`], [`snapshot`], [`planner`] — builds with
+//! `default-features = false` and none of the web, command-line, NVML or plotting dependencies.
+//! Features add the rest: `exporter` (sampler, `/metrics`, status page, JSON API, publishing
+//! for a sidecar), `sidecar` (the collector and NVML), `config-file` (TOML and `GPUMEM_*`
+//! settings) and `cli` (the `gpumem` command; on by default, with all of the above).
+
 pub mod backend;
-pub mod bench;
-pub mod cli;
 pub mod clock;
-pub mod collect;
-pub mod demo;
 pub mod error;
-pub mod exporter;
 pub mod manager;
-pub mod nvml;
 pub mod planner;
-pub mod plot;
 pub mod pool;
-pub mod publish;
-pub mod replay;
-pub mod sampler;
 pub mod snapshot;
-pub mod trace;
 pub mod units;
+
+#[cfg(feature = "exporter")]
+pub mod exporter;
+#[cfg(feature = "exporter")]
+pub mod publish;
+#[cfg(feature = "exporter")]
+pub mod sampler;
+#[cfg(feature = "exporter")]
 pub mod web;
+
+#[cfg(feature = "sidecar")]
+pub mod collect;
+#[cfg(feature = "sidecar")]
+pub mod nvml;
+
+#[cfg(feature = "cli")]
+pub mod bench;
+#[cfg(feature = "cli")]
+pub mod cli;
+#[cfg(feature = "cli")]
+pub mod demo;
+#[cfg(feature = "cli")]
+pub mod plot;
+#[cfg(feature = "cli")]
+pub mod replay;
+#[cfg(feature = "cli")]
+pub mod trace;
 
 /// The README's code examples, compiled as doc tests so they cannot drift from the API.
 #[cfg(doctest)]
@@ -29,5 +51,6 @@ pub struct ReadmeExamples;
 
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};
+#[cfg(feature = "exporter")]
 pub use exporter::{Exporter, ExporterHandle};
 pub use manager::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, Strategy, Tag};

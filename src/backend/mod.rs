@@ -128,7 +128,8 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
 }
 
 /// Which device implementation to open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum BackendChoice {
     /// CUDA when the driver loads and reports a device. What happens otherwise is the opener's

@@ -1,11 +1,13 @@
 //! `gpumem demo`: flags for the demo, validated into `DemoSettings`, then `gpumem::demo::run`.
 
+use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs};
 use crate::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use crate::backend::{BackendKind, DeviceBackend};
 use crate::demo::{self, DemoError, DemoSettings};
-use crate::exporter::{parse_duration, ExporterError, ExporterFlags};
+use crate::exporter::ExporterError;
 use crate::units::parse_bytes;
+use crate::units::parse_duration;
 use clap::Args;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,8 @@
 //! a 2xx answer, 1 otherwise. For container HEALTHCHECKs in images without curl or wget.
 
 use super::CliError;
-use crate::exporter::{parse_duration, parse_listen, reachable_addr, DEFAULT_LISTEN};
+use crate::exporter::{parse_listen, reachable_addr, DEFAULT_LISTEN};
+use crate::units::parse_duration;
 use clap::Args;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -3,10 +3,11 @@
 //! `--collect-dir`. Flags are checked before anything is opened; then it serves until Ctrl-C or
 //! SIGTERM, like the demo.
 
+use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs};
 use crate::backend::BackendChoice;
 use crate::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
-use crate::exporter::{Exporter, ExporterError, ExporterFlags};
+use crate::exporter::{Exporter, ExporterError};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;

@@ -18,17 +18,15 @@
 //! runtime on a thread named `gpumem-exporter`. Signals stay the host's business: call
 //! [`ExporterHandle::shutdown`] from the host's own handler.
 
-mod flags;
+mod address;
 
-pub use flags::{
-    format_duration, parse_duration, parse_interval, parse_listen, reachable_addr, ExporterFlags,
-    DEFAULT_LISTEN,
-};
+pub use address::{parse_interval, parse_listen, reachable_addr, DEFAULT_LISTEN};
 
 use crate::manager::pressure::PressureThresholds;
 use crate::manager::MemoryManager;
 use crate::sampler::{self, Sample, Sampler, SnapshotSource, MIN_INTERVAL};
 use crate::snapshot::CaptureSettings;
+use crate::units::format_duration;
 use crate::web::{self, WebState};
 use axum::Router;
 use std::net::SocketAddr;

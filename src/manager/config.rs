@@ -10,7 +10,8 @@ use serde::Serialize;
 use std::time::Duration;
 
 /// Pooled (the caching allocator) or direct (every request to the driver: the baseline).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// Caching arenas over the driver's virtual memory API.

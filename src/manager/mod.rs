@@ -6,6 +6,7 @@
 mod buffer;
 mod cache;
 pub mod config;
+#[cfg(feature = "config-file")]
 mod config_file;
 pub mod fallback;
 mod handles;
@@ -18,6 +19,7 @@ pub mod views;
 
 pub use buffer::{AllocOptions, DeviceBuffer};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
+#[cfg(feature = "config-file")]
 pub use config_file::{load_config, parse_config_str, ConfigSources, KEYS as CONFIG_KEYS};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};

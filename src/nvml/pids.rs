@@ -52,11 +52,6 @@ impl PidMapper {
         }
     }
 
-    /// Whether this sidecar runs in the host's PID namespace (where every NVML pid maps).
-    pub fn in_host_namespace(&self) -> bool {
-        self.host_namespace
-    }
-
     /// The process behind an NVML pid, when it can be told; `nvml_name` is NVML's own name.
     pub fn map(&self, nvml_pid: u32, nvml_name: Option<&str>) -> Option<Mapping> {
         let status = read_status(&self.proc_root, nvml_pid)?;

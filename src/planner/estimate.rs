@@ -51,7 +51,8 @@ pub const MAX_BATCH: u64 = 1 << 20;
 pub const QUANT_GROUP: u64 = 128;
 
 /// Storage type of weights or of the KV cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     Fp16,

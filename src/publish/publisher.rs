@@ -5,10 +5,10 @@
 use super::atomic::write_atomically;
 use super::format::{file_name, Identity, PublishedFile};
 use super::process::current_identity;
-use crate::exporter::format_duration;
 use crate::manager::MemoryManager;
 use crate::sampler::{Sampler, MIN_INTERVAL};
 use crate::snapshot::CaptureSettings;
+use crate::units::format_duration;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;

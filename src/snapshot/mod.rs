@@ -8,6 +8,7 @@
 mod capture;
 mod sidecar;
 
+#[cfg(feature = "sidecar")]
 pub(crate) use capture::begun;
 pub use capture::{capture, CaptureSettings};
 pub use sidecar::{

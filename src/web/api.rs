@@ -1,7 +1,7 @@
 //! The JSON API and the health check: `/api/v1/snapshot`, `/api/v1/history`, `/healthz`.
 
 use super::WebState;
-use crate::exporter::format_duration;
+use crate::units::format_duration;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -42,16 +42,6 @@ pub fn clock_utc(unix_seconds: f64) -> String {
     )
 }
 
-/// A duration as the flags take it: "500ms", "1s", "90s".
-pub fn interval(seconds: f64) -> String {
-    let millis = (seconds * 1000.0).round() as u64;
-    if millis % 1000 == 0 {
-        format!("{}s", millis / 1000)
-    } else {
-        format!("{millis}ms")
-    }
-}
-
 /// A count with thousands separators: "100,000".
 pub fn count(value: u64) -> String {
     let digits = value.to_string();
@@ -85,8 +75,6 @@ mod tests {
         assert_eq!(count(100_000), "100,000");
         assert_eq!(count(1_234_567), "1,234,567");
         assert_eq!(clock_utc(86_400.0 + 3661.0), "01:01:01 UTC");
-        assert_eq!(interval(0.5), "500ms");
-        assert_eq!(interval(2.0), "2s");
         assert_eq!(percent(0.1234), "12.3 %");
     }
 }

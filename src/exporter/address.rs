@@ -1,33 +1,12 @@
-//! The flags every serving command shares (`--listen`, `--interval`) and the parsing behind
-//! them, so `gpumem demo` and `gpumem serve` accept and reject exactly the same input.
+//! The exporter's listen address and sampling interval as people write them: parsing (shared by
+//! every serving command and the healthcheck, so all accept and reject the same input), the
+//! default address, and where a client reaches an address that was bound.
 
 use crate::sampler::MIN_INTERVAL;
-use clap::Args;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
-
-/// `--listen` and `--interval`, raw; [`ExporterFlags::validate`] turns them into settings.
-#[derive(Args, Debug, Clone)]
-pub struct ExporterFlags {
-    /// Address to serve /metrics, the status page and the JSON API on (port 0 picks a free port).
-    #[arg(long, env = "GPUMEM_LISTEN", default_value = DEFAULT_LISTEN)]
-    pub listen: String,
-
-    /// How often to sample the devices and pools (e.g. 500ms, 1s, 2m; at least 100ms).
-    #[arg(long, env = "GPUMEM_INTERVAL", default_value = "1s")]
-    pub interval: String,
-}
-
-impl ExporterFlags {
-    /// The address and interval, or one line naming the flag that is wrong.
-    pub fn validate(&self) -> Result<(SocketAddr, Duration), String> {
-        let listen = parse_listen(&self.listen).map_err(|e| format!("--listen: {e}"))?;
-        let interval = parse_interval(&self.interval).map_err(|e| format!("--interval: {e}"))?;
-        Ok((listen, interval))
-    }
-}
 
 /// An IP address and port such as `127.0.0.1:9400` or `[::1]:9400`.
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
@@ -61,7 +40,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
-pub use crate::units::{format_duration, parse_duration};
+use crate::units::{format_duration, parse_duration};
 
 #[cfg(test)]
 mod tests {
@@ -90,23 +69,6 @@ mod tests {
         assert!(parse_interval("50ms")
             .unwrap_err()
             .contains("shortest interval is 100ms"));
-    }
-
-    #[test]
-    fn flags_name_the_flag_that_is_wrong() {
-        let flags = |listen: &str, interval: &str| ExporterFlags {
-            listen: listen.to_string(),
-            interval: interval.to_string(),
-        };
-        assert!(flags("127.0.0.1:0", "1s").validate().is_ok());
-        assert!(flags("localhost", "1s")
-            .validate()
-            .unwrap_err()
-            .starts_with("--listen:"));
-        assert!(flags("127.0.0.1:0", "fast")
-            .validate()
-            .unwrap_err()
-            .starts_with("--interval:"));
     }
 
     #[test]

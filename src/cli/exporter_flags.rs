@@ -1,0 +1,50 @@
+//! The flags every serving command shares (`--listen`, `--interval`), raw as clap parses them,
+//! validated into the exporter's settings so `gpumem demo` and `gpumem serve` agree.
+
+use crate::exporter::{parse_interval, parse_listen, DEFAULT_LISTEN};
+use clap::Args;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `--listen` and `--interval`, raw; [`ExporterFlags::validate`] turns them into settings.
+#[derive(Args, Debug, Clone)]
+pub struct ExporterFlags {
+    /// Address to serve /metrics, the status page and the JSON API on (port 0 picks a free port).
+    #[arg(long, env = "GPUMEM_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: String,
+
+    /// How often to sample the devices and pools (e.g. 500ms, 1s, 2m; at least 100ms).
+    #[arg(long, env = "GPUMEM_INTERVAL", default_value = "1s")]
+    pub interval: String,
+}
+
+impl ExporterFlags {
+    /// The address and interval, or one line naming the flag that is wrong.
+    pub fn validate(&self) -> Result<(SocketAddr, Duration), String> {
+        let listen = parse_listen(&self.listen).map_err(|e| format!("--listen: {e}"))?;
+        let interval = parse_interval(&self.interval).map_err(|e| format!("--interval: {e}"))?;
+        Ok((listen, interval))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_name_the_flag_that_is_wrong() {
+        let flags = |listen: &str, interval: &str| ExporterFlags {
+            listen: listen.to_string(),
+            interval: interval.to_string(),
+        };
+        assert!(flags("127.0.0.1:0", "1s").validate().is_ok());
+        assert!(flags("localhost", "1s")
+            .validate()
+            .unwrap_err()
+            .starts_with("--listen:"));
+        assert!(flags("127.0.0.1:0", "fast")
+            .validate()
+            .unwrap_err()
+            .starts_with("--interval:"));
+    }
+}
