@@ -52,7 +52,7 @@ pub enum AllocError {
     #[error("zero-size allocation requested")]
     ZeroSize,
 
-    #[error("alignment {0} is not a power of two between 1 and the 2 MiB page size")]
+    #[error("alignment {0} is not a power of two no larger than the device's page size (its allocation granularity)")]
     InvalidAlignment(u64),
 
     #[error(
@@ -84,13 +84,14 @@ pub enum AllocError {
 
     #[error(
         "pool on device {device} is capped at {} by configuration (gpu_memory_fraction / max_pool_size); \
-         {} requested with {} held. Try: free buffers, call empty_cache(), or raise the cap",
-        Bytes(*.limit), Bytes(*.requested), Bytes(*.in_use)
+         {} requested with {} reserved. Try: free buffers, call empty_cache(), or raise the cap",
+        Bytes(*.limit), Bytes(*.requested), Bytes(*.reserved)
     )]
     PoolLimit {
         device: usize,
         requested: u64,
-        in_use: u64,
+        /// What the device's pools hold from the driver (live blocks and cache) when refused.
+        reserved: u64,
         limit: u64,
     },
 

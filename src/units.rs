@@ -1,4 +1,5 @@
-//! Byte sizes: parsing human input ("2G", "512MiB", "4096") and printing sizes for people.
+//! Units people type and read: byte sizes ("2G", "512MiB", "4096") and durations ("500ms",
+//! "1.5s", "10m"), parsed from input and printed back in the same form.
 
 use std::fmt;
 use std::time::Duration;

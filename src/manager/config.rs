@@ -71,7 +71,8 @@ pub struct MemoryConfig {
     pub idle_per_mille: usize,
 }
 
-/// The name the first versions used; kept while callers move to [`MemoryConfig`].
+/// The same settings under the name the embedding examples use (`ManagerConfig` next to
+/// `MemoryManager`); `MemoryConfig` is the name the configuration guide and presets use.
 pub type ManagerConfig = MemoryConfig;
 
 impl Default for MemoryConfig {

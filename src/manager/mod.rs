@@ -514,7 +514,7 @@ impl MemoryManager {
             ArenaError::OverLimit => AllocError::PoolLimit {
                 device: managed.index,
                 requested,
-                in_use: reserved,
+                reserved,
                 limit: managed.pool_cap,
             },
             ArenaError::BelowMinFree => AllocError::PressureCritical {
