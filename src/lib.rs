@@ -16,6 +16,7 @@ pub mod plot;
 pub mod pool;
 pub mod publish;
 pub mod replay;
+pub mod safe_fs;
 pub mod sampler;
 pub mod snapshot;
 pub mod trace;

@@ -2,8 +2,9 @@
 
 use super::{CliError, CommonArgs};
 use crate::manager::{MemoryConfig, MemoryManager, Strategy};
-use crate::plot::{line_chart_svg, write_file_atomically, Series};
+use crate::plot::{line_chart_svg, Series};
 use crate::replay::{replay, ReplayReport, TimelinePoint};
+use crate::safe_fs::{check_target, write_atomically, WriteOptions};
 use crate::trace::load_trace;
 use crate::units::Bytes;
 use clap::Args;
@@ -54,6 +55,11 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(plot) = &args.plot {
         check_plot_path(plot)?;
+        for trace in &traces {
+            let path = plot_path(plot, &trace.name, traces.len() > 1);
+            check_target(&path, &args.traces)
+                .map_err(|e| CliError::usage(format!("--plot: {e}")))?;
+        }
     }
     let base = args.common.memory_config()?;
     let opened = args.common.open()?;
@@ -108,7 +114,7 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
         print_report(&report, args.json)?;
         if let Some(plot) = &args.plot {
             let path = plot_path(plot, &trace.name, traces.len() > 1);
-            write_plot(&path, &report, &timeline)?;
+            write_plot(&path, &report, &timeline, &args.traces)?;
         }
     }
     Ok(())
@@ -183,6 +189,7 @@ fn write_plot(
     path: &Path,
     report: &ReplayReport,
     timeline: &[TimelinePoint],
+    inputs: &[PathBuf],
 ) -> Result<(), CliError> {
     let series_of = |pick: fn(&TimelinePoint) -> u64| -> Vec<(f64, f64)> {
         timeline
@@ -219,7 +226,11 @@ fn write_plot(
             },
         ],
     );
-    write_file_atomically(path, svg.as_bytes())
+    let options = WriteOptions {
+        inputs: inputs.to_vec(),
+        durable: true,
+    };
+    write_atomically(path, svg.as_bytes(), &options)
         .map_err(|e| CliError::runtime(format!("could not write {}: {e}", path.display())))?;
     eprintln!("wrote {}", path.display());
     Ok(())

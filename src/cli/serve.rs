@@ -76,7 +76,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
 
     let runtime = crate::web::runtime::build("gpumem-serve")
         .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
-    runtime.block_on(async move {
+    crate::web::runtime::block_on_bounded(runtime, async move {
         let exporter = Exporter::builder()
             .source(Box::new(sidecar))
             .listen(listen)

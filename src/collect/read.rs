@@ -5,8 +5,8 @@
 
 use crate::publish::format::{PublishedFile, FORMAT, VERSION};
 use crate::publish::process::clean_process_name;
+use crate::safe_fs::{open_regular, read_capped};
 use serde::Deserialize;
-use std::io::Read;
 use std::path::Path;
 
 /// Files above this are not read: a snapshot of 64 devices with every pool is far below it.
@@ -19,8 +19,8 @@ pub const MAX_POOL_NAME: usize = 32;
 pub const MAX_UUID: usize = 128;
 
 /// Every reason a file can be skipped for (metric label values): the [`Rejection`] kinds, plus
-/// the collector's own `duplicate_pid` and `too_many_files`.
-pub const REJECTION_REASONS: [&str; 9] = [
+/// the collector's own `duplicate_pid`, `too_many_files` and `over_budget`.
+pub const REJECTION_REASONS: [&str; 10] = [
     "empty",
     "too_large",
     "truncated",
@@ -30,6 +30,7 @@ pub const REJECTION_REASONS: [&str; 9] = [
     "unreadable",
     "duplicate_pid",
     "too_many_files",
+    "over_budget",
 ];
 
 /// Why a file was skipped.
@@ -91,24 +92,26 @@ struct Header {
     version: Option<u32>,
 }
 
-/// Reads, parses and validates one file.
+/// Reads, parses and validates one file. The file is opened without following a link and
+/// without blocking, and must be a regular file once open: a writer that swaps in a FIFO or a
+/// symlink after the directory was listed gets an `unreadable` rejection, not a stuck collector
+/// or a file from outside the directory.
 pub fn read_file(path: &Path, max_bytes: u64) -> Result<PublishedFile, Rejection> {
-    let file = std::fs::File::open(path).map_err(Rejection::Unreadable)?;
+    read_sized(path, max_bytes).map(|(file, _)| file)
+}
+
+/// [`read_file`], with the number of bytes read.
+pub fn read_sized(path: &Path, max_bytes: u64) -> Result<(PublishedFile, u64), Rejection> {
+    let file = open_regular(path).map_err(Rejection::Unreadable)?;
     let size = file.metadata().map_err(Rejection::Unreadable)?.len();
     if size > max_bytes {
         return Err(Rejection::TooLarge { bytes: size });
     }
     // The file may grow between the size check and the read: never read past the cap.
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    file.take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(Rejection::Unreadable)?;
-    if bytes.len() as u64 > max_bytes {
-        return Err(Rejection::TooLarge {
-            bytes: bytes.len() as u64,
-        });
+    match read_capped(file, max_bytes).map_err(Rejection::Unreadable)? {
+        Ok(bytes) => parse(&bytes).map(|file| (file, bytes.len() as u64)),
+        Err(bytes) => Err(Rejection::TooLarge { bytes }),
     }
-    parse(&bytes)
 }
 
 /// Parses and validates the bytes of one file.

@@ -77,7 +77,7 @@ pub fn run(
     };
     let manager = MemoryManager::new(backend, config)?;
     let runtime = crate::web::runtime::build("gpumem-demo").map_err(DemoError::Startup)?;
-    runtime.block_on(serve(manager, sim, settings))
+    crate::web::runtime::block_on_bounded(runtime, serve(manager, sim, settings))
 }
 
 async fn serve(

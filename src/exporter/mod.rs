@@ -180,7 +180,7 @@ impl ExporterBuilder {
                     .map_err(ExporterError::Runtime)?;
                 let thread = std::thread::Builder::new()
                     .name("gpumem-exporter".to_string())
-                    .spawn(move || runtime.block_on(work))
+                    .spawn(move || crate::web::runtime::block_on_bounded(runtime, work))
                     .map_err(ExporterError::Runtime)?;
                 Task::Thread(thread)
             }
@@ -302,7 +302,13 @@ async fn run(
             tracing::warn!("requests still running {} after shutdown; closing them", format_duration(SHUTDOWN_GRACE));
         }
     }
-    if let Err(error) = sampler_task.await {
-        tracing::error!("the sampler failed: {error}");
+    // A sample stuck in a read (a driver call, a file) must not keep a stopping process alive.
+    match tokio::time::timeout(SHUTDOWN_GRACE, sampler_task).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!("the sampler failed: {error}"),
+        Err(_) => tracing::warn!(
+            "the sampler is still busy {} after shutdown; not waiting for it",
+            format_duration(SHUTDOWN_GRACE)
+        ),
     }
 }

@@ -8,6 +8,7 @@ mod bad_input;
 mod corpus;
 mod faults;
 mod fuzz_checks;
+mod hardening;
 mod http_abuse;
 mod model_check;
 mod properties;
