@@ -21,6 +21,16 @@ pub struct ServeArgs {
     #[arg(long, env = "GPUMEM_COLLECT_DIR", value_name = "DIR")]
     collect_dir: Option<PathBuf>,
 
+    /// Most series all collected processes may add to /metrics together; files beyond it are
+    /// skipped, newest kept (the default suits a 128 MiB memory limit).
+    #[arg(long, env = "GPUMEM_COLLECT_MAX_SERIES", value_name = "N",
+          default_value_t = crate::collect::DEFAULT_MAX_SERIES)]
+    collect_max_series: u64,
+
+    /// Most bytes of collected file content kept for all processes together (e.g. 16MiB).
+    #[arg(long, env = "GPUMEM_COLLECT_MAX_BYTES", value_name = "SIZE", default_value = "16MiB")]
+    collect_max_bytes: String,
+
     /// Without NVML, read device memory through CUDA (cuMemGetInfo) instead. This creates a CUDA
     /// context on every device, about 500 MiB each, which is why it is off by default.
     /// (GPUMEM_ALLOW_CUDA_CONTEXT takes 1/0, true/false, yes/no, on/off.)
@@ -41,7 +51,11 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let collect = match &args.collect_dir {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
-            Some(CollectSettings::new(dir, interval))
+            let mut settings = CollectSettings::new(dir, interval);
+            settings.max_series = args.collect_max_series;
+            settings.max_bytes = crate::units::parse_bytes(&args.collect_max_bytes)
+                .map_err(|e| CliError::usage(format!("--collect-max-bytes: {e}")))?;
+            Some(settings)
         }
         None => None,
     };

@@ -4,7 +4,7 @@
 //! a [`Rejection`] with a bounded reason (a metric label), never a panic.
 
 use crate::publish::format::{PublishedFile, FORMAT, VERSION};
-use crate::publish::process::clean_process_name;
+use crate::publish::process::{clean_process_name, clean_text};
 use crate::safe_fs::{open_regular, read_capped};
 use serde::Deserialize;
 use std::path::Path;
@@ -17,6 +17,11 @@ pub const MAX_POOLS: usize = 16;
 /// Pool names are labels: short, lowercase, from a small alphabet.
 pub const MAX_POOL_NAME: usize = 32;
 pub const MAX_UUID: usize = 128;
+/// Free text from a file (device names, the writer) is cut to this many characters.
+pub const MAX_TEXT: usize = 128;
+/// How much of a file's own text a rejection quotes: log lines and the page stay short
+/// whatever the file holds (a wrong-typed 3 MB string is quoted in serde's message).
+const MAX_DETAIL: usize = 240;
 
 /// Every reason a file can be skipped for (metric label values): the [`Rejection`] kinds, plus
 /// the collector's own `duplicate_pid`, `too_many_files` and `over_budget`.
@@ -72,9 +77,11 @@ impl std::fmt::Display for Rejection {
                 f,
                 "the file is {bytes} bytes; the limit is {MAX_FILE_BYTES}"
             ),
-            Rejection::Truncated(detail) => write!(f, "the file ends early ({detail})"),
-            Rejection::NotJson(detail) => write!(f, "not JSON ({detail})"),
-            Rejection::Invalid(detail) => write!(f, "not a valid {FORMAT} file: {detail}"),
+            Rejection::Truncated(detail) => write!(f, "the file ends early ({})", short(detail)),
+            Rejection::NotJson(detail) => write!(f, "not JSON ({})", short(detail)),
+            Rejection::Invalid(detail) => {
+                write!(f, "not a valid {FORMAT} file: {}", short(detail))
+            }
             Rejection::NewerVersion(version) => write!(
                 f,
                 "format version {version} is newer than this gpumem reads ({VERSION}); upgrade the sidecar"
@@ -82,6 +89,19 @@ impl std::fmt::Display for Rejection {
             Rejection::Unreadable(error) => write!(f, "cannot read it: {error}"),
         }
     }
+}
+
+/// `detail` cut to [`MAX_DETAIL`] characters, control characters escaped.
+fn short(detail: &str) -> String {
+    let mut out: String = detail
+        .chars()
+        .take(MAX_DETAIL)
+        .map(|c| if c.is_control() { '_' } else { c })
+        .collect();
+    if detail.chars().nth(MAX_DETAIL).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// What is read before the body: enough to refuse a file of another format or a newer version
@@ -164,6 +184,11 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
         }
     }
     file.process = clean_process_name(&file.process);
+    file.writer = file.writer.as_deref().map(|w| clean_text(w, MAX_TEXT));
+    // Compared with the collector's own, never shown: a long one cannot match anything.
+    if file.pid_namespace.as_ref().is_some_and(|ns| ns.len() > MAX_TEXT) {
+        file.pid_namespace = None;
+    }
     if file.devices.len() > MAX_DEVICES {
         return Err(format!(
             "{} devices; at most {MAX_DEVICES}",
@@ -171,6 +196,9 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
         ));
     }
     let mut gpus = Vec::with_capacity(file.devices.len());
+    for device in &mut file.devices {
+        device.name = device.name.as_deref().map(|n| clean_text(n, MAX_TEXT));
+    }
     for device in &file.devices {
         let gpu = device.gpu;
         if gpus.contains(&gpu) {
@@ -178,7 +206,7 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
         }
         gpus.push(gpu);
         if let Some(uuid) = &device.uuid {
-            if uuid.len() > MAX_UUID || uuid.chars().any(char::is_control) {
+            if uuid.len() > MAX_UUID || !uuid.chars().all(|c| c.is_ascii_graphic()) {
                 return Err(format!("gpu {gpu}: \"uuid\" is not a device UUID"));
             }
         }

@@ -246,13 +246,30 @@ pub fn parse_config_str(text: &str) -> Result<MemoryConfig, ConfigError> {
     Ok(config)
 }
 
+/// Config files are a few lines of TOML; anything bigger is not one (`--config /dev/zero`).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of a config file, at most [`MAX_CONFIG_BYTES`] of UTF-8.
+fn read_config_file(path: &std::path::Path) -> Result<String, String> {
+    let cannot = |e: std::io::Error| format!("cannot read the config file: {e}");
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let bytes = crate::safe_fs::read_capped(file, MAX_CONFIG_BYTES)
+        .map_err(cannot)?
+        .map_err(|_| {
+            format!(
+                "the config file is larger than {} (a gpumem config is a few lines of TOML)",
+                crate::units::Bytes(MAX_CONFIG_BYTES)
+            )
+        })?;
+    String::from_utf8(bytes).map_err(|_| "the config file is not UTF-8 text".to_string())
+}
+
 /// Reads and checks the configuration; the error names the file or variable and the key.
 pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError> {
     let mut config = MemoryConfig::default();
     if let Some(path) = &sources.file {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(&shown, format!("cannot read the config file: {e}")))?;
+        let text = read_config_file(path).map_err(|why| ConfigError::new(&shown, why))?;
         apply_toml(&mut config, &shown, &text)?;
     }
     let env = |name: &str| {

@@ -5,6 +5,7 @@
 
 mod collect_budget;
 mod collect_races;
+mod input_limits;
 mod writes;
 
 use gpumem::snapshot::ReasonCount;
