@@ -1,6 +1,6 @@
 //! `gpumem replay`: traces through a real `MemoryManager`, one report per trace, an optional plot.
 
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::manager::{MemoryConfig, MemoryManager, Strategy};
 use crate::plot::{line_chart_svg, Series};
 use crate::replay::{replay, ReplayReport, TimelinePoint};
@@ -46,7 +46,7 @@ pub struct ReplayArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: ReplayArgs) -> Result<(), CliError> {
+pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.
     let traces = args
         .traces
@@ -61,8 +61,18 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
                 .map_err(|e| CliError::usage(format!("--plot: {e}")))?;
         }
     }
-    let base = args.common.memory_config()?;
-    let opened = args.common.open()?;
+    // Defaults < --config < GPUMEM_* < flags given: a flag's default never hides the file.
+    let mut base = args.common.memory_config()?;
+    if given.explicit("strategy") {
+        base.strategy = args.strategy;
+    }
+    if given.explicit("idle_pages") {
+        base.idle_pages_kept = args.idle_pages;
+    }
+    if given.explicit("idle_per_mille") {
+        base.idle_per_mille = args.idle_per_mille;
+    }
+    let (opened, _) = args.common.open_checked(&base, given)?;
     let backend = opened.backend;
     let device = args.device;
     if device >= backend.device_count() {
@@ -74,11 +84,8 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
     // Every trace gets a fresh manager with this configuration, checked before anything is
     // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
     let config = MemoryConfig {
-        strategy: args.strategy,
         devices: Some(vec![device]),
         shards: 1,
-        idle_pages_kept: args.idle_pages,
-        idle_per_mille: args.idle_per_mille,
         // Replay measures the allocator alone: no upkeep thread, no pool cap.
         release_idle_after: None,
         cleanup_interval: None,

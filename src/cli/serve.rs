@@ -3,7 +3,7 @@
 //! `--collect-dir`. Flags are checked before anything is opened; then it serves until Ctrl-C or
 //! SIGTERM, like the demo.
 
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::backend::BackendChoice;
 use crate::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
 use crate::exporter::{Exporter, ExporterError, ExporterFlags};
@@ -28,7 +28,12 @@ pub struct ServeArgs {
     collect_max_series: u64,
 
     /// Most bytes of collected file content kept for all processes together (e.g. 16MiB).
-    #[arg(long, env = "GPUMEM_COLLECT_MAX_BYTES", value_name = "SIZE", default_value = "16MiB")]
+    #[arg(
+        long,
+        env = "GPUMEM_COLLECT_MAX_BYTES",
+        value_name = "SIZE",
+        default_value = "16MiB"
+    )]
     collect_max_bytes: String,
 
     /// Without NVML, read device memory through CUDA (cuMemGetInfo) instead. This creates a CUDA
@@ -45,7 +50,7 @@ pub struct ServeArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: ServeArgs) -> Result<(), CliError> {
+pub fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before a library is loaded or a port bound.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let collect = match &args.collect_dir {
@@ -65,14 +70,16 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             library: args.nvml_library.clone(),
             cuda_fallback: args.allow_cuda_context,
         },
-        BackendChoice::Sim => DeviceSource::Backend(args.common.open()?.backend),
+        BackendChoice::Sim => DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend),
         BackendChoice::Cuda if !args.allow_cuda_context => {
             return Err(CliError::usage(
                 "--backend cuda: serve reads devices through NVML; reading them through CUDA \
                  creates a context (about 500 MiB per device): add --allow-cuda-context if you mean it",
             ))
         }
-        BackendChoice::Cuda => DeviceSource::Backend(args.common.open()?.backend),
+        BackendChoice::Cuda => {
+            DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend)
+        }
     };
     if args.collect_dir.is_none() {
         tracing::info!("no --collect-dir: exporting device and per-process memory only");
@@ -80,7 +87,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
 
     let mut sidecar = Sidecar::open(source, collect);
     match sidecar.device_count() {
-        Some(count) => sidecar.select_devices(args.common.selected_devices(count)?),
+        Some(count) => sidecar.select_devices(args.common.device_selection(&config, given, count)?),
         None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(
             "--devices {}: no device source works yet; reporting every device once one does",
             args.common.devices

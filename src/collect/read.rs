@@ -186,7 +186,11 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
     file.process = clean_process_name(&file.process);
     file.writer = file.writer.as_deref().map(|w| clean_text(w, MAX_TEXT));
     // Compared with the collector's own, never shown: a long one cannot match anything.
-    if file.pid_namespace.as_ref().is_some_and(|ns| ns.len() > MAX_TEXT) {
+    if file
+        .pid_namespace
+        .as_ref()
+        .is_some_and(|ns| ns.len() > MAX_TEXT)
+    {
         file.pid_namespace = None;
     }
     if file.devices.len() > MAX_DEVICES {

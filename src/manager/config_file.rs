@@ -261,12 +261,32 @@ fn read_config_file(path: &std::path::Path) -> Result<String, String> {
                 crate::units::Bytes(MAX_CONFIG_BYTES)
             )
         })?;
-    String::from_utf8(bytes).map_err(|_| "the config file is not UTF-8 text".to_string())
+    String::from_utf8(bytes).map_err(|_| "the config file is not valid UTF-8 text".to_string())
+}
+
+/// The `GPUMEM_<KEY>` variable of each key the environment may set.
+pub fn env_names() -> impl Iterator<Item = String> {
+    KEYS.iter()
+        .filter(|key| **key != "devices")
+        .map(|key| env_name(key))
+}
+
+fn env_name(key: &str) -> String {
+    format!("GPUMEM_{}", key.replace('.', "_").to_ascii_uppercase())
 }
 
 /// Reads and checks the configuration; the error names the file or variable and the key.
 pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError> {
-    let mut config = MemoryConfig::default();
+    load_config_over(MemoryConfig::default(), sources)
+}
+
+/// [`load_config`] starting from `base` instead of the defaults: a command's own defaults
+/// (the demo's short leak age) come first, so the file and the environment override them.
+pub fn load_config_over(
+    base: MemoryConfig,
+    sources: &ConfigSources,
+) -> Result<MemoryConfig, ConfigError> {
+    let mut config = base;
     if let Some(path) = &sources.file {
         let shown = path.display().to_string();
         let text = read_config_file(path).map_err(|why| ConfigError::new(&shown, why))?;
@@ -281,7 +301,7 @@ pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError>
     };
     // `devices` is left to the CLI's own `--devices`/`GPUMEM_DEVICES` ("all" or "0,2").
     for key in KEYS.iter().filter(|key| **key != "devices") {
-        let name = format!("GPUMEM_{}", key.replace('.', "_").to_ascii_uppercase());
+        let name = env_name(key);
         if let Some(value) = env(&name) {
             apply(&mut config, key, &Raw::Text(value))
                 .map_err(|e| ConfigError::new(name.clone(), e.message))?;
