@@ -95,6 +95,7 @@ pub fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         spike_at,
         publish_dir: args.publish_dir,
         memory,
+        allowed_hosts: args.exporter.allowed_hosts.clone(),
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => CliError::runtime(format!(

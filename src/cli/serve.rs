@@ -103,6 +103,7 @@ pub fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
             .listen(listen)
             .interval(interval)
             .leak_age(config.leak_age)
+            .allowed_hosts(&args.exporter.allowed_hosts)
             .pressure_thresholds(config.pressure)
             .spawn()
             .map_err(|error| match error {

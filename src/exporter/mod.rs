@@ -74,6 +74,7 @@ pub struct ExporterBuilder {
     pressure: Option<PressureThresholds>,
     routes: Option<Router>,
     source: Option<Box<dyn SnapshotSource>>,
+    allowed_hosts: web::host::AllowedHosts,
 }
 
 impl Default for ExporterBuilder {
@@ -86,6 +87,7 @@ impl Default for ExporterBuilder {
             pressure: None,
             routes: None,
             source: None,
+            allowed_hosts: web::host::AllowedHosts::default(),
         }
     }
 }
@@ -133,6 +135,13 @@ impl ExporterBuilder {
         self
     }
 
+    /// Host names requests may use besides IP addresses and `localhost` (`*`: any); see
+    /// `web::host`.
+    pub fn allowed_hosts<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.allowed_hosts = web::host::AllowedHosts::new(names);
+        self
+    }
+
     /// Samples `source` instead of managers (the sidecar); managers given as well are ignored.
     pub fn source(mut self, source: Box<dyn SnapshotSource>) -> Self {
         self.source = Some(source);
@@ -169,7 +178,7 @@ impl ExporterBuilder {
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
         let state = WebState::new(latest, sampler.history(), interval);
-        let app = web::router(state, self.routes);
+        let app = web::router(state, self.routes, self.allowed_hosts);
         let (stop, stopped) = watch::channel(false);
         let work = run(listener, app, sampler, publish, stopped);
 

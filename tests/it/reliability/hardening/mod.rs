@@ -7,6 +7,7 @@ mod collect_budget;
 mod collect_races;
 mod input_limits;
 mod precedence;
+mod web;
 mod writes;
 
 use gpumem::snapshot::ReasonCount;
