@@ -49,6 +49,8 @@ pub struct BenchTarget {
     pub device: usize,
     /// Present on the CUDA backend when the driver has stream-ordered allocation.
     pub stream_ordered: Option<Arc<CudaBackend>>,
+    /// The managers' configuration (`--config`); the device is set per run.
+    pub config: MemoryConfig,
 }
 
 impl BenchTarget {
@@ -62,6 +64,7 @@ impl BenchTarget {
             backend,
             device,
             stream_ordered,
+            config: MemoryConfig::default(),
         }
     }
 }
@@ -115,7 +118,7 @@ pub fn measure(
     budget: Duration,
 ) -> Result<BenchResult, String> {
     let device = target.device;
-    let config = MemoryConfig::default().devices(vec![device]);
+    let config = target.config.clone().devices(vec![device]);
     let manager =
         MemoryManager::new(Arc::clone(&target.backend), config).map_err(|e| e.to_string())?;
     let async_pool = target.stream_ordered.clone();

@@ -1,6 +1,5 @@
 //! gpumem: a GPU memory manager (caching pools over the CUDA driver, leak tracking, pressure)
 //! and the observability around it (sampler, Prometheus endpoint, status page, sidecar).
-
 //!
 //! The core — [`backend`], [`pool`], [`manager`], [`snapshot`], [`planner`] — builds with
 //! `default-features = false` and none of the web, command-line, NVML or plotting dependencies.
@@ -21,6 +20,8 @@ pub mod units;
 pub mod exporter;
 #[cfg(feature = "exporter")]
 pub mod publish;
+#[cfg(feature = "exporter")]
+pub mod safe_fs;
 #[cfg(feature = "exporter")]
 pub mod sampler;
 #[cfg(feature = "exporter")]

@@ -1,10 +1,7 @@
-//! Dependency-free SVG line charts (memory over a trace, and the like) and writing a file
-//! atomically, so `--plot` never leaves a half-written chart behind.
+//! Dependency-free SVG line charts (memory over a trace, and the like); `crate::safe_fs` writes
+//! them.
 
 use std::fmt::Write as _;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write as _};
-use std::path::Path;
 
 /// One line on a chart. `color` is any SVG colour (`#1f77b4`, `teal`).
 #[derive(Clone, Copy, Debug)]
@@ -164,34 +161,6 @@ pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[Serie
     }
     svg.push_str("\n</svg>\n");
     svg
-}
-
-/// Writes `contents` to `path` through a temporary file in the same directory and a rename,
-/// so readers see either the old file or the whole new one, never a partial write.
-pub fn write_file_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
-    let file_name = path.file_name().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} does not name a file", path.display()),
-        )
-    })?;
-    let mut temp_name = file_name.to_os_string();
-    temp_name.push(".tmp");
-    let temp = path.with_file_name(temp_name);
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp)?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        fs::rename(&temp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
 }
 
 /// An axis: its range and the tick values inside it.
@@ -490,24 +459,5 @@ mod tests {
         assert!(svg.contains("x&apos;s") && svg.contains("&lt;y&gt;") && svg.contains("l&amp;l"));
         assert!(svg.contains("&quot;red"));
         assert!(!svg.contains("a < b"));
-    }
-
-    #[test]
-    fn writes_atomically_and_replaces() {
-        let dir = std::env::temp_dir().join(format!("gpumem-plot-{}", std::process::id()));
-        fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("chart.svg");
-        write_file_atomically(&path, b"first").expect("write");
-        write_file_atomically(&path, b"second").expect("replace");
-        assert_eq!(fs::read(&path).expect("read"), b"second");
-        let leftovers: Vec<_> = fs::read_dir(&dir)
-            .expect("list")
-            .filter_map(Result::ok)
-            .collect();
-        assert_eq!(leftovers.len(), 1, "temp file left behind");
-        let missing_dir = dir.join("no/such/dir/chart.svg");
-        assert!(write_file_atomically(&missing_dir, b"x").is_err());
-        assert!(write_file_atomically(Path::new("/"), b"x").is_err());
-        let _ = fs::remove_dir_all(&dir);
     }
 }

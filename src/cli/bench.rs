@@ -1,6 +1,6 @@
 //! `gpumem bench`: allocation latency of gpumem and the driver's allocators, side by side.
 
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::bench::{measure, Allocator, BenchTarget};
 use crate::units::{parse_bytes, Bytes};
 use clap::Args;
@@ -56,7 +56,7 @@ pub struct BenchArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: BenchArgs) -> Result<(), CliError> {
+pub fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
     let sizes = args
         .sizes
         .iter()
@@ -83,15 +83,21 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 args.seconds
             ))
         })?;
-    let opened = args.common.open()?;
-    if args.device >= opened.backend.device_count() {
+    let config = args.common.memory_config()?;
+    let (opened, selected) = args.common.open_checked(&config, given)?;
+    // --device when given, else the first device the file (or --devices) selects.
+    let device = match selected.first() {
+        Some(&first) if !given.explicit("device") && config.devices.is_some() => first,
+        _ => args.device,
+    };
+    if device >= opened.backend.device_count() {
         return Err(CliError::usage(format!(
-            "--device: device {} does not exist ({} device(s) present)",
-            args.device,
+            "--device: device {device} does not exist ({} device(s) present)",
             opened.backend.device_count()
         )));
     }
-    let target = BenchTarget::new(opened.backend, args.device);
+    let mut target = BenchTarget::new(opened.backend, device);
+    target.config = config;
     if !args.json {
         println!(
             "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10} {:>6}",

@@ -1,11 +1,12 @@
 //! `gpumem demo`: flags for the demo, validated into `DemoSettings`, then `gpumem::demo::run`.
 
 use super::exporter_flags::ExporterFlags;
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use crate::backend::{BackendKind, DeviceBackend};
 use crate::demo::{self, DemoError, DemoSettings};
 use crate::exporter::ExporterError;
+use crate::manager::MemoryConfig;
 use crate::units::parse_bytes;
 use crate::units::parse_duration;
 use clap::Args;
@@ -23,7 +24,7 @@ pub struct DemoArgs {
 
     /// Live allocations older than this are leak suspects (short here, so the leak view fills
     /// within a minute).
-    #[arg(long, env = "GPUMEM_LEAK_AGE", default_value = "30s")]
+    #[arg(long, env = "GPUMEM_LEAK_AGE", default_value = DEMO_LEAK_AGE)]
     leak_age: String,
 
     /// Push every device to critical pressure this long after the start, for 45 s (e.g. 20s);
@@ -40,28 +41,44 @@ pub struct DemoArgs {
     common: CommonArgs,
 }
 
+/// The demo's own default leak age (a config file's `leak_age` overrides it).
+const DEMO_LEAK_AGE: &str = "30s";
+
 fn flag_duration(flag: &str, text: &str) -> Result<Duration, CliError> {
     parse_duration(text).map_err(|e| CliError::usage(format!("{flag}: {e}")))
 }
 
-pub fn run(args: DemoArgs) -> Result<(), CliError> {
+pub fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before the driver is touched: bad input costs nothing.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let duration = match &args.duration {
         Some(text) => Some(flag_duration("--duration", text)?),
         None => None,
     };
-    let leak_age = flag_duration("--leak-age", &args.leak_age)?;
     let spike_at = match &args.spike_at {
         Some(text) => Some(flag_duration("--spike-at", text)?),
         None => None,
     };
-    let memory = args.common.memory_config()?;
+    // Defaults (the demo's short leak age) < --config < GPUMEM_* < flags given.
+    let flag_leak_age = match given.explicit("leak_age") {
+        true => Some(flag_duration("--leak-age", &args.leak_age)?),
+        false => None,
+    };
+    let base = MemoryConfig {
+        leak_age: flag_duration("--leak-age", DEMO_LEAK_AGE)?,
+        ..MemoryConfig::default()
+    };
+    let mut memory = args.common.memory_config_over(base)?;
+    if let Some(leak_age) = flag_leak_age {
+        memory.leak_age = leak_age;
+        memory.validate().map_err(|e| match e.key.as_str() {
+            "leak_age" => CliError::usage(format!("--leak-age: {}", e.message)),
+            _ => CliError::usage(e.to_string()),
+        })?;
+    }
+    let leak_age = memory.leak_age;
 
-    let opened = args.common.open()?;
-    let devices = args
-        .common
-        .selected_devices(opened.backend.device_count())?;
+    let (opened, devices) = args.common.open_checked(&memory, given)?;
     let (backend, sim): (Arc<dyn DeviceBackend>, _) = match opened.backend.kind() {
         BackendKind::Cuda => (opened.backend, None),
         BackendKind::Sim => {
@@ -80,6 +97,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         spike_at,
         publish_dir: args.publish_dir,
         memory,
+        allowed_hosts: args.exporter.allowed_hosts.clone(),
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => CliError::runtime(format!(

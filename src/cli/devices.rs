@@ -1,6 +1,6 @@
 //! `gpumem devices`: what each device is, and how much of its memory is free.
 
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::backend::{DeviceBackend, DeviceProperties};
 use crate::units::Bytes;
 use clap::Args;
@@ -27,10 +27,10 @@ struct DeviceReport {
     mem_info_error: Option<String>,
 }
 
-pub fn run(args: DevicesArgs) -> Result<(), CliError> {
-    let opened = args.common.open()?;
+pub fn run(args: DevicesArgs, given: &Given) -> Result<(), CliError> {
+    let config = args.common.memory_config()?;
+    let (opened, selected) = args.common.open_checked(&config, given)?;
     let backend = opened.backend;
-    let selected = args.common.selected_devices(backend.device_count())?;
     let reports = selected
         .into_iter()
         .map(|index| report(&*backend, index))

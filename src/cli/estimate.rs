@@ -1,7 +1,7 @@
 //! `gpumem estimate`: the memory a model needs at inference (weights, KV cache, activations) and,
 //! for each device, whether it fits, the largest batch that does, and which device to use.
 
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::backend::DeviceBackend;
 use crate::planner::{
     estimate_inference_memory, max_batch_that_fits, optimal_batch_size, preset, select_device_for,
@@ -227,13 +227,14 @@ struct Report {
     verdict: String,
 }
 
-pub fn run(args: EstimateArgs) -> Result<(), CliError> {
+pub fn run(args: EstimateArgs, given: &Given) -> Result<(), CliError> {
     let settings = settings(&args)?;
     let estimate = estimate_inference_memory(&settings.shape, &settings.workload)
         .map_err(|e| CliError::usage(e.to_string()))?;
-    let opened = args.common.open()?;
+    refuse_overflow(&estimate)?;
+    let config = args.common.memory_config()?;
+    let (opened, selected) = args.common.open_checked(&config, given)?;
     let backend = opened.backend;
-    let selected = args.common.selected_devices(backend.device_count())?;
     let mut memories = Vec::new();
     let mut devices = Vec::new();
     for index in selected {
@@ -271,6 +272,24 @@ pub fn run(args: EstimateArgs) -> Result<(), CliError> {
         println!("{text}");
     } else {
         print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+/// Sizes are computed saturating at 2^64 bytes: a shape that reaches it has no meaningful
+/// estimate (it printed "16777216 TiB"), so it is refused as bad input.
+fn refuse_overflow(estimate: &InferenceEstimate) -> Result<(), CliError> {
+    let parts = [
+        estimate.weights_bytes,
+        estimate.kv_cache_bytes,
+        estimate.activation_bytes,
+        estimate.total_bytes,
+    ];
+    if parts.contains(&u64::MAX) || estimate.parameters == u64::MAX {
+        return Err(CliError::usage(
+            "the model shape is too large: its memory does not fit in 64 bits \
+             (check --hidden, --intermediate, --layers, --vocab, --max-seq and --batch)",
+        ));
     }
     Ok(())
 }

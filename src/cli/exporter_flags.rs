@@ -16,6 +16,17 @@ pub struct ExporterFlags {
     /// How often to sample the devices and pools (e.g. 500ms, 1s, 2m; at least 100ms).
     #[arg(long, env = "GPUMEM_INTERVAL", default_value = "1s")]
     pub interval: String,
+
+    /// Host names browsers and scrapers may use to reach the endpoints, comma-separated,
+    /// besides IP addresses and localhost (e.g. gpumem.monitoring.svc; * for any). Other names
+    /// are refused, so a web page cannot read the API through DNS rebinding.
+    #[arg(
+        long,
+        env = "GPUMEM_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl ExporterFlags {
@@ -36,6 +47,7 @@ mod tests {
         let flags = |listen: &str, interval: &str| ExporterFlags {
             listen: listen.to_string(),
             interval: interval.to_string(),
+            allowed_hosts: Vec::new(),
         };
         assert!(flags("127.0.0.1:0", "1s").validate().is_ok());
         assert!(flags("localhost", "1s")

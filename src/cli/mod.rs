@@ -9,10 +9,13 @@ mod exporter_flags;
 mod healthcheck;
 mod replay;
 mod serve;
+mod sources;
 
 use crate::backend::{open_backend_or_simulate, sim, BackendChoice, OpenedBackend};
-use crate::units::parse_bytes;
-use clap::{Args, Parser, Subcommand};
+use crate::manager::MemoryConfig;
+use crate::units::{parse_bytes, Bytes};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use sources::Given;
 use std::fmt;
 
 /// An error that ends the program: a message for stderr and the exit code.
@@ -157,25 +160,107 @@ impl CommonArgs {
         })
     }
 
-    /// Opens the backend, logging which one and why (the first log line of every command).
-    pub fn open(&self) -> Result<OpenedBackend, CliError> {
-        let opened = open_backend_or_simulate(self.backend, self.sim_config()?)
-            .map_err(|e| CliError::runtime(e.to_string()))?;
-        tracing::info!("{}", opened.reason);
-        Ok(opened)
+    /// Opens the backend without a word: callers check what depends on it, then
+    /// [`announce`](Self::announce) it, so bad input prints its one line and nothing before.
+    fn open_quietly(&self) -> Result<OpenedBackend, CliError> {
+        open_backend_or_simulate(self.backend, self.sim_config()?)
+            .map_err(|e| CliError::runtime(e.to_string()))
     }
 
-    /// The memory manager configuration: defaults, then `--config`, then `GPUMEM_*` variables.
-    /// A bad file or value is a usage error naming the key.
-    pub fn memory_config(&self) -> Result<crate::manager::MemoryConfig, CliError> {
+    /// Logs which backend and why, once input is checked: the first log line of every command
+    /// when gpumem chose (`--backend auto`); a detail when the user named the backend.
+    pub fn announce(&self, opened: &OpenedBackend) {
+        if self.backend == BackendChoice::Auto {
+            tracing::info!("{}", opened.reason);
+        } else {
+            tracing::debug!("{}", opened.reason);
+        }
+    }
+
+    /// Opens the backend and checks the configuration against its devices: the selection
+    /// (`--devices`, else the file's `devices`, else all), a reserve or preallocation bigger
+    /// than a device. Every failure is bad input (exit 2); on success the backend is announced.
+    pub fn open_checked(
+        &self,
+        config: &MemoryConfig,
+        given: &Given,
+    ) -> Result<(OpenedBackend, Vec<usize>), CliError> {
+        let opened = self.open_quietly()?;
+        let devices = self.device_selection(config, given, opened.backend.device_count())?;
+        for &index in &devices {
+            let total = opened
+                .backend
+                .mem_info(index)
+                .map(|info| info.total)
+                .or_else(|_| {
+                    opened
+                        .backend
+                        .properties(index)
+                        .map(|p| p.total_memory_bytes)
+                })
+                .map_err(|e| CliError::runtime(format!("device {index}: {e}")))?;
+            check_against_device(config, index, total).map_err(CliError::usage)?;
+        }
+        self.announce(&opened);
+        Ok((opened, devices))
+    }
+
+    /// The memory manager configuration: `base` (the defaults, or a command's own), then
+    /// `--config`, then `GPUMEM_*` variables. A bad file or value is a usage error naming the key.
+    pub fn memory_config_over(&self, base: MemoryConfig) -> Result<MemoryConfig, CliError> {
         let sources = crate::manager::ConfigSources::from_process(self.config.clone());
-        crate::manager::load_config(&sources).map_err(|e| CliError::usage(e.to_string()))
+        crate::manager::load_config_over(base, &sources).map_err(|e| CliError::usage(e.to_string()))
     }
 
-    /// The device indices selected by `--devices`, checked against what the backend has.
-    pub fn selected_devices(&self, count: usize) -> Result<Vec<usize>, CliError> {
-        parse_device_selection(&self.devices, count).map_err(CliError::usage)
+    /// [`memory_config_over`](Self::memory_config_over) the defaults.
+    pub fn memory_config(&self) -> Result<MemoryConfig, CliError> {
+        self.memory_config_over(MemoryConfig::default())
     }
+
+    /// The devices to use, of `count`: `--devices` (or `GPUMEM_DEVICES`) when given, else the
+    /// config file's `devices`, else all; each must exist.
+    pub fn device_selection(
+        &self,
+        config: &MemoryConfig,
+        given: &Given,
+        count: usize,
+    ) -> Result<Vec<usize>, CliError> {
+        match &config.devices {
+            Some(listed) if !given.explicit("devices") => {
+                let text = listed
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                parse_device_selection(&text, count)
+                    .map_err(|e| CliError::usage(e.replacen("--devices", "config: devices", 1)))
+            }
+            _ => parse_device_selection(&self.devices, count).map_err(CliError::usage),
+        }
+    }
+}
+
+/// What a configuration asks of a device with `total` bytes that it cannot have: a pressure
+/// reserve of all of it (the pressure ratio would be meaningless), or a preallocation bigger
+/// than it. Refused the same way in every command.
+fn check_against_device(config: &MemoryConfig, index: usize, total: u64) -> Result<(), String> {
+    if let Some(reserve) = config.pressure.reserve_bytes {
+        if reserve >= total {
+            return Err(format!(
+                "pressure.reserve: {} is not less than device {index}'s memory ({})",
+                Bytes(reserve),
+                Bytes(total)
+            ));
+        }
+    }
+    if config.preallocate_bytes > total {
+        return Err(format!(
+            "preallocate: {} is more than device {index} has ({})",
+            Bytes(config.preallocate_bytes),
+            Bytes(total)
+        ));
+    }
+    Ok(())
 }
 
 /// Parses "all" or "0,2" into indices, each of which must exist.
@@ -207,33 +292,50 @@ pub fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usize>, St
 }
 
 fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUMEM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: in a file or a log collector they are noise.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
 }
 
 /// Runs the command line; returns the process exit code.
 pub fn run() -> i32 {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let command = Cli::command();
+    let set: Vec<String> = std::env::vars_os()
+        .filter_map(|(key, _)| key.into_string().ok())
+        .collect();
+    for warning in sources::unknown_variable_warnings(&set, &sources::known_variables(&command)) {
+        eprintln!("{warning}");
+    }
+    let parsed = command
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(error) => {
             // clap prints help and version to stdout with code 0, usage errors with code 2.
             let _ = error.print();
             return error.exit_code();
         }
     };
+    let given = matches
+        .subcommand()
+        .map(|(_, sub)| Given::from_matches(sub))
+        .unwrap_or_default();
     init_logging();
     let outcome = match cli.command {
-        Command::Demo(args) => demo::run(args),
-        Command::Devices(args) => devices::run(args),
-        Command::Replay(args) => replay::run(args),
-        Command::Estimate(args) => estimate::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Demo(args) => demo::run(args, &given),
+        Command::Devices(args) => devices::run(args, &given),
+        Command::Replay(args) => replay::run(args, &given),
+        Command::Estimate(args) => estimate::run(args, &given),
+        Command::Bench(args) => bench::run(args, &given),
+        Command::Serve(args) => serve::run(args, &given),
         Command::Healthcheck(args) => healthcheck::run(args),
     };
     match outcome {

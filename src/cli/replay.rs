@@ -1,9 +1,10 @@
 //! `gpumem replay`: traces through a real `MemoryManager`, one report per trace, an optional plot.
 
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::manager::{MemoryConfig, MemoryManager, Strategy};
-use crate::plot::{line_chart_svg, write_file_atomically, Series};
+use crate::plot::{line_chart_svg, Series};
 use crate::replay::{replay, ReplayReport, TimelinePoint};
+use crate::safe_fs::{check_target, write_atomically, WriteOptions};
 use crate::trace::load_trace;
 use crate::units::Bytes;
 use clap::Args;
@@ -45,7 +46,7 @@ pub struct ReplayArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: ReplayArgs) -> Result<(), CliError> {
+pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.
     let traces = args
         .traces
@@ -54,9 +55,24 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(plot) = &args.plot {
         check_plot_path(plot)?;
+        for trace in &traces {
+            let path = plot_path(plot, &trace.name, traces.len() > 1);
+            check_target(&path, &args.traces)
+                .map_err(|e| CliError::usage(format!("--plot: {e}")))?;
+        }
     }
-    let base = args.common.memory_config()?;
-    let opened = args.common.open()?;
+    // Defaults < --config < GPUMEM_* < flags given: a flag's default never hides the file.
+    let mut base = args.common.memory_config()?;
+    if given.explicit("strategy") {
+        base.strategy = args.strategy;
+    }
+    if given.explicit("idle_pages") {
+        base.idle_pages_kept = args.idle_pages;
+    }
+    if given.explicit("idle_per_mille") {
+        base.idle_per_mille = args.idle_per_mille;
+    }
+    let (opened, _) = args.common.open_checked(&base, given)?;
     let backend = opened.backend;
     let device = args.device;
     if device >= backend.device_count() {
@@ -68,11 +84,8 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
     // Every trace gets a fresh manager with this configuration, checked before anything is
     // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
     let config = MemoryConfig {
-        strategy: args.strategy,
         devices: Some(vec![device]),
         shards: 1,
-        idle_pages_kept: args.idle_pages,
-        idle_per_mille: args.idle_per_mille,
         // Replay measures the allocator alone: no upkeep thread, no pool cap.
         release_idle_after: None,
         cleanup_interval: None,
@@ -108,7 +121,7 @@ pub fn run(args: ReplayArgs) -> Result<(), CliError> {
         print_report(&report, args.json)?;
         if let Some(plot) = &args.plot {
             let path = plot_path(plot, &trace.name, traces.len() > 1);
-            write_plot(&path, &report, &timeline)?;
+            write_plot(&path, &report, &timeline, &args.traces)?;
         }
     }
     Ok(())
@@ -183,6 +196,7 @@ fn write_plot(
     path: &Path,
     report: &ReplayReport,
     timeline: &[TimelinePoint],
+    inputs: &[PathBuf],
 ) -> Result<(), CliError> {
     let series_of = |pick: fn(&TimelinePoint) -> u64| -> Vec<(f64, f64)> {
         timeline
@@ -219,7 +233,11 @@ fn write_plot(
             },
         ],
     );
-    write_file_atomically(path, svg.as_bytes())
+    let options = WriteOptions {
+        inputs: inputs.to_vec(),
+        durable: true,
+    };
+    write_atomically(path, svg.as_bytes(), &options)
         .map_err(|e| CliError::runtime(format!("could not write {}: {e}", path.display())))?;
     eprintln!("wrote {}", path.display());
     Ok(())

@@ -4,7 +4,7 @@
 //! SIGTERM, like the demo.
 
 use super::exporter_flags::ExporterFlags;
-use super::{CliError, CommonArgs};
+use super::{CliError, CommonArgs, Given};
 use crate::backend::BackendChoice;
 use crate::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
 use crate::exporter::{Exporter, ExporterError};
@@ -22,6 +22,21 @@ pub struct ServeArgs {
     #[arg(long, env = "GPUMEM_COLLECT_DIR", value_name = "DIR")]
     collect_dir: Option<PathBuf>,
 
+    /// Most series all collected processes may add to /metrics together; files beyond it are
+    /// skipped, newest kept (the default suits a 128 MiB memory limit).
+    #[arg(long, env = "GPUMEM_COLLECT_MAX_SERIES", value_name = "N",
+          default_value_t = crate::collect::DEFAULT_MAX_SERIES)]
+    collect_max_series: u64,
+
+    /// Most bytes of collected file content kept for all processes together (e.g. 16MiB).
+    #[arg(
+        long,
+        env = "GPUMEM_COLLECT_MAX_BYTES",
+        value_name = "SIZE",
+        default_value = "16MiB"
+    )]
+    collect_max_bytes: String,
+
     /// Without NVML, read device memory through CUDA (cuMemGetInfo) instead. This creates a CUDA
     /// context on every device, about 500 MiB each, which is why it is off by default.
     /// (GPUMEM_ALLOW_CUDA_CONTEXT takes 1/0, true/false, yes/no, on/off.)
@@ -36,13 +51,17 @@ pub struct ServeArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: ServeArgs) -> Result<(), CliError> {
+pub fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before a library is loaded or a port bound.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let collect = match &args.collect_dir {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
-            Some(CollectSettings::new(dir, interval))
+            let mut settings = CollectSettings::new(dir, interval);
+            settings.max_series = args.collect_max_series;
+            settings.max_bytes = crate::units::parse_bytes(&args.collect_max_bytes)
+                .map_err(|e| CliError::usage(format!("--collect-max-bytes: {e}")))?;
+            Some(settings)
         }
         None => None,
     };
@@ -52,14 +71,16 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             library: args.nvml_library.clone(),
             cuda_fallback: args.allow_cuda_context,
         },
-        BackendChoice::Sim => DeviceSource::Backend(args.common.open()?.backend),
+        BackendChoice::Sim => DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend),
         BackendChoice::Cuda if !args.allow_cuda_context => {
             return Err(CliError::usage(
                 "--backend cuda: serve reads devices through NVML; reading them through CUDA \
                  creates a context (about 500 MiB per device): add --allow-cuda-context if you mean it",
             ))
         }
-        BackendChoice::Cuda => DeviceSource::Backend(args.common.open()?.backend),
+        BackendChoice::Cuda => {
+            DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend)
+        }
     };
     if args.collect_dir.is_none() {
         tracing::info!("no --collect-dir: exporting device and per-process memory only");
@@ -67,7 +88,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
 
     let mut sidecar = Sidecar::open(source, collect);
     match sidecar.device_count() {
-        Some(count) => sidecar.select_devices(args.common.selected_devices(count)?),
+        Some(count) => sidecar.select_devices(args.common.device_selection(&config, given, count)?),
         None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(
             "--devices {}: no device source works yet; reporting every device once one does",
             args.common.devices
@@ -77,12 +98,13 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
 
     let runtime = crate::web::runtime::build("gpumem-serve")
         .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
-    runtime.block_on(async move {
+    crate::web::runtime::block_on_bounded(runtime, async move {
         let exporter = Exporter::builder()
             .source(Box::new(sidecar))
             .listen(listen)
             .interval(interval)
             .leak_age(config.leak_age)
+            .allowed_hosts(&args.exporter.allowed_hosts)
             .pressure_thresholds(config.pressure)
             .spawn()
             .map_err(|error| match error {

@@ -2,8 +2,13 @@
 //! which processes to export. A process is dropped when its file is stale (older than three
 //! intervals) or its pid is gone; a bad file is skipped, counted and logged once, and the last
 //! good content of that file is kept until it goes stale (so a torn write does not flap series).
+//!
+//! What is kept is bounded whatever the directory holds: files are read newest first (by
+//! modification time), files untouched for longer than any writer's staleness are not opened,
+//! at most `max_files` are read, and the content kept must fit a budget of series and bytes
+//! sized for the sidecar's memory limit; a file over the budget is skipped and counted.
 
-use super::read::{read_file, MAX_FILE_BYTES, REJECTION_REASONS};
+use super::read::{read_sized, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
 use crate::publish::format::{is_published_name, PublishedFile};
 use crate::publish::process::{current_pid_namespace, pid_alive};
 use crate::snapshot::{unix_now, CollectStatus, CollectedProcess, ReasonCount};
@@ -13,6 +18,20 @@ use std::time::Duration;
 
 /// Files read per scan, at most: bounds the work and the `process`/`pid` label values.
 pub const MAX_FILES: usize = 256;
+/// The series all collected processes may add to `/metrics`, by default. Rendering costs about
+/// 1 KiB of memory per series at the peak of a scrape, so this keeps the sidecar well inside the
+/// shipped manifest's 128 Mi limit (docs/reliability.md has the measurement).
+pub const DEFAULT_MAX_SERIES: u64 = 40_000;
+/// The bytes of file content kept for all collected processes, by default: the shipped
+/// manifest's collect volume is a 16 MiB emptyDir.
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+/// Series one collected device and one of its pools add (the sidecar's per-device and per-pool
+/// families), and one per process (its snapshot age). `web::metrics` checks these stay true.
+pub const SERIES_PER_DEVICE: u64 = 19;
+pub const SERIES_PER_POOL: u64 = 13;
+/// A snapshot may claim to be this far in the future (clocks of two containers on one node
+/// differ by little); beyond it the file is rejected, or it would never go stale.
+pub const MAX_CLOCK_SKEW_SECONDS: f64 = 30.0;
 /// Why a process stops being exported (metric label values).
 pub const DROP_REASONS: [&str; 2] = ["stale", "exited"];
 /// A writer's own interval counts towards staleness only up to this: a file claiming a huge
@@ -27,6 +46,10 @@ pub struct CollectSettings {
     pub interval: Duration,
     pub max_file_bytes: u64,
     pub max_files: usize,
+    /// The series all exported processes may add, together.
+    pub max_series: u64,
+    /// The bytes of file content kept for all processes, together.
+    pub max_bytes: u64,
 }
 
 impl CollectSettings {
@@ -36,7 +59,15 @@ impl CollectSettings {
             interval,
             max_file_bytes: MAX_FILE_BYTES,
             max_files: MAX_FILES,
+            max_series: DEFAULT_MAX_SERIES,
+            max_bytes: DEFAULT_MAX_BYTES,
         }
+    }
+
+    /// The longest a file can go unmodified and still be exported: three of the longest
+    /// interval a writer may claim. Older files are not even opened.
+    fn horizon_seconds(&self) -> f64 {
+        3.0 * self.interval.max(MAX_WRITER_INTERVAL).as_secs_f64()
     }
 }
 
@@ -68,8 +99,9 @@ pub struct Collected {
 /// What the collector remembers about one file between scans.
 #[derive(Default)]
 struct FileState {
-    /// The last content that parsed and validated.
+    /// The last content that parsed and validated, and its size in bytes.
     latest: Option<PublishedFile>,
+    latest_bytes: u64,
     /// The problem last logged for it, so each is logged once.
     problem: Option<String>,
     /// Why its process is not exported now (`stale`, `exited`), once counted.
@@ -87,6 +119,8 @@ pub struct Collector {
     dir_errors_total: u64,
     dir_problem: Option<String>,
     warned_too_many: bool,
+    budget_exceeded_total: u64,
+    warned_budget: bool,
 }
 
 impl Collector {
@@ -101,6 +135,8 @@ impl Collector {
             dir_errors_total: 0,
             dir_problem: None,
             warned_too_many: false,
+            budget_exceeded_total: 0,
+            warned_budget: false,
         }
     }
 
@@ -117,10 +153,14 @@ impl Collector {
     pub fn scan_at(&mut self, now: f64) -> Collected {
         let mut rejected: BTreeMap<&'static str, u64> =
             REJECTION_REASONS.iter().map(|r| (*r, 0)).collect();
-        let (readable, files, problem) = match self.read_dir(&mut rejected) {
+        let (readable, files, problem) = match self.read_dir(now, &mut rejected) {
             Ok(files) => (true, files, None),
             Err(problem) => (false, 0, Some(problem)),
         };
+        let over_budget = rejected.get("over_budget").copied().unwrap_or(0);
+        if over_budget > 0 {
+            self.budget_exceeded_total += 1;
+        }
         let processes = self.export(now, &mut rejected);
         let counts = |map: &BTreeMap<&'static str, u64>| -> Vec<ReasonCount> {
             map.iter()
@@ -140,13 +180,25 @@ impl Collector {
                 rejections_total: counts(&self.rejections_total),
                 dropped_total: counts(&self.dropped_total),
                 dir_errors_total: self.dir_errors_total,
+                budget_exceeded_total: self.budget_exceeded_total,
+                over_budget: (over_budget > 0).then(|| {
+                    format!(
+                        "{over_budget} file(s) skipped: the collected data is over its budget \
+                         ({} series, {} bytes; --collect-max-series, --collect-max-bytes)",
+                        self.settings.max_series, self.settings.max_bytes
+                    )
+                }),
             },
             problem,
         }
     }
 
     /// Lists the directory and reads each candidate file; returns how many there were.
-    fn read_dir(&mut self, rejected: &mut BTreeMap<&'static str, u64>) -> Result<u64, String> {
+    fn read_dir(
+        &mut self,
+        now: f64,
+        rejected: &mut BTreeMap<&'static str, u64>,
+    ) -> Result<u64, String> {
         let dir = &self.settings.dir;
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
@@ -166,46 +218,102 @@ impl Collector {
         if self.dir_problem.take().is_some() {
             tracing::info!("the collect directory {} is readable again", dir.display());
         }
-        // Regular files only (the file type does not follow links): a FIFO would block the read.
-        let mut names: Vec<String> = entries
+        // Regular files only (the file type does not follow links); `read_file` checks again on
+        // what it opens, since the entry can be swapped in between.
+        let mut candidates: Vec<(String, f64)> = entries
             .filter_map(Result::ok)
             .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
-            .filter_map(|entry| entry.file_name().into_string().ok())
-            .filter(|name| is_published_name(name))
+            .filter_map(|entry| {
+                let modified = entry.metadata().ok()?.modified().ok()?;
+                let seconds = modified
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                Some((entry.file_name().into_string().ok()?, seconds))
+            })
+            .filter(|(name, _)| is_published_name(name))
             .collect();
-        names.sort_unstable();
-        let found = names.len() as u64;
-        if names.len() > self.settings.max_files {
-            let skipped = names.split_off(self.settings.max_files);
+        let found = candidates.len() as u64;
+        let present: HashSet<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
+        // A process that stops cleanly removes its file: forget it, and its series go at once.
+        self.files.retain(|name, _| present.contains(name));
+        // Files nobody wrote for longer than any writer's staleness cannot be exported: leave
+        // them unopened, so hundreds left behind by killed engines cost nothing. The newest
+        // come first, so the cap below never hides a live engine behind dead ones.
+        let horizon = now - self.settings.horizon_seconds();
+        candidates.retain(|(_, modified)| *modified >= horizon);
+        candidates.sort_by(|(a, ta), (b, tb)| tb.total_cmp(ta).then_with(|| a.cmp(b)));
+        if candidates.len() > self.settings.max_files {
+            let skipped = candidates.split_off(self.settings.max_files);
             let count = skipped.len() as u64;
+            for (name, _) in &skipped {
+                if let Some(state) = self.files.get_mut(name) {
+                    state.latest = None;
+                }
+            }
             *rejected.entry("too_many_files").or_default() += count;
             *self.rejections_total.entry("too_many_files").or_default() += count;
             if !self.warned_too_many {
                 tracing::warn!(
-                    "{} holds {found} files; reading the first {} by name, skipping the rest",
+                    "{} holds {} recent files; reading the newest {}, skipping the rest",
                     dir.display(),
+                    candidates.len() + skipped.len(),
                     self.settings.max_files
                 );
                 self.warned_too_many = true;
             }
         }
-        let present: HashSet<&String> = names.iter().collect();
-        // A process that stops cleanly removes its file: forget it, and its series go at once.
-        self.files.retain(|name, _| present.contains(name));
-        for name in &names {
+        let mut budget = Budget::default();
+        for (name, _) in &candidates {
             let state = self.files.entry(name.clone()).or_default();
-            match read_file(&dir.join(name), self.settings.max_file_bytes) {
-                Ok(file) => {
+            let outcome = read_sized(&dir.join(name), self.settings.max_file_bytes).and_then(|f| {
+                let ahead = f.0.timestamp_seconds - now;
+                if ahead > MAX_CLOCK_SKEW_SECONDS {
+                    return Err(Rejection::Invalid(format!(
+                        "\"timestamp_seconds\" is {ahead:.0}s in the future \
+                         (at most {MAX_CLOCK_SKEW_SECONDS}s of clock skew is allowed)"
+                    )));
+                }
+                Ok(f)
+            });
+            match outcome {
+                Ok((mut file, bytes)) => {
                     if state.problem.take().is_some() {
                         tracing::info!("collect: {name} is valid again");
                     }
+                    // Stale content only decides that its process is dropped: keep none of
+                    // its devices, and charge nothing to the budget.
+                    if now - file.timestamp_seconds > stale_limit(self.settings.interval, &file) {
+                        file.devices = Vec::new();
+                    } else if !budget.admit(&file, bytes, &self.settings) {
+                        *rejected.entry("over_budget").or_default() += 1;
+                        *self.rejections_total.entry("over_budget").or_default() += 1;
+                        if !self.warned_budget {
+                            tracing::warn!(
+                                "collect: skipping {name}: the collected data is over its budget \
+                                 ({} series, {} bytes); raise --collect-max-series or \
+                                 --collect-max-bytes if the sidecar has the memory",
+                                self.settings.max_series,
+                                self.settings.max_bytes
+                            );
+                            self.warned_budget = true;
+                        }
+                        state.latest = None;
+                        continue;
+                    }
                     state.latest = Some(file);
+                    state.latest_bytes = bytes;
                 }
                 Err(rejection) => {
                     let reason = rejection.reason();
                     *rejected.entry(reason).or_default() += 1;
                     *self.rejections_total.entry(reason).or_default() += 1;
                     let message = rejection.to_string();
+                    // The previous content stays only while the budget has room for it.
+                    if let Some(previous) = &state.latest {
+                        if !budget.admit(previous, state.latest_bytes, &self.settings) {
+                            state.latest = None;
+                        }
+                    }
                     if state.problem.as_deref() != Some(message.as_str()) {
                         let kept = if state.latest.is_some() {
                             "; keeping its previous content until it goes stale"
@@ -215,6 +323,17 @@ impl Collector {
                         tracing::warn!("collect: skipping {name}: {message}{kept}");
                         state.problem = Some(message);
                     }
+                }
+            }
+        }
+        // Files not read (over the cap, untouched too long) keep no devices: an old file's
+        // process is then dropped as stale, once, by `export`.
+        let read: HashSet<&String> = candidates.iter().map(|(n, _)| n).collect();
+        for (name, state) in &mut self.files {
+            if !read.contains(name) {
+                if let Some(file) = &mut state.latest {
+                    file.devices = Vec::new();
+                    state.latest_bytes = 0;
                 }
             }
         }
@@ -232,12 +351,7 @@ impl Collector {
         for (name, state) in &mut self.files {
             let Some(file) = &state.latest else { continue };
             let age = (now - file.timestamp_seconds).max(0.0);
-            let writer_interval = file
-                .interval_seconds
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .unwrap_or_default()
-                .min(MAX_WRITER_INTERVAL);
-            let limit = 3.0 * interval.max(writer_interval).as_secs_f64();
+            let limit = stale_limit(interval, file);
             // Only a pid in our own namespace can be checked; elsewhere staleness decides.
             let same_namespace =
                 file.pid_namespace.is_some() && file.pid_namespace == self.pid_namespace;
@@ -312,5 +426,42 @@ impl Collector {
             }
         }
         processes
+    }
+}
+
+/// How old a file's snapshot may be and still be exported: three intervals, the collector's or
+/// the writer's own if longer (up to [`MAX_WRITER_INTERVAL`]: a huge claim must still expire).
+fn stale_limit(interval: Duration, file: &PublishedFile) -> f64 {
+    let writer_interval = file
+        .interval_seconds
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or_default()
+        .min(MAX_WRITER_INTERVAL);
+    3.0 * interval.max(writer_interval).as_secs_f64()
+}
+
+/// The series a file's content adds to `/metrics`.
+pub fn series_of(file: &PublishedFile) -> u64 {
+    let pools: usize = file.devices.iter().map(|d| d.pools.len()).sum();
+    1 + SERIES_PER_DEVICE * file.devices.len() as u64 + SERIES_PER_POOL * pools as u64
+}
+
+/// What the content kept in one scan adds up to.
+#[derive(Default)]
+struct Budget {
+    series: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    /// Takes `file` into the budget if it fits; files are offered newest first.
+    fn admit(&mut self, file: &PublishedFile, bytes: u64, settings: &CollectSettings) -> bool {
+        let series = self.series.saturating_add(series_of(file));
+        let bytes = self.bytes.saturating_add(bytes);
+        if series > settings.max_series || bytes > settings.max_bytes {
+            return false;
+        }
+        (self.series, self.bytes) = (series, bytes);
+        true
     }
 }

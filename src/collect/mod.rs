@@ -6,6 +6,10 @@ mod collector;
 pub mod read;
 mod sidecar;
 
-pub use collector::{check_dir, CollectSettings, Collected, Collector, DROP_REASONS, MAX_FILES};
-pub use read::{read_file, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
+pub use collector::{
+    check_dir, series_of, CollectSettings, Collected, Collector, DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SERIES, DROP_REASONS, MAX_CLOCK_SKEW_SECONDS, MAX_FILES, SERIES_PER_DEVICE,
+    SERIES_PER_POOL,
+};
+pub use read::{read_file, read_sized, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
 pub use sidecar::{DeviceSource, Sidecar};

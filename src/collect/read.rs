@@ -4,9 +4,9 @@
 //! a [`Rejection`] with a bounded reason (a metric label), never a panic.
 
 use crate::publish::format::{PublishedFile, FORMAT, VERSION};
-use crate::publish::process::clean_process_name;
+use crate::publish::process::{clean_process_name, clean_text};
+use crate::safe_fs::{open_regular, read_capped};
 use serde::Deserialize;
-use std::io::Read;
 use std::path::Path;
 
 /// Files above this are not read: a snapshot of 64 devices with every pool is far below it.
@@ -17,10 +17,15 @@ pub const MAX_POOLS: usize = 16;
 /// Pool names are labels: short, lowercase, from a small alphabet.
 pub const MAX_POOL_NAME: usize = 32;
 pub const MAX_UUID: usize = 128;
+/// Free text from a file (device names, the writer) is cut to this many characters.
+pub const MAX_TEXT: usize = 128;
+/// How much of a file's own text a rejection quotes: log lines and the page stay short
+/// whatever the file holds (a wrong-typed 3 MB string is quoted in serde's message).
+const MAX_DETAIL: usize = 240;
 
 /// Every reason a file can be skipped for (metric label values): the [`Rejection`] kinds, plus
-/// the collector's own `duplicate_pid` and `too_many_files`.
-pub const REJECTION_REASONS: [&str; 9] = [
+/// the collector's own `duplicate_pid`, `too_many_files` and `over_budget`.
+pub const REJECTION_REASONS: [&str; 10] = [
     "empty",
     "too_large",
     "truncated",
@@ -30,6 +35,7 @@ pub const REJECTION_REASONS: [&str; 9] = [
     "unreadable",
     "duplicate_pid",
     "too_many_files",
+    "over_budget",
 ];
 
 /// Why a file was skipped.
@@ -71,9 +77,11 @@ impl std::fmt::Display for Rejection {
                 f,
                 "the file is {bytes} bytes; the limit is {MAX_FILE_BYTES}"
             ),
-            Rejection::Truncated(detail) => write!(f, "the file ends early ({detail})"),
-            Rejection::NotJson(detail) => write!(f, "not JSON ({detail})"),
-            Rejection::Invalid(detail) => write!(f, "not a valid {FORMAT} file: {detail}"),
+            Rejection::Truncated(detail) => write!(f, "the file ends early ({})", short(detail)),
+            Rejection::NotJson(detail) => write!(f, "not JSON ({})", short(detail)),
+            Rejection::Invalid(detail) => {
+                write!(f, "not a valid {FORMAT} file: {}", short(detail))
+            }
             Rejection::NewerVersion(version) => write!(
                 f,
                 "format version {version} is newer than this gpumem reads ({VERSION}); upgrade the sidecar"
@@ -81,6 +89,19 @@ impl std::fmt::Display for Rejection {
             Rejection::Unreadable(error) => write!(f, "cannot read it: {error}"),
         }
     }
+}
+
+/// `detail` cut to [`MAX_DETAIL`] characters, control characters escaped.
+fn short(detail: &str) -> String {
+    let mut out: String = detail
+        .chars()
+        .take(MAX_DETAIL)
+        .map(|c| if c.is_control() { '_' } else { c })
+        .collect();
+    if detail.chars().nth(MAX_DETAIL).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// What is read before the body: enough to refuse a file of another format or a newer version
@@ -91,24 +112,26 @@ struct Header {
     version: Option<u32>,
 }
 
-/// Reads, parses and validates one file.
+/// Reads, parses and validates one file. The file is opened without following a link and
+/// without blocking, and must be a regular file once open: a writer that swaps in a FIFO or a
+/// symlink after the directory was listed gets an `unreadable` rejection, not a stuck collector
+/// or a file from outside the directory.
 pub fn read_file(path: &Path, max_bytes: u64) -> Result<PublishedFile, Rejection> {
-    let file = std::fs::File::open(path).map_err(Rejection::Unreadable)?;
+    read_sized(path, max_bytes).map(|(file, _)| file)
+}
+
+/// [`read_file`], with the number of bytes read.
+pub fn read_sized(path: &Path, max_bytes: u64) -> Result<(PublishedFile, u64), Rejection> {
+    let file = open_regular(path).map_err(Rejection::Unreadable)?;
     let size = file.metadata().map_err(Rejection::Unreadable)?.len();
     if size > max_bytes {
         return Err(Rejection::TooLarge { bytes: size });
     }
     // The file may grow between the size check and the read: never read past the cap.
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    file.take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(Rejection::Unreadable)?;
-    if bytes.len() as u64 > max_bytes {
-        return Err(Rejection::TooLarge {
-            bytes: bytes.len() as u64,
-        });
+    match read_capped(file, max_bytes).map_err(Rejection::Unreadable)? {
+        Ok(bytes) => parse(&bytes).map(|file| (file, bytes.len() as u64)),
+        Err(bytes) => Err(Rejection::TooLarge { bytes }),
     }
-    parse(&bytes)
 }
 
 /// Parses and validates the bytes of one file.
@@ -161,6 +184,15 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
         }
     }
     file.process = clean_process_name(&file.process);
+    file.writer = file.writer.as_deref().map(|w| clean_text(w, MAX_TEXT));
+    // Compared with the collector's own, never shown: a long one cannot match anything.
+    if file
+        .pid_namespace
+        .as_ref()
+        .is_some_and(|ns| ns.len() > MAX_TEXT)
+    {
+        file.pid_namespace = None;
+    }
     if file.devices.len() > MAX_DEVICES {
         return Err(format!(
             "{} devices; at most {MAX_DEVICES}",
@@ -168,6 +200,9 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
         ));
     }
     let mut gpus = Vec::with_capacity(file.devices.len());
+    for device in &mut file.devices {
+        device.name = device.name.as_deref().map(|n| clean_text(n, MAX_TEXT));
+    }
     for device in &file.devices {
         let gpu = device.gpu;
         if gpus.contains(&gpu) {
@@ -175,7 +210,7 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
         }
         gpus.push(gpu);
         if let Some(uuid) = &device.uuid {
-            if uuid.len() > MAX_UUID || uuid.chars().any(char::is_control) {
+            if uuid.len() > MAX_UUID || !uuid.chars().all(|c| c.is_ascii_graphic()) {
                 return Err(format!("gpu {gpu}: \"uuid\" is not a device UUID"));
             }
         }

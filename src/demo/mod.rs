@@ -44,6 +44,8 @@ pub struct DemoSettings {
     pub publish_dir: Option<PathBuf>,
     /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
     pub memory: ManagerConfig,
+    /// Host names allowed besides IP addresses and localhost (`--allowed-hosts`).
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Error)]
@@ -77,7 +79,7 @@ pub fn run(
     };
     let manager = MemoryManager::new(backend, config)?;
     let runtime = crate::web::runtime::build("gpumem-demo").map_err(DemoError::Startup)?;
-    runtime.block_on(serve(manager, sim, settings))
+    crate::web::runtime::block_on_bounded(runtime, serve(manager, sim, settings))
 }
 
 async fn serve(
@@ -112,6 +114,7 @@ async fn serve(
         .leak_age(settings.leak_age)
         .long_lived_tags(long_lived.iter().copied())
         .routes(spike::routes(Arc::clone(&spike)))
+        .allowed_hosts(&settings.allowed_hosts)
         .spawn()?;
     // The one line a new user needs; stdout, so scripts and tests can read the address.
     println!("gpumem demo: open {}", exporter.url());

@@ -3,7 +3,7 @@
 //! `POST /api/v1/demo/pressure-spike?seconds=N` (a route only the demo serves).
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -61,10 +61,37 @@ pub fn routes(spike: Arc<PressureSpike>) -> Router {
         .with_state(spike)
 }
 
+/// The header a state-changing request must carry (any value), unless its body is JSON. An
+/// HTML form on another site can POST here but can set neither: a browser sends a custom
+/// header or a JSON content type cross-origin only after a CORS preflight, which this server
+/// never approves.
+pub const REQUEST_HEADER: &str = "x-gpumem-request";
+
+fn from_a_script(headers: &HeaderMap) -> bool {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    json || headers.contains_key(REQUEST_HEADER)
+}
+
 async fn start_spike(
     State(spike): State<Arc<PressureSpike>>,
     Query(query): Query<SpikeQuery>,
+    headers: HeaderMap,
 ) -> Response {
+    if !from_a_script(&headers) {
+        return (
+            StatusCode::FORBIDDEN,
+            "send the header X-Gpumem-Request: 1 (or a JSON body): a cross-site form cannot, \
+             so it cannot start a spike\n",
+        )
+            .into_response();
+    }
     let length = query.seconds.map_or(DEFAULT_SPIKE, Duration::from_secs);
     if length.is_zero() || length > LONGEST_SPIKE {
         return (

@@ -73,6 +73,7 @@ pub struct ExporterBuilder {
     pressure: Option<PressureThresholds>,
     routes: Option<Router>,
     source: Option<Box<dyn SnapshotSource>>,
+    allowed_hosts: web::host::AllowedHosts,
 }
 
 impl Default for ExporterBuilder {
@@ -85,6 +86,7 @@ impl Default for ExporterBuilder {
             pressure: None,
             routes: None,
             source: None,
+            allowed_hosts: web::host::AllowedHosts::default(),
         }
     }
 }
@@ -132,6 +134,13 @@ impl ExporterBuilder {
         self
     }
 
+    /// Host names requests may use besides IP addresses and `localhost` (`*`: any); see
+    /// `web::host`.
+    pub fn allowed_hosts<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.allowed_hosts = web::host::AllowedHosts::new(names);
+        self
+    }
+
     /// Samples `source` instead of managers (the sidecar); managers given as well are ignored.
     pub fn source(mut self, source: Box<dyn SnapshotSource>) -> Self {
         self.source = Some(source);
@@ -168,7 +177,7 @@ impl ExporterBuilder {
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
         let state = WebState::new(latest, sampler.history(), interval);
-        let app = web::router(state, self.routes);
+        let app = web::router(state, self.routes, self.allowed_hosts);
         let (stop, stopped) = watch::channel(false);
         let work = run(listener, app, sampler, publish, stopped);
 
@@ -179,7 +188,7 @@ impl ExporterBuilder {
                     .map_err(ExporterError::Runtime)?;
                 let thread = std::thread::Builder::new()
                     .name("gpumem-exporter".to_string())
-                    .spawn(move || runtime.block_on(work))
+                    .spawn(move || crate::web::runtime::block_on_bounded(runtime, work))
                     .map_err(ExporterError::Runtime)?;
                 Task::Thread(thread)
             }
@@ -293,7 +302,13 @@ async fn run(
             tracing::warn!("requests still running {} after shutdown; closing them", format_duration(SHUTDOWN_GRACE));
         }
     }
-    if let Err(error) = sampler_task.await {
-        tracing::error!("the sampler failed: {error}");
+    // A sample stuck in a read (a driver call, a file) must not keep a stopping process alive.
+    match tokio::time::timeout(SHUTDOWN_GRACE, sampler_task).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!("the sampler failed: {error}"),
+        Err(_) => tracing::warn!(
+            "the sampler is still busy {} after shutdown; not waiting for it",
+            format_duration(SHUTDOWN_GRACE)
+        ),
     }
 }

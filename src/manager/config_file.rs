@@ -246,13 +246,50 @@ pub fn parse_config_str(text: &str) -> Result<MemoryConfig, ConfigError> {
     Ok(config)
 }
 
+/// Config files are a few lines of TOML; anything bigger is not one (`--config /dev/zero`).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of a config file, at most [`MAX_CONFIG_BYTES`] of UTF-8.
+fn read_config_file(path: &std::path::Path) -> Result<String, String> {
+    let cannot = |e: std::io::Error| format!("cannot read the config file: {e}");
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let bytes = crate::safe_fs::read_capped(file, MAX_CONFIG_BYTES)
+        .map_err(cannot)?
+        .map_err(|_| {
+            format!(
+                "the config file is larger than {} (a gpumem config is a few lines of TOML)",
+                crate::units::Bytes(MAX_CONFIG_BYTES)
+            )
+        })?;
+    String::from_utf8(bytes).map_err(|_| "the config file is not valid UTF-8 text".to_string())
+}
+
+/// The `GPUMEM_<KEY>` variable of each key the environment may set.
+pub fn env_names() -> impl Iterator<Item = String> {
+    KEYS.iter()
+        .filter(|key| **key != "devices")
+        .map(|key| env_name(key))
+}
+
+fn env_name(key: &str) -> String {
+    format!("GPUMEM_{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
 /// Reads and checks the configuration; the error names the file or variable and the key.
 pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError> {
-    let mut config = MemoryConfig::default();
+    load_config_over(MemoryConfig::default(), sources)
+}
+
+/// [`load_config`] starting from `base` instead of the defaults: a command's own defaults
+/// (the demo's short leak age) come first, so the file and the environment override them.
+pub fn load_config_over(
+    base: MemoryConfig,
+    sources: &ConfigSources,
+) -> Result<MemoryConfig, ConfigError> {
+    let mut config = base;
     if let Some(path) = &sources.file {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(&shown, format!("cannot read the config file: {e}")))?;
+        let text = read_config_file(path).map_err(|why| ConfigError::new(&shown, why))?;
         apply_toml(&mut config, &shown, &text)?;
     }
     let env = |name: &str| {
@@ -264,7 +301,7 @@ pub fn load_config(sources: &ConfigSources) -> Result<MemoryConfig, ConfigError>
     };
     // `devices` is left to the CLI's own `--devices`/`GPUMEM_DEVICES` ("all" or "0,2").
     for key in KEYS.iter().filter(|key| **key != "devices") {
-        let name = format!("GPUMEM_{}", key.replace('.', "_").to_ascii_uppercase());
+        let name = env_name(key);
         if let Some(value) = env(&name) {
             apply(&mut config, key, &Raw::Text(value))
                 .map_err(|e| ConfigError::new(name.clone(), e.message))?;

@@ -20,7 +20,10 @@ pub mod views;
 pub use buffer::{AllocOptions, DeviceBuffer};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
 #[cfg(feature = "config-file")]
-pub use config_file::{load_config, parse_config_str, ConfigSources, KEYS as CONFIG_KEYS};
+pub use config_file::{
+    env_names as config_env_names, load_config, load_config_over, parse_config_str, ConfigSources,
+    KEYS as CONFIG_KEYS,
+};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;

@@ -16,12 +16,10 @@
 //!
 //! The file format is in [`mod@format`] and `docs/publish-format.md`; [`process`] reads `/proc`.
 
-mod atomic;
 pub mod format;
 pub mod process;
 mod publisher;
 
-pub use atomic::write_atomically;
 pub use format::{file_name, Identity, PublishedFile, FORMAT, VERSION};
 pub use publisher::{
     default_dir, PublishError, Publisher, PublisherBuilder, PublisherHandle, DEFAULT_DIR,

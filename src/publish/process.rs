@@ -31,23 +31,40 @@ pub fn current_process_name() -> String {
     clean_process_name(name.as_deref().unwrap_or(""))
 }
 
-/// A process name fit for a label: control characters replaced, at most
-/// [`MAX_PROCESS_NAME`] characters, `unknown` when empty.
+/// A process name fit for a label: see [`clean_text`]; at most [`MAX_PROCESS_NAME`]
+/// characters, `unknown` when empty.
 pub fn clean_process_name(name: &str) -> String {
-    let cleaned: String = name
-        .trim()
-        .chars()
-        .map(|c| if c.is_control() { '_' } else { c })
-        .take(MAX_PROCESS_NAME)
-        .collect();
-    // Cut at the limit, a name may end in spaces: trim again, so cleaning a clean name
-    // changes nothing (the sidecar cleans what publishers already cleaned).
-    let cleaned = cleaned.trim_end();
+    let cleaned = clean_text(name, MAX_PROCESS_NAME);
     if cleaned.is_empty() {
         "unknown".to_string()
     } else {
-        cleaned.to_string()
+        cleaned
     }
+}
+
+/// Text from a file another process wrote, fit for a label, a log line or the page: control
+/// characters replaced by `_`, invisible formatting characters (bidirectional overrides such
+/// as U+202E, which can make a label read backwards, zero-width characters, the BOM) removed,
+/// trimmed, and at most `max_chars` characters.
+pub fn clean_text(text: &str, max_chars: usize) -> String {
+    let cleaned: String = text
+        .trim()
+        .chars()
+        .filter(|c| !is_invisible_format(*c))
+        .map(|c| if c.is_control() { '_' } else { c })
+        .take(max_chars)
+        .collect();
+    // Cut at the limit, a name may end in spaces: trim again, so cleaning clean text changes
+    // nothing (the sidecar cleans what publishers already cleaned).
+    cleaned.trim().to_string()
+}
+
+/// Unicode format characters that change how text around them reads without showing
+/// themselves: bidirectional marks, embeddings, overrides and isolates, zero-width ones.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
 }
 
 /// The target of `/proc/self/ns/pid`, such as `pid:[4026531836]`; `None` where it cannot be read.
@@ -96,6 +113,8 @@ mod tests {
         let cut_at_spaces = format!("{}    tail", "x".repeat(MAX_PROCESS_NAME - 2));
         let once = clean_process_name(&cut_at_spaces);
         assert_eq!(clean_process_name(&once), once, "cleaning is idempotent");
+        assert_eq!(clean_process_name("evil\u{202E}gnp.exe"), "evilgnp.exe");
+        assert_eq!(clean_process_name("\u{200B}\u{2066}"), "unknown");
     }
 
     #[cfg(target_os = "linux")]

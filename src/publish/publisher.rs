@@ -2,10 +2,10 @@
 //! and writes them to `<dir>/gpumem-<pid>.json` atomically. Publishing never takes the engine
 //! down: a failed write is logged (once per distinct error) and retried on the next tick.
 
-use super::atomic::write_atomically;
 use super::format::{file_name, Identity, PublishedFile};
 use super::process::current_identity;
 use crate::manager::MemoryManager;
+use crate::safe_fs::{write_atomically, WriteOptions};
 use crate::sampler::{Sampler, MIN_INTERVAL};
 use crate::snapshot::CaptureSettings;
 use crate::units::format_duration;
@@ -223,6 +223,6 @@ impl Worker {
         let sample = self.sampler.sample();
         let file = PublishedFile::from_snapshot(&sample.snapshot, &self.identity);
         let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
-        write_atomically(&self.dir, &self.file, &bytes)
+        write_atomically(&self.dir.join(&self.file), &bytes, &WriteOptions::default())
     }
 }

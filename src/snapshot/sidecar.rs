@@ -28,6 +28,15 @@ impl SidecarSnapshot {
             .map(|s| format!("{}: {}", s.source, s.reason.as_deref().unwrap_or("down")))
             .collect()
     }
+
+    /// Notes about sources that work but not fully (the collect budget), as `source: note`.
+    pub fn notes(&self) -> Vec<String> {
+        let over_budget = self.collect.as_ref().and_then(|c| c.over_budget.as_ref());
+        over_budget
+            .map(|note| format!("collect: {note}"))
+            .into_iter()
+            .collect()
+    }
 }
 
 /// One source of the sidecar's data: `nvml`, `cuda`, `sim` (device memory) or `collect`.
@@ -141,6 +150,12 @@ pub struct CollectStatus {
     pub dropped_total: Vec<ReasonCount>,
     /// Scans that could not list the directory.
     pub dir_errors_total: u64,
+    /// Scans that skipped files because the collected data was over its budget.
+    #[serde(default)]
+    pub budget_exceeded_total: u64,
+    /// Set when the latest scan was over budget: what was skipped (for `/healthz`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over_budget: Option<String>,
 }
 
 /// A count under a bounded reason (a metric label).

@@ -49,7 +49,13 @@ pub(super) fn parse(
                 reason: LineError::TooLong(MAX_LINE),
             });
         }
-        state.line(line, &buf).map_err(|reason| TraceError::Line {
+        // Editors on Windows start UTF-8 files with a byte order mark: not part of the op.
+        let text = if line == 1 {
+            buf.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&buf)
+        } else {
+            &buf
+        };
+        state.line(line, text).map_err(|reason| TraceError::Line {
             file: label.to_string(),
             line,
             reason,

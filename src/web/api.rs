@@ -52,18 +52,16 @@ pub async fn healthz(State(state): State<WebState>) -> Response {
         )
             .into_response();
     }
-    let degraded = sample
-        .snapshot
-        .sidecar
-        .as_ref()
-        .map(|s| s.degraded())
-        .unwrap_or_default();
-    if degraded.is_empty() {
-        return (StatusCode::OK, "ok\n").into_response();
+    let sidecar = sample.snapshot.sidecar.as_ref();
+    let degraded = sidecar.map(|s| s.degraded()).unwrap_or_default();
+    let notes = sidecar.map(|s| s.notes()).unwrap_or_default();
+    let mut body = String::from("ok");
+    if !degraded.is_empty() {
+        body.push_str(&format!(", degraded:\n{}", degraded.join("\n")));
     }
-    (
-        StatusCode::OK,
-        format!("ok, degraded:\n{}\n", degraded.join("\n")),
-    )
-        .into_response()
+    if !notes.is_empty() {
+        body.push_str(&format!("\nnote:\n{}", notes.join("\n")));
+    }
+    body.push('\n');
+    (StatusCode::OK, body).into_response()
 }

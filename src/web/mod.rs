@@ -8,6 +8,7 @@
 mod api;
 mod assets;
 pub mod format;
+pub mod host;
 pub mod metrics;
 pub mod page;
 pub mod runtime;
@@ -53,8 +54,9 @@ impl WebState {
     }
 }
 
-/// The exporter's routes, plus `extra` ones (the demo adds its own).
-pub fn router(state: WebState, extra: Option<Router>) -> Router {
+/// The exporter's routes, plus `extra` ones (the demo adds its own), answering only requests
+/// whose `Host` is allowed (see [`host`]).
+pub fn router(state: WebState, extra: Option<Router>, hosts: host::AllowedHosts) -> Router {
     let app = Router::new()
         .route("/", get(index))
         .route("/metrics", get(metrics_text))
@@ -68,6 +70,10 @@ pub fn router(state: WebState, extra: Option<Router>) -> Router {
         None => app,
     };
     app.fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            hosts,
+            host::check_host,
+        ))
 }
 
 async fn metrics_text(State(state): State<WebState>) -> Response {

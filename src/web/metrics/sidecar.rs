@@ -78,7 +78,7 @@ const COLLECT_FILES: Def = def(
     "Candidate files (*.json) in the collect directory at the latest scan.",
 );
 const COLLECT_REJECTED: Def = def("gpumem_collect_rejected_files", GAUGE, &["reason"],
-    "Files skipped at the latest scan, by reason: empty, too_large, truncated, not_json, invalid, newer_version, unreadable, duplicate_pid, too_many_files.");
+    "Files skipped at the latest scan, by reason: empty, too_large, truncated, not_json, invalid, newer_version, unreadable, duplicate_pid, too_many_files, over_budget.");
 const COLLECT_REJECTIONS: Def = def(
     "gpumem_collect_rejections_total",
     COUNTER,
@@ -92,6 +92,12 @@ const COLLECT_DIR_ERRORS: Def = def(
     COUNTER,
     &[],
     "Scans that could not list the collect directory; the reason is on /healthz.",
+);
+const COLLECT_BUDGET: Def = def(
+    "gpumem_collect_budget_exceeded_total",
+    COUNTER,
+    &[],
+    "Scans that skipped files because the collected data was over its budget of series and bytes (serve --collect-max-series, --collect-max-bytes); what was skipped is on /healthz.",
 );
 const SNAPSHOT_AGE: Def = def(
     "gpumem_collect_snapshot_age_seconds",
@@ -109,6 +115,7 @@ pub(super) const DEFS: &[&Def] = &[
     &COLLECT_REJECTIONS,
     &COLLECT_DROPPED,
     &COLLECT_DIR_ERRORS,
+    &COLLECT_BUDGET,
     &SNAPSHOT_AGE,
 ];
 
@@ -249,6 +256,10 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         &COLLECT_DIR_ERRORS,
         single(&COLLECT_DIR_ERRORS, collect.dir_errors_total as f64),
     );
+    out.add(
+        &COLLECT_BUDGET,
+        single(&COLLECT_BUDGET, collect.budget_exceeded_total as f64),
+    );
     let ages = sidecar
         .processes
         .iter()
@@ -266,6 +277,13 @@ mod tests {
     use super::super::{all_defs, DEVICE_METRICS, POOL_METRICS};
     use super::*;
     use crate::snapshot::{ProcessDevice, ProcessPool};
+
+    #[test]
+    fn the_collect_budget_counts_the_series_exported() {
+        use crate::collect::{SERIES_PER_DEVICE, SERIES_PER_POOL};
+        assert_eq!(SERIES_PER_DEVICE, PROCESS_DEVICE.len() as u64);
+        assert_eq!(SERIES_PER_POOL, PROCESS_POOL.len() as u64);
+    }
 
     /// Every field of the publish format maps to a declared family named after it.
     #[test]

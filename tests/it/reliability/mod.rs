@@ -8,6 +8,7 @@ mod bad_input;
 mod corpus;
 mod faults;
 mod fuzz_checks;
+mod hardening;
 mod http_abuse;
 mod model_check;
 mod properties;
@@ -17,8 +18,9 @@ mod stress;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The `gpumem` binary with no `GPUMEM_*` (or CUDA pool) variables from the caller, logging
-/// only warnings, so each case sees exactly the input it names.
+/// The `gpumem` binary with no `GPUMEM_*` (or CUDA pool) variables from the caller, so each
+/// case sees exactly the input it names; logging at its default level (no `GPUMEM_LOG`), as a
+/// user runs it.
 pub fn gpumem() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
     for (key, _) in std::env::vars() {
@@ -26,7 +28,6 @@ pub fn gpumem() -> Command {
             command.env_remove(key);
         }
     }
-    command.env("GPUMEM_LOG", "warn");
     command
 }
 

@@ -4,7 +4,7 @@
 
 use super::{now, published, TempDir};
 use gpumem::collect::{check_dir, CollectSettings, Collected, Collector};
-use gpumem::publish::write_atomically;
+use gpumem::safe_fs::write_atomically;
 use std::time::Duration;
 
 fn collector(dir: &TempDir) -> Collector {
@@ -278,7 +278,12 @@ fn atomic_writes_are_never_seen_half_written() {
             if i % 2 == 0 {
                 text.push_str(&" ".repeat(20_000));
             }
-            write_atomically(&path, "gpumem-writer.json", text.as_bytes()).expect("write");
+            write_atomically(
+                &path.join("gpumem-writer.json"),
+                text.as_bytes(),
+                &Default::default(),
+            )
+            .expect("write");
         }
     });
     let mut collector = collector(&dir);

@@ -172,10 +172,10 @@ fn bad_files_are_counted_while_the_good_ones_are_served() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut seen = false;
     while std::time::Instant::now() < deadline && !seen {
-        gpumem::publish::write_atomically(
-            dir.path(),
-            "good.json",
+        gpumem::safe_fs::write_atomically(
+            &dir.path().join("good.json"),
             published(me, "engine", now()).as_bytes(),
+            &Default::default(),
         )
         .expect("write");
         seen = ["truncated", "not_json", "empty", "newer_version"]

@@ -20,14 +20,28 @@ impl Reply {
     }
 }
 
-/// A minimal HTTP/1.1 client: one request per connection, bounded by timeouts.
+/// A minimal HTTP/1.1 client: one request per connection, bounded by timeouts. A POST says it
+/// comes from a script (`X-Gpumem-Request`), as the status page's own requests do.
 pub fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
+    let script = if method == "POST" {
+        "X-Gpumem-Request: 1\r\n"
+    } else {
+        ""
+    };
+    request_raw(
+        addr,
+        &format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{script}"),
+    )
+}
+
+/// Sends `head` (request line and headers, each ending in CRLF) and reads the reply.
+pub fn request_raw(addr: SocketAddr, head: &str) -> std::io::Result<Reply> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        "{head}Connection: close\r\nContent-Length: 0\r\n\r\n"
     )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;

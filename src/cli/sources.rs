@@ -1,0 +1,125 @@
+//! Where each setting came from, and the one precedence rule every command follows:
+//! built-in defaults < the `--config` file < `GPUMEM_*` variables < flags given on the command
+//! line. clap fills every flag with its default, so [`Given`] asks clap which flags the user
+//! set (on the command line or through their variable); only those override the file.
+//! Also here: the warning for a `GPUMEM_*` variable nobody reads (a misspelling, usually).
+
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use std::collections::HashSet;
+
+/// The flags of one command that the user set, by clap id (`leak_age`, `devices`).
+#[derive(Debug, Default)]
+pub struct Given(HashSet<String>);
+
+impl Given {
+    pub fn from_matches(matches: &ArgMatches) -> Self {
+        let set = matches
+            .ids()
+            .filter(|id| {
+                matches!(
+                    matches.value_source(id.as_str()),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+        Given(set)
+    }
+
+    /// Whether the user set the flag with this id (its field name), by flag or variable.
+    pub fn explicit(&self, id: &str) -> bool {
+        self.0.contains(id)
+    }
+}
+
+/// Variables read outside the CLI's flags and config keys: the log filter, the Python
+/// package's and the test suite's own.
+const OTHER_VARIABLES: &[&str] = &[
+    "GPUMEM_LOG",
+    "GPUMEM_PROCESS_NAME",
+    "GPUMEM_BINARY",
+    "GPUMEM_REQUIRE_GPU",
+    "GPUMEM_REQUIRE_GPUS",
+    "GPUMEM_BENCH_BACKEND",
+];
+
+/// Every `GPUMEM_*` variable gpumem reads: each flag's, each config key's, and the others.
+pub fn known_variables(command: &clap::Command) -> Vec<String> {
+    let mut known: Vec<String> = OTHER_VARIABLES.iter().map(|v| v.to_string()).collect();
+    known.extend(crate::manager::config_env_names());
+    let mut stack = vec![command];
+    while let Some(command) = stack.pop() {
+        for arg in command.get_arguments() {
+            if let Some(env) = arg.get_env() {
+                known.push(env.to_string_lossy().into_owned());
+            }
+        }
+        stack.extend(command.get_subcommands());
+    }
+    known.sort();
+    known.dedup();
+    known
+}
+
+/// One warning line for each set `GPUMEM_*` variable that gpumem does not read, naming the
+/// nearest one it does: a misspelled variable otherwise changes nothing, silently.
+pub fn unknown_variable_warnings(set: &[String], known: &[String]) -> Vec<String> {
+    set.iter()
+        .filter(|name| name.starts_with("GPUMEM_") && !known.contains(name))
+        .map(|name| {
+            let nearest = known
+                .iter()
+                .min_by_key(|candidate| edit_distance(name, candidate));
+            match nearest {
+                Some(nearest) if edit_distance(name, nearest) <= name.len() / 2 => format!(
+                    "gpumem: warning: {name} is not a gpumem variable and is ignored; \
+                     did you mean {nearest}?"
+                ),
+                _ => format!(
+                    "gpumem: warning: {name} is not a gpumem variable and is ignored \
+                     (gpumem --help lists each flag's variable)"
+                ),
+            }
+        })
+        .collect()
+}
+
+/// Levenshtein distance over bytes (variable names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misspelled_variables_name_the_nearest_known_one() {
+        let known: Vec<String> = ["GPUMEM_LEAK_AGE", "GPUMEM_LISTEN", "GPUMEM_LOG"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let set = vec![
+            "GPUMEM_LEAKAGE".to_string(),
+            "GPUMEM_LISTEN".to_string(),
+            "PATH".to_string(),
+            "GPUMEM_ZZZZZZZZZZZZZZZZZZZZ".to_string(),
+        ];
+        let warnings = unknown_variable_warnings(&set, &known);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("did you mean GPUMEM_LEAK_AGE?"));
+        assert!(!warnings[1].contains("did you mean"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+}

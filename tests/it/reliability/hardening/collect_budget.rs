@@ -1,0 +1,182 @@
+//! Cases 2 and 4: what a collect directory can cost the sidecar is bounded (series and bytes,
+//! counted and noted on /healthz when hit), stale files never hide a live engine, and a
+//! snapshot from the future is refused instead of never going stale.
+
+use super::{count, published};
+use crate::reliability::{rss_kib, Scratch};
+use crate::support::Running;
+use crate::web::get;
+use gpumem::collect::{series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES};
+use gpumem::snapshot::unix_now;
+use std::time::{Duration, SystemTime};
+
+fn collector(dir: &Scratch) -> Collector {
+    Collector::new(CollectSettings::new(dir.path(), Duration::from_secs(1)))
+}
+
+/// Files of 64 devices x 16 pools each (the most a file may hold) add up to the default budget
+/// and no further: the rest are skipped and counted, and the status says so.
+#[test]
+fn collected_series_stay_within_the_default_budget() {
+    let dir = Scratch::new("budget");
+    let t = unix_now();
+    for i in 0..8u32 {
+        let text = published(std::process::id(), &format!("big{i}"), t, 64, 16);
+        dir.file(&format!("big-{i}.json"), text.as_bytes());
+    }
+    let collected = collector(&dir).scan_at(t + 0.1);
+    let series: u64 = collected
+        .processes
+        .iter()
+        .map(|p| {
+            1 + 19 * p.devices.len() as u64
+                + 13 * p.devices.iter().map(|d| d.pools.len() as u64).sum::<u64>()
+        })
+        .sum();
+    assert!(!collected.processes.is_empty(), "some files fit the budget");
+    assert!(
+        series <= DEFAULT_MAX_SERIES,
+        "{series} series exported; the budget is {DEFAULT_MAX_SERIES}"
+    );
+    let skipped = count(&collected.status.rejected, "over_budget");
+    assert_eq!(skipped as usize + collected.processes.len(), 8);
+    assert_eq!(collected.status.budget_exceeded_total, 1);
+    let note = collected.status.over_budget.expect("a note for /healthz");
+    assert!(note.contains("--collect-max-series"), "{note}");
+    let file = gpumem::collect::read_file(&dir.path().join("big-0.json"), 4 << 20).expect("valid");
+    assert_eq!(series_of(&file), 1 + 19 * 64 + 13 * 64 * 16);
+}
+
+/// `gpumem serve` over a directory of maximal files: /metrics stays a few megabytes (it was
+/// 148 MB for 36 such files), the budget counter moves, /healthz says what was skipped, and
+/// resident memory stays well under the shipped manifest's 128 Mi limit.
+#[test]
+fn a_full_collect_directory_cannot_blow_up_the_sidecar() {
+    let dir = Scratch::new("budget-serve");
+    let t = unix_now() + 20.0;
+    for i in 0..12u32 {
+        let text = published(std::process::id(), &format!("big{i}"), t, 64, 16);
+        dir.file(&format!("big-{i}.json"), text.as_bytes());
+    }
+    let sidecar = Running::start(&[
+        "serve",
+        "--backend",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "1s",
+        "--collect-dir",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    let mut peak_kib = 0;
+    for _ in 0..3 {
+        let metrics = get(sidecar.addr, "/metrics");
+        assert_eq!(metrics.status, 200);
+        assert!(
+            metrics.body.len() < 16 << 20,
+            "/metrics is {} bytes",
+            metrics.body.len()
+        );
+        let exceeded = metrics
+            .body
+            .lines()
+            .find_map(|l| l.strip_prefix("gpumem_collect_budget_exceeded_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .expect("gpumem_collect_budget_exceeded_total");
+        assert!(exceeded >= 1.0);
+        peak_kib = peak_kib.max(rss_kib(sidecar.pid()).unwrap_or(0));
+    }
+    let health = get(sidecar.addr, "/healthz");
+    assert_eq!(health.status, 200);
+    assert!(health.body.contains("over its budget"), "{}", health.body);
+    assert!(peak_kib < 100 * 1024, "resident memory {peak_kib} KiB");
+}
+
+fn set_modified(path: &std::path::Path, when: SystemTime) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(when))
+        .expect("set the modification time");
+}
+
+/// 300 files left by killed engines, untouched for an hour, sort before a live engine's file:
+/// the live one is exported all the same (only the first 256 names used to be read).
+#[test]
+fn files_left_by_dead_engines_never_hide_a_live_one() {
+    let dir = Scratch::new("stale-cap");
+    let t = unix_now();
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    for i in 0..300u32 {
+        let path = dir.file(
+            &format!("a-{i:03}.json"),
+            published(4_000_000 + i, "dead", t - 3600.0, 1, 1).as_bytes(),
+        );
+        set_modified(&path, hour_ago);
+    }
+    dir.file(
+        "zz-live.json",
+        published(std::process::id(), "live", t, 1, 1).as_bytes(),
+    );
+    let collected = collector(&dir).scan_at(t + 0.1);
+    let names: Vec<&str> = collected
+        .processes
+        .iter()
+        .map(|p| p.process.as_str())
+        .collect();
+    assert_eq!(names, ["live"]);
+    assert_eq!(count(&collected.status.rejected, "too_many_files"), 0);
+}
+
+/// The same with dead engines killed minutes ago (files still recent): newest first, so the
+/// live file is read although 300 others come before it by name.
+#[test]
+fn recent_dead_files_over_the_cap_never_hide_a_live_one() {
+    let dir = Scratch::new("recent-cap");
+    let t = unix_now();
+    let earlier = SystemTime::now() - Duration::from_secs(60);
+    for i in 0..300u32 {
+        let path = dir.file(
+            &format!("a-{i:03}.json"),
+            published(4_000_000 + i, "dead", t - 60.0, 1, 1).as_bytes(),
+        );
+        set_modified(&path, earlier);
+    }
+    dir.file(
+        "zz-live.json",
+        published(std::process::id(), "live", t, 1, 1).as_bytes(),
+    );
+    let collected = collector(&dir).scan_at(t + 0.1);
+    let names: Vec<&str> = collected
+        .processes
+        .iter()
+        .map(|p| p.process.as_str())
+        .collect();
+    assert_eq!(names, ["live"]);
+}
+
+/// A snapshot an hour in the future would never go stale: refused. A few seconds of clock
+/// skew between containers is fine.
+#[test]
+fn snapshots_from_the_future_are_refused() {
+    let dir = Scratch::new("future");
+    let t = unix_now();
+    dir.file(
+        "future.json",
+        published(std::process::id(), "future", t + 3600.0, 1, 1).as_bytes(),
+    );
+    dir.file(
+        "skewed.json",
+        published(std::process::id() + 1, "skewed", t + 5.0, 1, 1).as_bytes(),
+    );
+    let mut collector = collector(&dir);
+    let collected = collector.scan_at(t);
+    let names: Vec<&str> = collected
+        .processes
+        .iter()
+        .map(|p| p.process.as_str())
+        .collect();
+    assert_eq!(names, ["skewed"]);
+    assert_eq!(count(&collected.status.rejected, "invalid"), 1);
+}

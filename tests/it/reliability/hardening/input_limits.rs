@@ -1,0 +1,148 @@
+//! Case 5: every input is bounded. A config file that never ends (`/dev/zero`) fails at once
+//! with one line; strings in collected files (device names, the writer, wrong-typed values
+//! quoted in errors) are cut before they are kept, logged or served.
+
+use super::published;
+use crate::reliability::{gpumem, Scratch};
+use std::io::Read;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// `--config /dev/zero` used to grow by 300 MB/s until killed.
+#[test]
+fn an_endless_config_file_fails_fast_with_one_line() {
+    for command in [&["devices"][..], &["demo", "--duration", "1s"]] {
+        let started = Instant::now();
+        let mut child = gpumem()
+            .args(command)
+            .args(["--backend", "sim", "--config", "/dev/zero"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gpumem runs");
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                panic!("gpumem {command:?} --config /dev/zero still running after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        let _ = child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr);
+        assert_eq!(status.code(), Some(2), "{command:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{command:?}: {stderr}");
+        assert!(stderr.contains("larger than 1"), "{command:?}: {stderr}");
+    }
+}
+
+/// A file with a 3 MB device name and writer, and one with a 3 MB string where a number
+/// belongs: what is kept, and what a rejection says, stays short.
+#[test]
+fn strings_in_collected_files_are_cut() {
+    let dir = Scratch::new("long-strings");
+    let huge = "N".repeat(3 << 20);
+    let mut file: serde_json::Value = serde_json::from_str(&published(
+        std::process::id(),
+        "engine",
+        gpumem::snapshot::unix_now(),
+        1,
+        1,
+    ))
+    .expect("json");
+    file["writer"] = huge.clone().into();
+    file["devices"][0]["name"] = huge.clone().into();
+    let path = dir.file("long.json", &serde_json::to_vec(&file).expect("encode"));
+    let read = gpumem::collect::read_file(&path, 16 << 20).expect("long text is cut, not refused");
+    assert!(read.writer.as_deref().is_some_and(|w| w.len() <= 128));
+    assert!(read.devices[0]
+        .name
+        .as_deref()
+        .is_some_and(|n| n.len() <= 128));
+
+    file["pid"] = huge.into();
+    let path = dir.file("typed.json", &serde_json::to_vec(&file).expect("encode"));
+    let rejection = gpumem::collect::read_file(&path, 16 << 20).expect_err("pid is a number");
+    let message = rejection.to_string();
+    assert!(
+        message.len() < 1000,
+        "the rejection is {} bytes",
+        message.len()
+    );
+}
+
+/// The same through `gpumem serve` at its default log level: no log line and no snapshot
+/// grows with the file (a 3 MB line and a 6 MB snapshot before).
+#[test]
+fn a_serving_sidecar_logs_and_serves_long_strings_cut() {
+    let dir = Scratch::new("long-serve");
+    let huge = "\u{202E}W".repeat(1 << 20);
+    let now = gpumem::snapshot::unix_now();
+    let mut good: serde_json::Value =
+        serde_json::from_str(&published(std::process::id(), "engine", now, 1, 1)).expect("json");
+    good["devices"][0]["name"] = huge.clone().into();
+    good["writer"] = huge.clone().into();
+    dir.file("good.json", &serde_json::to_vec(&good).expect("encode"));
+    good["pid"] = huge.clone().into();
+    dir.file("typed.json", &serde_json::to_vec(&good).expect("encode"));
+    good["pid"] = 7.into();
+    good["format"] = huge.into();
+    dir.file("format.json", &serde_json::to_vec(&good).expect("encode"));
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem"));
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("GPUMEM_")) {
+        command.env_remove(key);
+    }
+    let mut child = command
+        .args([
+            "serve",
+            "--backend",
+            "sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--interval",
+            "200ms",
+        ])
+        .arg("--collect-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpumem serve");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("the URL line");
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .trim_start_matches("gpumem serve: open http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("address");
+    std::thread::sleep(Duration::from_millis(800));
+    let snapshot = crate::web::get(addr, "/api/v1/snapshot").body;
+    let _ = child.kill();
+    let mut stderr = String::new();
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    let _ = child.wait();
+    assert!(
+        snapshot.len() < 64 << 10,
+        "the snapshot is {} bytes",
+        snapshot.len()
+    );
+    assert!(!snapshot.contains('\u{202E}'), "a bidi override was served");
+    let longest = stderr.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 2000, "a log line of {longest} bytes");
+    assert!(
+        stderr.contains("typed.json"),
+        "the bad file is logged: {stderr:.2000}"
+    );
+}

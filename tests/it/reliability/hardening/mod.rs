@@ -1,0 +1,44 @@
+//! Hardening (issue 16), one module per case: the collector against files swapped under it
+//! (`collect_races`), its memory budget and stale files (`collect_budget`), file writes that
+//! cannot be redirected (`writes`), input limits and the one-line error contract
+//! (`input_limits`, `precedence`), and the HTTP side's Host and cross-origin checks (`web`).
+
+mod collect_budget;
+mod collect_races;
+mod input_limits;
+mod precedence;
+mod web;
+mod writes;
+
+use gpumem::snapshot::ReasonCount;
+
+/// A valid published file for `pid`, taken at `timestamp`, with `devices` devices of `pools`
+/// pools each.
+pub fn published(pid: u32, process: &str, timestamp: f64, devices: u32, pools: u32) -> String {
+    let device = |gpu: u32| {
+        serde_json::json!({
+            "gpu": gpu,
+            "reserved_bytes": 64u64 << 20,
+            "pools": (0..pools)
+                .map(|p| serde_json::json!({"pool": format!("p{p}"), "reserved_bytes": 1024}))
+                .collect::<Vec<_>>(),
+        })
+    };
+    serde_json::json!({
+        "format": "gpumem.publish",
+        "version": 1,
+        "pid": pid,
+        "process": process,
+        "timestamp_seconds": timestamp,
+        "interval_seconds": 1.0,
+        "devices": (0..devices).map(device).collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+pub fn count(counts: &[ReasonCount], reason: &str) -> u64 {
+    counts
+        .iter()
+        .find(|c| c.reason == reason)
+        .map_or(0, |c| c.count)
+}
