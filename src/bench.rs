@@ -1,5 +1,5 @@
 //! Allocation latency, measured side by side in one process on one device: a gpumem pool hit,
-//! a pool miss (pages mapped and unmapped), the driver's `cuMemAlloc`/`cuMemFree`, and on CUDA
+//! a pool miss (kept pages mapped again, or with the reserve empty new pages created), the driver's `cuMemAlloc`/`cuMemFree`, and on CUDA
 //! the driver's stream-ordered pool — each as a distribution (median and p99 per alloc + free
 //! pair), on one thread or several at once. `gpumem bench` prints it.
 
@@ -18,8 +18,13 @@ use std::time::{Duration, Instant};
 pub enum Allocator {
     /// gpumem, memory already cached: no driver call.
     PoolHit,
-    /// gpumem with its cache emptied after every free: pages mapped and unmapped each time.
+    /// gpumem missing after a release, as a pool does when its cache budget is full: the freed
+    /// pages are unmapped into the page reserve after every free, and the next allocation maps
+    /// them again (`cuMemMap` + `cuMemSetAccess`, no `cuMemCreate`); the unmapping is timed too.
     PoolMiss,
+    /// gpumem with its cache emptied after every free: pages created, mapped, unmapped and
+    /// released each time (a miss with the page reserve empty).
+    PoolMissCold,
     /// `cuMemAlloc` + `cuMemFree` (on sim: the simulator's bookkeeping).
     Driver,
     /// `cuMemAllocAsync` + `cuMemFreeAsync` on the device's default pool (CUDA only).
@@ -133,12 +138,16 @@ pub fn measure(
                 .alloc(device, size, &AllocOptions::default())
                 .map(drop)
                 .map_err(|e| e.to_string()),
-            Allocator::PoolMiss => {
+            Allocator::PoolMiss | Allocator::PoolMissCold => {
                 let buffer = m
                     .alloc(device, size, &AllocOptions::default())
                     .map_err(|e| e.to_string())?;
                 drop(buffer);
-                m.empty_cache();
+                if allocator == Allocator::PoolMiss {
+                    m.unmap_cached();
+                } else {
+                    m.empty_cache();
+                }
                 Ok(())
             }
             Allocator::Driver => {
@@ -229,7 +238,12 @@ mod tests {
     #[test]
     fn measures_every_allocator_the_sim_has() {
         let target = BenchTarget::new(Arc::new(SimBackend::new(SimConfig::default())), 0);
-        for allocator in [Allocator::PoolHit, Allocator::PoolMiss, Allocator::Driver] {
+        for allocator in [
+            Allocator::PoolHit,
+            Allocator::PoolMiss,
+            Allocator::PoolMissCold,
+            Allocator::Driver,
+        ] {
             let result = measure(&target, allocator, 4096, 2, 200, Duration::from_secs(5)).unwrap();
             assert_eq!(result.operations, 400);
             assert!(result.median_ns <= result.p99_ns);

@@ -1,8 +1,11 @@
-//! Replays an allocation trace through a real `MemoryManager` and measures what the allocator
-//! is judged on: reserved bytes over the requested peak, driver calls, hit ratio, time per op.
+//! Replays an allocation trace through a real `MemoryManager` — or, as the baseline, through
+//! the CUDA driver's own stream-ordered pool — and measures what the allocator is judged on:
+//! reserved bytes over the requested peak, driver calls, misses and their cost, time per op.
 
+use crate::backend::cuda::CudaBackend;
+use crate::backend::DevicePtr;
 use crate::error::AllocError;
-use crate::manager::{AllocOptions, DeviceBuffer, MemoryManager};
+use crate::manager::{AllocOptions, DeviceBuffer, MemoryConfig, MemoryManager};
 use crate::trace::{Trace, TraceEvent};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -32,6 +35,33 @@ pub struct ReplayReport {
     /// gained since the start (`mem_info`) and what the pools say they reserve. Within the page
     /// size means the pools' accounting matches the driver's.
     pub max_device_vs_reserved_gap_bytes: u64,
+    /// The cache settings of the run (`--idle-pages`, `--idle-per-mille`).
+    pub idle_pages_kept: usize,
+    pub idle_per_mille: usize,
+    /// Allocations that called the driver to map pages, and how long those allocations took
+    /// (median and 99th percentile, within 12.5%); 0 for the baselines, which do not say.
+    pub misses: u64,
+    pub miss_p50_ns: u64,
+    pub miss_p99_ns: u64,
+    /// Physical pages created by the driver, mapped again from the page reserve instead, and
+    /// released back to the driver (the final emptying included).
+    pub pages_created: u64,
+    pub pages_reused: u64,
+    pub pages_released: u64,
+}
+
+/// The configuration a replay runs under: `base` on one device and one shard, with no upkeep
+/// thread, no age-based release and no pool cap, so the allocator alone is measured.
+pub fn replay_config(base: MemoryConfig, device: usize) -> MemoryConfig {
+    MemoryConfig {
+        devices: Some(vec![device]),
+        shards: 1,
+        release_idle_after: None,
+        cleanup_interval: None,
+        gpu_memory_fraction: 1.0,
+        preallocate_bytes: 0,
+        ..base
+    }
 }
 
 /// Requested, in-use and reserved bytes after event `index`, for the plot.
@@ -53,6 +83,136 @@ pub enum ReplayError {
         size: u64,
         source: AllocError,
     },
+    #[error("{trace}: {source}")]
+    Baseline {
+        trace: String,
+        source: crate::error::BackendError,
+    },
+}
+
+/// What the replay loop drives: an allocator, and where its reserved bytes can be read.
+trait Replayed {
+    type Buffer;
+    fn alloc(&mut self, size: u64) -> Result<Self::Buffer, AllocError>;
+    fn free(&mut self, buffer: Self::Buffer);
+    /// (in use, reserved) bytes now.
+    fn held(&self) -> (u64, u64);
+    /// Bytes the device says are used (by every process), when it can tell.
+    fn device_used(&self) -> Option<u64>;
+}
+
+/// What the replay loop saw.
+struct Played {
+    requested_peak: u64,
+    busy: Duration,
+    max_gap: u64,
+    timeline: Vec<TimelinePoint>,
+}
+
+/// Replays `trace` through `target`; every buffer still live at the end is handed back.
+fn play<R: Replayed>(
+    target: &mut R,
+    trace: &Trace,
+    progress: &mut impl FnMut(u64),
+) -> Result<Played, ReplayError> {
+    let mut live: Vec<Option<(R::Buffer, u64)>> = Vec::new();
+    live.resize_with(trace.slots, || None);
+    let total = trace.events.len();
+    let stride = total.div_ceil(TIMELINE_POINTS).max(1);
+    let mut played = Played {
+        requested_peak: 0,
+        busy: Duration::ZERO,
+        max_gap: 0,
+        timeline: Vec::with_capacity(TIMELINE_POINTS + 1),
+    };
+    let mut requested_now: u64 = 0;
+    let used_at_start = target.device_used();
+    for (chunk_index, chunk) in trace.events.chunks(stride).enumerate() {
+        let started = Instant::now();
+        for (offset, event) in chunk.iter().enumerate() {
+            match *event {
+                TraceEvent::Alloc { slot, size, .. } => {
+                    let buffer = target.alloc(size).map_err(|source| ReplayError::Alloc {
+                        trace: trace.name.clone(),
+                        event: (chunk_index * stride + offset) as u64 + 1,
+                        size,
+                        source,
+                    })?;
+                    live[slot as usize] = Some((buffer, size));
+                    requested_now += size;
+                    played.requested_peak = played.requested_peak.max(requested_now);
+                }
+                TraceEvent::Free { slot } => {
+                    if let Some((buffer, size)) = live[slot as usize].take() {
+                        requested_now -= size;
+                        target.free(buffer);
+                    }
+                }
+            }
+        }
+        played.busy += started.elapsed();
+        let done = ((chunk_index + 1) * stride).min(total) as u64;
+        let (in_use, reserved) = target.held();
+        if let (Some(start), Some(now)) = (used_at_start, target.device_used()) {
+            let gained = now.saturating_sub(start);
+            played.max_gap = played.max_gap.max(gained.abs_diff(reserved));
+        }
+        played.timeline.push(TimelinePoint {
+            event: done,
+            requested: requested_now,
+            in_use,
+            reserved,
+        });
+        progress(done);
+    }
+    for (buffer, _) in live.into_iter().flatten() {
+        target.free(buffer);
+    }
+    Ok(played)
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn per_op(busy: Duration, events: usize) -> f64 {
+    if events == 0 {
+        0.0
+    } else {
+        busy.as_nanos() as f64 / events as f64
+    }
+}
+
+struct Managed<'a> {
+    manager: &'a MemoryManager,
+    device: usize,
+    options: AllocOptions,
+}
+
+impl Replayed for Managed<'_> {
+    type Buffer = DeviceBuffer;
+    fn alloc(&mut self, size: u64) -> Result<DeviceBuffer, AllocError> {
+        self.manager.alloc(self.device, size, &self.options)
+    }
+    fn free(&mut self, buffer: DeviceBuffer) {
+        drop(buffer);
+    }
+    fn held(&self) -> (u64, u64) {
+        let counters = self
+            .manager
+            .device_stats(self.device)
+            .map(|s| s.counters)
+            .unwrap_or_default();
+        (counters.in_use_bytes, counters.reserved_bytes)
+    }
+    fn device_used(&self) -> Option<u64> {
+        let backend = self.manager.backend();
+        backend.mem_info(self.device).ok().map(|info| info.used())
+    }
 }
 
 /// Replays `trace` on `device`, calling `progress(events_done)` now and then.
@@ -63,109 +223,141 @@ pub fn replay(
     mut progress: impl FnMut(u64),
 ) -> Result<(ReplayReport, Vec<TimelinePoint>), ReplayError> {
     manager.reset_peaks();
-    let options = AllocOptions::default();
-    let mut live: Vec<Option<DeviceBuffer>> = Vec::new();
-    live.resize_with(trace.slots, || None);
-    let total = trace.events.len();
-    let stride = total.div_ceil(TIMELINE_POINTS).max(1);
-    let mut timeline = Vec::with_capacity(TIMELINE_POINTS + 1);
-    let mut busy = Duration::ZERO;
-    let mut requested_now: u64 = 0;
-    let mut peak_requested: u64 = 0;
-    let used_at_start = device_used(manager, device);
-    let mut max_gap: u64 = 0;
-    for (chunk_index, chunk) in trace.events.chunks(stride).enumerate() {
-        let started = Instant::now();
-        for (offset, event) in chunk.iter().enumerate() {
-            match *event {
-                TraceEvent::Alloc { slot, size, .. } => {
-                    let buffer = manager.alloc(device, size, &options).map_err(|source| {
-                        ReplayError::Alloc {
-                            trace: trace.name.clone(),
-                            event: (chunk_index * stride + offset) as u64 + 1,
-                            size,
-                            source,
-                        }
-                    })?;
-                    live[slot as usize] = Some(buffer);
-                    requested_now += size;
-                    peak_requested = peak_requested.max(requested_now);
-                }
-                TraceEvent::Free { slot } => {
-                    if let Some(buffer) = live[slot as usize].take() {
-                        requested_now -= buffer.size();
-                        drop(buffer);
-                    }
-                }
-            }
-        }
-        busy += started.elapsed();
-        let done = ((chunk_index + 1) * stride).min(total) as u64;
-        let point = timeline_point(manager, device, done);
-        if let (Some(start), Some(now)) = (used_at_start, device_used(manager, device)) {
-            let gained = now.saturating_sub(start);
-            max_gap = max_gap.max(gained.abs_diff(point.reserved));
-        }
-        timeline.push(point);
-        progress(done);
-    }
+    let mut target = Managed {
+        manager,
+        device,
+        options: AllocOptions::default(),
+    };
+    let played = play(&mut target, trace, &mut progress);
+    // Read before the final emptying, which releases every page and is not part of the trace.
     let at_end = manager.device_stats(device).ok();
-    drop(live);
     manager.empty_cache();
+    let played = played?;
     let after = manager.device_stats(device).ok();
     let counters = at_end.as_ref().map(|s| s.counters).unwrap_or_default();
-    let peak_reserved = counters.peak_reserved_bytes;
+    let config = manager.config();
     let report = ReplayReport {
         trace: trace.name.clone(),
         backend: manager.backend().kind().to_string(),
-        strategy: format!("{:?}", manager.config().strategy).to_lowercase(),
-        events: total as u64,
-        peak_requested_bytes: peak_requested,
+        strategy: format!("{:?}", config.strategy).to_lowercase(),
+        events: trace.events.len() as u64,
+        peak_requested_bytes: played.requested_peak,
         peak_in_use_bytes: counters.peak_in_use_bytes,
-        peak_reserved_bytes: peak_reserved,
-        reserved_over_peak: if peak_requested == 0 {
-            0.0
-        } else {
-            peak_reserved as f64 / peak_requested as f64
-        },
+        peak_reserved_bytes: counters.peak_reserved_bytes,
+        reserved_over_peak: ratio(counters.peak_reserved_bytes, played.requested_peak),
         driver_allocs: counters.driver_allocs,
         driver_frees: after
             .as_ref()
             .map_or(counters.driver_frees, |s| s.counters.driver_frees),
         pool_hit_ratio: counters.hit_ratio(),
-        ns_per_op: if total == 0 {
-            0.0
-        } else {
-            busy.as_nanos() as f64 / total as f64
-        },
-        reserved_after_empty_cache_bytes: after.map_or(0, |s| s.counters.reserved_bytes),
-        ooms: counters_ooms(at_end.as_ref()),
-        max_device_vs_reserved_gap_bytes: max_gap,
+        ns_per_op: per_op(played.busy, trace.events.len()),
+        reserved_after_empty_cache_bytes: after.as_ref().map_or(0, |s| s.counters.reserved_bytes),
+        ooms: at_end.as_ref().map_or(0, |s| s.ooms),
+        max_device_vs_reserved_gap_bytes: played.max_gap,
+        idle_pages_kept: config.idle_pages_kept,
+        idle_per_mille: config.idle_per_mille,
+        misses: at_end.as_ref().map_or(0, |s| s.misses),
+        miss_p50_ns: at_end.as_ref().map_or(0, |s| s.miss_p50_ns),
+        miss_p99_ns: at_end.as_ref().map_or(0, |s| s.miss_p99_ns),
+        pages_created: after.as_ref().map_or(0, |s| s.pages_created),
+        pages_reused: after.as_ref().map_or(0, |s| s.pages_reused),
+        pages_released: after.as_ref().map_or(0, |s| s.pages_released),
     };
-    Ok((report, timeline))
+    Ok((report, played.timeline))
 }
 
-fn counters_ooms(stats: Option<&crate::manager::views::DeviceStats>) -> u64 {
-    stats.map_or(0, |s| s.ooms)
+struct DriverPool<'a> {
+    cuda: &'a CudaBackend,
+    device: usize,
+    allocs: u64,
+    frees: u64,
+    in_use: u64,
 }
 
-fn device_used(manager: &MemoryManager, device: usize) -> Option<u64> {
-    manager
-        .backend()
-        .mem_info(device)
-        .ok()
-        .map(|info| info.used())
-}
-
-fn timeline_point(manager: &MemoryManager, device: usize, event: u64) -> TimelinePoint {
-    let counters = manager
-        .device_stats(device)
-        .map(|s| s.counters)
-        .unwrap_or_default();
-    TimelinePoint {
-        event,
-        requested: counters.requested_bytes,
-        in_use: counters.in_use_bytes,
-        reserved: counters.reserved_bytes,
+impl Replayed for DriverPool<'_> {
+    type Buffer = (DevicePtr, u64);
+    fn alloc(&mut self, size: u64) -> Result<(DevicePtr, u64), AllocError> {
+        let ptr = self.cuda.alloc_stream_ordered(self.device, size)?;
+        self.allocs += 1;
+        self.in_use += size;
+        Ok((ptr, size))
     }
+    fn free(&mut self, (ptr, size): (DevicePtr, u64)) {
+        match self.cuda.free_stream_ordered(self.device, ptr) {
+            Ok(()) => {
+                self.frees += 1;
+                self.in_use -= size;
+            }
+            Err(error) => tracing::warn!(%error, "cuMemFreeAsync failed during a replay"),
+        }
+    }
+    fn held(&self) -> (u64, u64) {
+        let reserved = self
+            .cuda
+            .stream_ordered_reserved(self.device)
+            .map_or(0, |(now, _)| now);
+        (self.in_use, reserved)
+    }
+    fn device_used(&self) -> Option<u64> {
+        use crate::backend::DeviceBackend;
+        self.cuda.mem_info(self.device).ok().map(|info| info.used())
+    }
+}
+
+/// Replays `trace` through the driver's stream-ordered pool (`cuMemAllocAsync` /
+/// `cuMemFreeAsync` on the device's default pool, release threshold max): the baseline,
+/// measured by the same loop. Its reserved peak is the pool's own high-water mark.
+pub fn replay_driver_pool(
+    cuda: &CudaBackend,
+    device: usize,
+    trace: &Trace,
+    mut progress: impl FnMut(u64),
+) -> Result<(ReplayReport, Vec<TimelinePoint>), ReplayError> {
+    let baseline = |source| ReplayError::Baseline {
+        trace: trace.name.clone(),
+        source,
+    };
+    cuda.prepare_stream_ordered_pool(device).map_err(baseline)?;
+    cuda.trim_stream_ordered_pool(device).map_err(baseline)?;
+    cuda.reset_stream_ordered_peak(device).map_err(baseline)?;
+    let mut target = DriverPool {
+        cuda,
+        device,
+        allocs: 0,
+        frees: 0,
+        in_use: 0,
+    };
+    let played = play(&mut target, trace, &mut progress);
+    let peak = cuda.stream_ordered_reserved(device).map(|(_, high)| high);
+    let trimmed = cuda.trim_stream_ordered_pool(device);
+    let played = played?;
+    let peak = peak.map_err(baseline)?;
+    trimmed.map_err(baseline)?;
+    let after = cuda.stream_ordered_reserved(device).map_err(baseline)?.0;
+    let report = ReplayReport {
+        trace: trace.name.clone(),
+        backend: "cuda".to_string(),
+        strategy: "driver-pool".to_string(),
+        events: trace.events.len() as u64,
+        peak_requested_bytes: played.requested_peak,
+        peak_in_use_bytes: played.requested_peak,
+        peak_reserved_bytes: peak,
+        reserved_over_peak: ratio(peak, played.requested_peak),
+        driver_allocs: target.allocs,
+        driver_frees: target.frees,
+        pool_hit_ratio: 0.0,
+        ns_per_op: per_op(played.busy, trace.events.len()),
+        reserved_after_empty_cache_bytes: after,
+        ooms: 0,
+        max_device_vs_reserved_gap_bytes: played.max_gap,
+        idle_pages_kept: 0,
+        idle_per_mille: 0,
+        misses: 0,
+        miss_p50_ns: 0,
+        miss_p99_ns: 0,
+        pages_created: 0,
+        pages_reused: 0,
+        pages_released: 0,
+    };
+    Ok((report, played.timeline))
 }

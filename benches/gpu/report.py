@@ -47,17 +47,27 @@ if bench:
     print()
 
 gpumem = {r["trace"]: r for r in lines("replay-gpumem.jsonl")}
+driver_pool = {r["trace"]: r for r in lines("replay-driver-pool.jsonl")}
+held_out = {"vit_train", "moe_generate", "longctx_generate"}
 torch = defaultdict(dict)
 for r in lines("replay-torch.jsonl"):
     torch[r["trace"]][r["conf"] or "default"] = r
 if gpumem:
     print("### Reserved over peak requested on real traces (lower is better, 1.000 is the floor)\n")
-    print("| trace | gpumem | gpumem ns/op | PyTorch default | PyTorch expandable_segments | CUDA driver pool (cudaMallocAsync) | gpumem vs driver accounting gap |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, r in sorted(gpumem.items()):
+    print("Held-out traces (never used to choose a default) are marked †.\n")
+    print("| trace | gpumem | gpumem ns/op | driver pool, same run | driver pool ns/op | misses | miss p50 / p99 | pages created / reused | PyTorch default | PyTorch expandable_segments | PyTorch cudaMallocAsync | gpumem vs driver accounting gap |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in sorted(gpumem.items(), key=lambda item: (item[0] in held_out, item[0])):
         t = torch.get(name, {})
+        d = driver_pool.get(name)
         pick = lambda conf: f"{t[conf]['reserved_over_peak']:.3f}" if conf in t else "n/a"
-        print(f"| {name} | **{r['reserved_over_peak']:.3f}** | {r['ns_per_op']:.0f} | {pick('default')} | "
+        mark = " †" if name in held_out else ""
+        misses = r.get("misses", "n/a")
+        miss = f"{ns(r['miss_p50_ns'])} / {ns(r['miss_p99_ns'])}" if "miss_p50_ns" in r else "n/a"
+        pages = f"{r['pages_created']} / {r['pages_reused']}" if "pages_created" in r else "n/a"
+        baseline = f"{d['reserved_over_peak']:.3f} | {d['ns_per_op']:.0f}" if d else "n/a | n/a"
+        print(f"| {name}{mark} | **{r['reserved_over_peak']:.3f}** | {r['ns_per_op']:.0f} | {baseline} | "
+              f"{misses} | {miss} | {pages} | {pick('default')} | "
               f"{pick('expandable_segments:True')} | {pick('backend:cudaMallocAsync')} | {r['max_device_vs_reserved_gap_bytes']} B |")
     print()
 

@@ -1,4 +1,4 @@
-# Replays allocation traces (shared/traces/README.md format) through PyTorch's CUDA caching
+# Replays allocation traces (benches/traces/README.md format) through PyTorch's CUDA caching
 # allocator, so gpumem's `replay` figures have PyTorch's beside them, measured on the same GPU
 # in the same run. Choose PyTorch's allocator settings with PYTORCH_CUDA_ALLOC_CONF, e.g.
 #   ""                                   the default caching allocator

@@ -12,6 +12,12 @@ use std::sync::Arc;
 /// A device virtual address, as the CUDA driver hands them out.
 pub type DevicePtr = u64;
 
+/// One page of physical device memory, created by the driver and owned by whoever holds the
+/// handle (CUDA: a `CUmemGenericAllocationHandle` of one granularity page). It counts as memory
+/// the process holds from the moment it is created until it is released, mapped or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PhysicalPage(pub u64);
+
 /// A stream handle: 0 is the device's default (legacy) stream; on CUDA other values are `CUstream`s.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct StreamId(pub u64);
@@ -78,7 +84,10 @@ pub struct DeviceProperties {
 /// One device driver as the pools see it. Every method names the device it acts on, so one
 /// backend serves all devices of a host; implementations make the device's context current
 /// themselves. The virtual-memory methods mirror `cuMemAddressReserve` / `cuMemCreate` +
-/// `cuMemMap` / `cuMemUnmap` + `cuMemRelease`, which let a pool grow and shrink in pages.
+/// `cuMemMap` / `cuMemUnmap` + `cuMemRelease`, which let a pool grow and shrink in pages; the
+/// physical pages are explicit ([`PhysicalPage`]), so a caller can unmap a page, keep it, and
+/// map it again elsewhere without the driver creating memory anew (a `cuMemMap` costs about a
+/// microsecond, a `cuMemCreate` ten or more).
 pub trait DeviceBackend: Send + Sync + fmt::Debug {
     fn kind(&self) -> BackendKind;
     fn device_count(&self) -> usize;
@@ -103,9 +112,51 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     ) -> Result<(), BackendError>;
     /// Backs `[addr, addr + size)` — page aligned, inside a reserved range, not yet mapped —
     /// with new physical memory readable and writable by the device.
-    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError>;
+    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        self.map_reusing(device, addr, size, &mut Vec::new())
+            .map(|_| ())
+    }
+
     /// Unmaps pages mapped by [`map`](Self::map) and returns their physical memory.
-    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError>;
+    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let mut pages = Vec::new();
+        self.unmap_keeping(device, addr, size, &mut pages)?;
+        self.release_pages(device, &mut pages)
+    }
+
+    /// Backs `[addr, addr + size)` (page aligned, inside a reserved range, not yet mapped) with
+    /// physical pages readable and writable by the device: first those popped from the back of
+    /// `spare` (pages of `device` the caller owns, from [`unmap_keeping`](Self::unmap_keeping)),
+    /// then new ones for the rest (`cuMemCreate`). Device access is granted once for the whole
+    /// range. Returns how many pages were created. On an error nothing in the range is mapped,
+    /// `spare` holds exactly the pages it held before, and no page created by the call is kept.
+    fn map_reusing(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        spare: &mut Vec<PhysicalPage>,
+    ) -> Result<u64, BackendError>;
+
+    /// Unmaps `[addr, addr + size)` (mapped by this backend) and appends its physical pages to
+    /// `into`, one per page in address order, still held by the process: the caller owns them
+    /// and must map them again or [`release_pages`](Self::release_pages) them. On an error
+    /// nothing is unmapped and `into` is unchanged.
+    fn unmap_keeping(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        into: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError>;
+
+    /// Returns unmapped physical pages of `device` to the driver (`cuMemRelease`), popping each
+    /// from `pages` once it is gone; on an error the pages not yet released stay in `pages`.
+    fn release_pages(
+        &self,
+        device: usize,
+        pages: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError>;
 
     /// Waits until all work queued on `stream` has finished.
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError>;

@@ -2,7 +2,9 @@
 //! CUDA driver, memory used by other processes, and faults injected on demand — so the pools run
 //! the same code on a laptop or in CI as on a GPU.
 
-use super::{BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, StreamId};
+use super::{
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalPage, StreamId,
+};
 use crate::error::BackendError;
 use crate::units::{align_up, GIB, MIB};
 use parking_lot::Mutex;
@@ -152,11 +154,16 @@ impl AddressSpace {
 #[derive(Debug)]
 struct SimDevice {
     spec: SimDeviceSpec,
-    /// Physical bytes held by this process: direct allocations plus mapped pages.
+    /// Physical bytes held by this process: direct allocations plus physical pages, mapped or
+    /// not (as the driver counts them).
     used: u64,
     direct: HashMap<DevicePtr, u64>,
     reserved: BTreeMap<DevicePtr, u64>,
-    mapped: HashSet<DevicePtr>,
+    /// Mapped page address -> the physical page behind it.
+    mapped: HashMap<DevicePtr, PhysicalPage>,
+    /// Physical pages created and not mapped anywhere: their owner holds them.
+    unmapped: HashSet<u64>,
+    next_page: u64,
     addresses: AddressSpace,
 }
 
@@ -210,7 +217,9 @@ impl SimBackend {
                     used: 0,
                     direct: HashMap::new(),
                     reserved: BTreeMap::new(),
-                    mapped: HashSet::new(),
+                    mapped: HashMap::new(),
+                    unmapped: HashSet::new(),
+                    next_page: 1,
                     addresses: AddressSpace::new(base, ADDRESS_SPACE_PER_DEVICE),
                 })
             })
@@ -369,7 +378,7 @@ impl DeviceBackend for SimBackend {
         }
         if self
             .pages(base, size)
-            .any(|page| state.mapped.contains(&page))
+            .any(|page| state.mapped.contains_key(&page))
         {
             return Err(BackendError::InvalidArgument {
                 call: "release_address_range",
@@ -381,7 +390,13 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
-    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+    fn map_reusing(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        spare: &mut Vec<PhysicalPage>,
+    ) -> Result<u64, BackendError> {
         let mut state = self.device(device)?.lock();
         self.check_pages("map", addr, size)?;
         if !state.inside_reservation(addr, size) {
@@ -389,32 +404,95 @@ impl DeviceBackend for SimBackend {
         }
         if self
             .pages(addr, size)
-            .any(|page| state.mapped.contains(&page))
+            .any(|page| state.mapped.contains_key(&page))
         {
             return Err(BackendError::InvalidArgument {
                 call: "map",
                 reason: format!("a page in {addr:#x}+{size} is already mapped"),
             });
         }
-        self.faults.on_alloc_call()?;
-        state.take_physical(device, size)?;
-        for page in self.pages(addr, size) {
-            state.mapped.insert(page);
+        let count = size / self.granularity;
+        let reused = (spare.len() as u64).min(count);
+        let from = spare.len() - reused as usize;
+        if let Some(bad) = spare[from..]
+            .iter()
+            .find(|page| !state.unmapped.contains(&page.0))
+        {
+            return Err(BackendError::InvalidArgument {
+                call: "map",
+                reason: format!(
+                    "physical page {} is not an unmapped page of device {device}",
+                    bad.0
+                ),
+            });
         }
-        Ok(())
+        self.faults.on_alloc_call()?;
+        let created = count - reused;
+        state.take_physical(device, created * self.granularity)?;
+        let mut reusing = spare.drain(from..).rev();
+        for page in self.pages(addr, size) {
+            let physical = match reusing.next() {
+                Some(physical) => {
+                    state.unmapped.remove(&physical.0);
+                    physical
+                }
+                None => {
+                    state.next_page += 1;
+                    PhysicalPage(state.next_page)
+                }
+            };
+            state.mapped.insert(page, physical);
+        }
+        Ok(created)
     }
 
-    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+    fn unmap_keeping(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        into: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError> {
         let mut state = self.device(device)?.lock();
         self.check_pages("unmap", addr, size)?;
-        if let Some(page) = self.pages(addr, size).find(|p| !state.mapped.contains(p)) {
+        if let Some(page) = self
+            .pages(addr, size)
+            .find(|p| !state.mapped.contains_key(p))
+        {
             return Err(BackendError::InvalidAddress { device, ptr: page });
         }
         self.faults.on_free_call()?;
         for page in self.pages(addr, size) {
-            state.mapped.remove(&page);
+            if let Some(physical) = state.mapped.remove(&page) {
+                state.unmapped.insert(physical.0);
+                into.push(physical);
+            }
         }
-        state.used -= size;
+        Ok(())
+    }
+
+    fn release_pages(
+        &self,
+        device: usize,
+        pages: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        if self.faults.fail_frees.load(Ordering::SeqCst) && !pages.is_empty() {
+            return Err(BackendError::Injected("release failed"));
+        }
+        while let Some(&page) = pages.last() {
+            if !state.unmapped.remove(&page.0) {
+                return Err(BackendError::InvalidArgument {
+                    call: "release_pages",
+                    reason: format!(
+                        "physical page {} is not an unmapped page of device {device}",
+                        page.0
+                    ),
+                });
+            }
+            state.used -= self.granularity;
+            pages.pop();
+        }
         Ok(())
     }
 

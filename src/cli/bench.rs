@@ -8,13 +8,14 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Allocators to time (comma-separated): pool-hit, pool-miss, driver, driver-async.
+    /// Allocators to time (comma-separated): pool-hit, pool-miss (kept pages mapped again),
+    /// pool-miss-cold (new pages created), driver, driver-async.
     #[arg(
         long,
         env = "GPUMEM_BENCH_ALLOCATORS",
         value_enum,
         value_delimiter = ',',
-        default_value = "pool-hit,pool-miss,driver,driver-async"
+        default_value = "pool-hit,pool-miss,pool-miss-cold,driver,driver-async"
     )]
     allocators: Vec<Allocator>,
 

@@ -1,11 +1,14 @@
-//! `gpumem replay`: traces through a real `MemoryManager`, one report per trace, an optional plot.
+//! `gpumem replay`: traces through a real `MemoryManager` (or the driver's own pool, the
+//! baseline), one report per trace, an optional plot, and a sweep over the cache settings.
 
 use super::{CliError, CommonArgs, Given};
+use crate::backend::cuda::CudaBackend;
+use crate::backend::BackendKind;
 use crate::manager::{MemoryConfig, MemoryManager, Strategy};
 use crate::plot::{line_chart_svg, Series};
-use crate::replay::{replay, ReplayReport, TimelinePoint};
+use crate::replay::{replay, replay_config, replay_driver_pool, ReplayReport, TimelinePoint};
 use crate::safe_fs::{check_target, write_atomically, WriteOptions};
-use crate::trace::load_trace;
+use crate::trace::{load_trace, Trace};
 use crate::units::Bytes;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -21,9 +24,17 @@ pub struct ReplayArgs {
     #[arg(long, env = "GPUMEM_JSON")]
     json: bool,
 
-    /// pooled (the caching allocator) or direct (every request to the driver, the baseline).
+    /// pooled (the caching allocator), direct (every request to the driver) or driver-pool
+    /// (the driver's stream-ordered pool, cuMemAllocAsync with release threshold max; CUDA only).
     #[arg(long, env = "GPUMEM_STRATEGY", value_enum, default_value = "pooled")]
-    strategy: Strategy,
+    strategy: ReplayStrategy,
+
+    /// Replay each trace once per cache setting (idle pages kept x idle per mille) and print
+    /// waste against time per operation, so you can pick your point; rows marked * are on the
+    /// frontier (no other setting is both less wasteful and faster). Ignores --idle-pages and
+    /// --idle-per-mille.
+    #[arg(long, env = "GPUMEM_SWEEP")]
+    sweep: bool,
 
     /// Draw requested, in-use and reserved bytes over each trace into this SVG file
     /// (with several traces, the trace name is added before the extension).
@@ -46,6 +57,18 @@ pub struct ReplayArgs {
     common: CommonArgs,
 }
 
+/// What `--strategy` picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ReplayStrategy {
+    Pooled,
+    Direct,
+    DriverPool,
+}
+
+/// The cache settings `--sweep` tries: idle pages kept, idle pages per 1024 of the peak.
+const SWEEP_IDLE_PAGES: [usize; 4] = [0, 4, 16, 64];
+const SWEEP_IDLE_PER_MILLE: [usize; 3] = [0, 8, 32];
+
 pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.
     let traces = args
@@ -61,10 +84,18 @@ pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
                 .map_err(|e| CliError::usage(format!("--plot: {e}")))?;
         }
     }
+    if args.sweep && args.strategy != ReplayStrategy::Pooled {
+        return Err(CliError::usage(
+            "--sweep varies the pooled strategy's cache settings; leave out --strategy",
+        ));
+    }
     // Defaults < --config < GPUMEM_* < flags given: a flag's default never hides the file.
     let mut base = args.common.memory_config()?;
     if given.explicit("strategy") {
-        base.strategy = args.strategy;
+        base.strategy = match args.strategy {
+            ReplayStrategy::Direct => Strategy::Direct,
+            ReplayStrategy::Pooled | ReplayStrategy::DriverPool => Strategy::Pooled,
+        };
     }
     if given.explicit("idle_pages") {
         base.idle_pages_kept = args.idle_pages;
@@ -83,23 +114,29 @@ pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     }
     // Every trace gets a fresh manager with this configuration, checked before anything is
     // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
-    let config = MemoryConfig {
-        devices: Some(vec![device]),
-        shards: 1,
-        // Replay measures the allocator alone: no upkeep thread, no pool cap.
-        release_idle_after: None,
-        cleanup_interval: None,
-        gpu_memory_fraction: 1.0,
-        preallocate_bytes: 0,
-        ..base
+    let driver_pool = match args.strategy {
+        ReplayStrategy::DriverPool if backend.kind() != BackendKind::Cuda => {
+            return Err(CliError::usage(
+                "--strategy driver-pool needs the CUDA backend (cuMemAllocAsync); the simulated device has no driver pool",
+            ));
+        }
+        ReplayStrategy::DriverPool => Some(
+            CudaBackend::open()
+                .map_err(|e| CliError::runtime(format!("--strategy driver-pool: {e}")))?,
+        ),
+        _ => None,
     };
+    let config = replay_config(base, device);
     config.validate().map_err(|e| match e.key.as_str() {
         "idle_per_mille" => CliError::usage(format!("--idle-per-mille: {}", e.message)),
         _ => CliError::usage(e.to_string()),
     })?;
+    if args.sweep {
+        return sweep(&traces, &backend, device, &config, args.json);
+    }
     if !args.json {
         println!(
-            "{:<20} {:>9} {:>14} {:>14} {:>9} {:>14} {:>7} {:>9}",
+            "{:<20} {:>9} {:>14} {:>14} {:>9} {:>14} {:>7} {:>9} {:>7} {:>9} {:>9}",
             "TRACE",
             "EVENTS",
             "PEAK REQUESTED",
@@ -107,16 +144,20 @@ pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             "RES/PEAK",
             "DRIVER A/F",
             "HITS",
-            "NS/OP"
+            "NS/OP",
+            "MISSES",
+            "MISS P50",
+            "MISS P99"
         );
     }
     for trace in &traces {
-        // A fresh manager per trace: nothing cached from the previous one skews the next.
-        let manager = MemoryManager::new(backend.clone(), config.clone())
-            .map_err(|e| CliError::runtime(e.to_string()))?;
         let bar = progress_bar(trace.events.len() as u64, &trace.name);
-        let (report, timeline) = replay(&manager, device, trace, |done| bar.set_position(done))
-            .map_err(|e| CliError::runtime(e.to_string()))?;
+        let progress = |done| bar.set_position(done);
+        let (report, timeline) = match &driver_pool {
+            Some(cuda) => replay_driver_pool(cuda, device, trace, progress),
+            None => replay_fresh(&backend, device, &config, trace, progress)?,
+        }
+        .map_err(|e| CliError::runtime(e.to_string()))?;
         bar.finish_and_clear();
         print_report(&report, args.json)?;
         if let Some(plot) = &args.plot {
@@ -125,6 +166,105 @@ pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// A fresh manager per trace: nothing cached from the previous one skews the next.
+fn replay_fresh(
+    backend: &std::sync::Arc<dyn crate::backend::DeviceBackend>,
+    device: usize,
+    config: &MemoryConfig,
+    trace: &Trace,
+    progress: impl FnMut(u64),
+) -> Result<Result<(ReplayReport, Vec<TimelinePoint>), crate::replay::ReplayError>, CliError> {
+    let manager = MemoryManager::new(backend.clone(), config.clone())
+        .map_err(|e| CliError::runtime(e.to_string()))?;
+    Ok(replay(&manager, device, trace, progress))
+}
+
+/// `--sweep`: every trace under every cache setting, as a table per trace or JSON lines.
+fn sweep(
+    traces: &[Trace],
+    backend: &std::sync::Arc<dyn crate::backend::DeviceBackend>,
+    device: usize,
+    base: &MemoryConfig,
+    json: bool,
+) -> Result<(), CliError> {
+    let defaults = MemoryConfig::default();
+    for trace in traces {
+        let mut reports = Vec::new();
+        for idle_pages_kept in SWEEP_IDLE_PAGES {
+            for idle_per_mille in SWEEP_IDLE_PER_MILLE {
+                let config = MemoryConfig {
+                    idle_pages_kept,
+                    idle_per_mille,
+                    ..base.clone()
+                };
+                let label = format!("{} ({idle_pages_kept}/{idle_per_mille})", trace.name);
+                let bar = progress_bar(trace.events.len() as u64, &label);
+                let (report, _) = replay_fresh(backend, device, &config, trace, |done| {
+                    bar.set_position(done)
+                })?
+                .map_err(|e| CliError::runtime(e.to_string()))?;
+                bar.finish_and_clear();
+                if json {
+                    print_report(&report, true)?;
+                }
+                reports.push(report);
+            }
+        }
+        if json {
+            continue;
+        }
+        println!(
+            "{}: waste against time per operation ({} backend); * = on the frontier",
+            trace.name,
+            backend.kind()
+        );
+        println!(
+            "  {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
+            "IDLE PAGES",
+            "PER MILLE",
+            "RES/PEAK",
+            "NS/OP",
+            "MISSES",
+            "MISS P50",
+            "MISS P99",
+            "CREATED"
+        );
+        for report in &reports {
+            let dominated = reports.iter().any(|other| {
+                other.reserved_over_peak <= report.reserved_over_peak
+                    && other.ns_per_op <= report.ns_per_op
+                    && (other.reserved_over_peak < report.reserved_over_peak
+                        || other.ns_per_op < report.ns_per_op)
+            });
+            let is_default = report.idle_pages_kept == defaults.idle_pages_kept
+                && report.idle_per_mille == defaults.idle_per_mille;
+            println!(
+                "{} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
+                if dominated { " " } else { "*" },
+                report.idle_pages_kept,
+                report.idle_per_mille,
+                report.reserved_over_peak,
+                report.ns_per_op,
+                report.misses,
+                micros(report.miss_p50_ns),
+                micros(report.miss_p99_ns),
+                report.pages_created,
+                if is_default { "  (default)" } else { "" }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Nanoseconds as microseconds for the tables ("-" when there were none).
+fn micros(ns: u64) -> String {
+    if ns == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.1}µs", ns as f64 / 1000.0)
+    }
 }
 
 fn progress_bar(len: u64, name: &str) -> ProgressBar {
@@ -146,7 +286,7 @@ fn print_report(report: &ReplayReport, json: bool) -> Result<(), CliError> {
         println!("{line}");
     } else {
         println!(
-            "{:<20} {:>9} {:>14} {:>14} {:>9.3} {:>14} {:>6.1}% {:>9.0}",
+            "{:<20} {:>9} {:>14} {:>14} {:>9.3} {:>14} {:>6.1}% {:>9.0} {:>7} {:>9} {:>9}",
             report.trace,
             report.events,
             Bytes(report.peak_requested_bytes).to_string(),
@@ -154,7 +294,10 @@ fn print_report(report: &ReplayReport, json: bool) -> Result<(), CliError> {
             report.reserved_over_peak,
             format!("{}/{}", report.driver_allocs, report.driver_frees),
             report.pool_hit_ratio * 100.0,
-            report.ns_per_op
+            report.ns_per_op,
+            report.misses,
+            micros(report.miss_p50_ns),
+            micros(report.miss_p99_ns)
         );
     }
     Ok(())

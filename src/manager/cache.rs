@@ -6,11 +6,21 @@ use crate::pool::MapDecision;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+/// Where pages unmapped from the pools go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unmapped {
+    /// Into the device's page reserve, for the next mapping (still held).
+    Kept,
+    /// Back to the driver, with every page the reserve held.
+    Released,
+}
+
 impl MemoryManager {
     /// Whether mapping `bytes` more keeps the device's pools within their cache budget: the
-    /// recent peak of pages under live blocks plus a slack (capped by `max_cached_bytes`, and
-    /// never below `preallocate_bytes`). Asked only before the driver is called (a miss), so
-    /// the hot path never pays for it.
+    /// pages they hold (mapped, or kept in the page reserve) stay within the recent peak of
+    /// pages under live blocks plus a slack (capped by `max_cached_bytes`, and never below
+    /// `preallocate_bytes`). Idle mapped pages and kept ones share the slack. Asked only before
+    /// the driver is called (a miss), so the hot path never pays for it.
     pub(super) fn cache_budget_check(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
         let (mut mapped, mut live) = (0, 0);
         for pool in managed.pools() {
@@ -18,8 +28,11 @@ impl MemoryManager {
             mapped += m;
             live += l;
         }
+        let spare = managed.pages.spare_pages();
         let page = managed.page_size;
         let new_pages = bytes / page;
+        // Pages taken from the reserve are held already; only the rest would be created.
+        let creating = new_pages.saturating_sub(spare);
         let peaks = &managed.events.live_pages_peak;
         peaks[0].fetch_max((live + new_pages) as usize, Relaxed);
         let peak = peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64;
@@ -31,31 +44,65 @@ impl MemoryManager {
         }
         let budget = (peak + slack).max(config.preallocate_bytes.div_ceil(page));
         let idle = mapped.saturating_sub(live);
-        if mapped + new_pages <= budget || idle == 0 {
+        let held = mapped + spare;
+        if creating == 0 || held + creating <= budget || idle == 0 {
             return MapDecision::Allow;
         }
-        let excess_pages = (mapped + new_pages - budget).min(idle);
+        // Idle pages unmapped into the reserve are what the mapping then takes: each one
+        // unmapped is one page fewer to create.
+        let excess_pages = (held + creating - budget).min(idle).min(creating);
         MapDecision::NeedsRoom(excess_pages * page)
     }
 
     /// Unmaps idle pages on one device, oldest first, while `keep_going(bytes_so_far,
-    /// idle_since)`; returns the bytes released. A driver error is logged and stops the pool.
+    /// idle_since)`, into the device's page reserve; with [`Unmapped::Released`] the reserve's
+    /// pages (those kept before included) then go back to the driver. Returns the bytes
+    /// unmapped (`Kept`) or released (`Released`). A driver error is logged and stops the pool.
     pub(super) fn release_cached_on(
         &self,
         managed: &ManagedDevice,
+        unmapped: Unmapped,
         mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> u64 {
-        let mut released = 0;
+        let mut done = 0;
+        if unmapped == Unmapped::Released {
+            // Kept pages go first: they back nothing, so they are the cheapest to lose.
+            done += self.trim_reserve_on(managed, 0);
+        }
         for pool in managed.pools() {
-            let before = released;
+            let before = done;
             match pool.release_idle(|bytes, since| keep_going(before + bytes, since)) {
-                Ok(bytes) => released += bytes,
+                Ok(bytes) if unmapped == Unmapped::Kept => done += bytes,
+                Ok(_) => done = before + self.trim_reserve_on(managed, 0),
                 Err(error) => {
-                    tracing::warn!(device = managed.index, %error, "could not return cached memory to the driver")
+                    tracing::warn!(device = managed.index, %error, "could not unmap cached memory")
                 }
             }
         }
-        released
+        if unmapped == Unmapped::Released {
+            done += self.trim_reserve_on(managed, 0);
+        }
+        done
+    }
+
+    /// Releases the device's kept pages down to `keep_pages`; returns the bytes released.
+    fn trim_reserve_on(&self, managed: &ManagedDevice, keep_pages: u64) -> u64 {
+        let before = managed.reserve.reserved_bytes.load(Relaxed);
+        if let Err(error) = managed.pages.trim(keep_pages) {
+            tracing::warn!(device = managed.index, %error, "could not return kept pages to the driver");
+        }
+        before.saturating_sub(managed.reserve.reserved_bytes.load(Relaxed))
+    }
+
+    /// Unmaps every idle page of every device into its page reserve: the memory stays held
+    /// (and counted as reserved), but the next miss on any pool or stream of the device maps
+    /// it again instead of asking the driver for new memory. Returns the bytes unmapped.
+    pub fn unmap_cached(&self) -> u64 {
+        self.shared()
+            .devices
+            .iter()
+            .map(|managed| self.release_cached_on(managed, Unmapped::Kept, |_, _| true))
+            .sum()
     }
 
     /// Returns cached memory to the driver until the pools of every device together hold at
@@ -68,12 +115,14 @@ impl MemoryManager {
                 break;
             }
             let excess = held - target_bytes;
-            released += self.release_cached_on(managed, |bytes, _| bytes < excess);
+            released +=
+                self.release_cached_on(managed, Unmapped::Released, |bytes, _| bytes < excess);
         }
         released
     }
 
-    /// Returns every cached page to the driver; live buffers are untouched.
+    /// Returns every cached page, and every page kept in a reserve, to the driver; live
+    /// buffers are untouched.
     pub fn empty_cache(&self) -> u64 {
         self.shared()
             .devices
@@ -83,7 +132,7 @@ impl MemoryManager {
     }
 
     pub(super) fn empty_cache_on(&self, managed: &ManagedDevice) -> u64 {
-        self.release_cached_on(managed, |_, _| true)
+        self.release_cached_on(managed, Unmapped::Released, |_, _| true)
     }
 
     /// Returns pages idle for at least `age`, keeping `preallocate_bytes` per device.
@@ -96,7 +145,7 @@ impl MemoryManager {
             .map(|managed| {
                 let held = managed.reserve.reserved_bytes.load(Relaxed);
                 let spare = held.saturating_sub(floor);
-                self.release_cached_on(managed, |bytes, since| {
+                self.release_cached_on(managed, Unmapped::Released, |bytes, since| {
                     bytes < spare && crate::clock::between(since, now) >= age
                 })
             })
@@ -121,7 +170,7 @@ impl MemoryManager {
                 if excess == 0 {
                     return 0;
                 }
-                self.release_cached_on(managed, |bytes, _| bytes < excess)
+                self.release_cached_on(managed, Unmapped::Released, |bytes, _| bytes < excess)
             })
             .sum()
     }

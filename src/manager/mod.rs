@@ -31,8 +31,8 @@ pub use tag::Tag;
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Placed, Pool, PoolKind,
-    PoolSettings, MIN_BLOCK,
+    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Placed, Pool,
+    PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::align_up;
 use buffer::{Origin, PooledBlock};
@@ -92,27 +92,16 @@ pub(crate) struct ManagedDevice {
     other_streams: RwLock<HashMap<StreamId, Arc<[Arc<Pool>]>>>,
     pub direct: Arc<DirectPool>,
     pub reserve: Arc<DeviceReserve>,
+    /// Physical pages unmapped but kept, for the next miss on any pool of the device.
+    pub pages: Arc<PageReserve>,
     pub events: DeviceEvents,
     pub pressure: PressureState,
 }
 
 impl ManagedDevice {
-    fn shards(
-        &self,
-        backend: &Arc<dyn DeviceBackend>,
-        stream: StreamId,
-        count: usize,
-    ) -> Vec<Arc<Pool>> {
+    fn shards(&self, stream: StreamId, count: usize) -> Vec<Arc<Pool>> {
         (0..count)
-            .map(|_| {
-                Arc::new(Pool::new(
-                    Arc::clone(backend),
-                    self.index,
-                    stream,
-                    self.settings,
-                    Arc::clone(&self.reserve),
-                ))
-            })
+            .map(|_| Arc::new(Pool::new(Arc::clone(&self.pages), stream, self.settings)))
             .collect()
     }
 
@@ -239,6 +228,11 @@ impl MemoryManager {
             index,
             Arc::clone(&reserve),
         )?);
+        let pages = Arc::new(PageReserve::new(
+            Arc::clone(backend),
+            index,
+            Arc::clone(&reserve),
+        )?);
         let mut device = ManagedDevice {
             index,
             properties,
@@ -249,11 +243,12 @@ impl MemoryManager {
             other_streams: RwLock::new(HashMap::new()),
             direct,
             reserve,
+            pages,
             events: DeviceEvents::default(),
             pressure: PressureState::default(),
         };
         device.default_stream = device
-            .shards(backend, StreamId::DEFAULT, shard_count)
+            .shards(StreamId::DEFAULT, shard_count)
             .into_boxed_slice();
         Ok(device)
     }
@@ -383,11 +378,9 @@ impl MemoryManager {
             return handles::take(&pools[shard]);
         }
         let mut streams = managed.other_streams.write();
-        let pools = streams.entry(stream).or_insert_with(|| {
-            managed
-                .shards(&self.shared.backend, stream, self.shared.shard_count)
-                .into()
-        });
+        let pools = streams
+            .entry(stream)
+            .or_insert_with(|| managed.shards(stream, self.shared.shard_count).into());
         handles::take(&pools[shard])
     }
 
@@ -408,7 +401,12 @@ impl MemoryManager {
             other => other,
         };
         let outcome = match pool.alloc(kind, size, align, &live, within_budget) {
-            Ok(placed) => Ok(placed),
+            Ok(placed) => {
+                if placed.map_calls > 0 {
+                    managed.pages.miss_ns.record(placed.miss_ns as u64);
+                }
+                Ok(placed)
+            }
             Err(refusal) => {
                 self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal)
             }
@@ -426,7 +424,8 @@ impl MemoryManager {
     }
 
     /// What follows a pool's refusal: make room within the cache budget, or release cached
-    /// memory and retry once when the driver or the pool cap said no.
+    /// memory and retry once when the driver or the pool cap said no. A success counts as a
+    /// miss taking the time from here to the end.
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn alloc_pooled_retrying(
@@ -439,21 +438,30 @@ impl MemoryManager {
         live: LiveInfo,
         refusal: ArenaError,
     ) -> Result<Placed, AllocError> {
+        let started = Instant::now();
         let may_map = |bytes: u64| self.may_map(managed, bytes);
         let mut outcome = Err(refusal);
         if let Err(ArenaError::NeedsRoom(excess)) = outcome {
-            // The arena's own idle pages were not enough: other pools give back their oldest,
-            // so mapping new pages never lifts the device above its recent peak plus slack.
-            self.release_cached_on(managed, |bytes, _| bytes < excess);
+            // The arena's own idle pages were not enough: other pools unmap their oldest into
+            // the reserve, where this mapping takes them, so mapping never lifts the device
+            // above its recent peak plus slack and creates no page.
+            self.release_cached_on(managed, cache::Unmapped::Kept, |bytes, _| bytes < excess);
             outcome = pool.alloc(kind, size, align, &live, may_map);
         }
         if let Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) =
             outcome
         {
-            // Cached pages of every pool on the device may be what stands in the way.
+            // Cached pages of every pool on the device, and the pages kept in its reserve,
+            // may be what stands in the way.
             managed.events.retries.fetch_add(1, Relaxed);
-            self.release_cached_on(managed, |_, _| true);
+            self.release_cached_on(managed, cache::Unmapped::Released, |_, _| true);
             outcome = pool.alloc(kind, size, align, &live, may_map);
+        }
+        if let Ok(placed) = &outcome {
+            if placed.map_calls > 0 {
+                let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+                managed.pages.miss_ns.record(took);
+            }
         }
         outcome.map_err(|error| self.explain_failure(managed, live.requested, error))
     }
@@ -461,15 +469,17 @@ impl MemoryManager {
     /// The limits on mapping `bytes` more: the pool cap, and at critical pressure the minimum
     /// free memory. Asked only on a miss, before the driver is called.
     fn may_map(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
+        // Pages kept in the reserve are held already: only the rest is new memory.
+        let creating = bytes.saturating_sub(managed.pages.spare_pages() * managed.page_size);
         // A cap at the device's size is no cap: let the driver say it is full.
         let capped = managed.pool_cap < managed.properties.total_memory_bytes;
-        if capped && managed.reserve.reserved_bytes.load(Relaxed) + bytes > managed.pool_cap {
+        if capped && managed.reserve.reserved_bytes.load(Relaxed) + creating > managed.pool_cap {
             return MapDecision::OverLimit;
         }
-        if managed.pressure.level() == PressureLevel::Critical {
+        if creating > 0 && managed.pressure.level() == PressureLevel::Critical {
             let min_free = self.shared.config.min_free_bytes;
             if let Ok(info) = self.shared.backend.mem_info(managed.index) {
-                if info.free < bytes.saturating_add(min_free) {
+                if info.free < creating.saturating_add(min_free) {
                     return MapDecision::BelowMinFree;
                 }
             }

@@ -3,6 +3,7 @@
 //! live block touches it, and kept for reuse (idle) or unmapped when it is not.
 
 use super::pages::{runs_of, PageRun, PageTable};
+use super::reserve::PageReserve;
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
@@ -37,13 +38,15 @@ pub enum MapDecision {
 #[derive(Clone, Copy, Debug)]
 pub struct Placed {
     pub block: u32,
+    /// On a miss, how long mapping its pages took (making room included), in nanoseconds.
+    pub miss_ns: u32,
     pub ptr: DevicePtr,
     /// Bytes of pages mapped for this block (0 on a pool hit).
     pub mapped_bytes: u64,
     pub map_calls: u64,
 }
 
-/// Pages given back to the driver.
+/// Pages unmapped from an arena (kept in the device's page reserve until it is trimmed).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Released {
     pub bytes: u64,
@@ -147,7 +150,7 @@ impl Arena {
     #[inline(always)]
     pub fn alloc(
         &mut self,
-        backend: &dyn DeviceBackend,
+        reserve: &PageReserve,
         size: u64,
         align: u64,
         live: &LiveInfo,
@@ -162,6 +165,7 @@ impl Arena {
                 // Its pages stayed live while it was parked: nothing to acquire.
                 return Ok(Placed {
                     block,
+                    miss_ns: 0,
                     ptr: self.base + offset,
                     mapped_bytes: 0,
                     map_calls: 0,
@@ -178,21 +182,25 @@ impl Arena {
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
         let mut mapped = Released::default();
+        let mut miss_ns = 0;
         if !self.runs.is_empty() {
+            let started = std::time::Instant::now();
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
             let outcome = match may_map(wanted) {
-                MapDecision::Allow => self.map_runs(backend),
+                MapDecision::Allow => self.map_runs(reserve),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
                 MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
                 MapDecision::NeedsRoom(excess) => {
                     // Make room from this arena's own idle pages first, sparing those the new
-                    // block is about to reuse; the rest must come from other pools.
+                    // block is about to reuse: unmapped into the reserve, they are what the
+                    // mapping below takes, so no page is created. The rest must come from
+                    // other pools.
                     let spare = |page: u32| (first..=last).contains(&page);
-                    let released = self.release_idle_sparing(backend, excess, spare);
+                    let released = self.release_idle_sparing(reserve, excess, spare);
                     self.released_while_allocating = released.unwrap_or_else(|e| e.released);
                     if self.released_while_allocating.bytes >= excess {
-                        self.map_runs(backend)
+                        self.map_runs(reserve)
                     } else {
                         Err(ArenaError::NeedsRoom(
                             excess - self.released_while_allocating.bytes,
@@ -207,30 +215,33 @@ impl Arena {
                     return Err(error);
                 }
             }
+            miss_ns = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         }
         self.pages.acquire(first, last);
         Ok(Placed {
             block,
+            miss_ns,
             ptr: self.base + offset,
             mapped_bytes: mapped.bytes,
             map_calls: mapped.calls,
         })
     }
 
-    /// Maps every run in `self.runs`; on failure unmaps what this call mapped.
-    fn map_runs(&mut self, backend: &dyn DeviceBackend) -> Result<Released, ArenaError> {
+    /// Maps every run in `self.runs` (kept pages first); on failure unmaps what this call
+    /// mapped, back into the reserve.
+    fn map_runs(&mut self, reserve: &PageReserve) -> Result<Released, ArenaError> {
         let now = crate::clock::now();
         let mut done = Released::default();
         for index in 0..self.runs.len() {
             let run = self.runs[index];
             let (addr, bytes) = self.run_range(run);
-            if let Err(error) = backend.map(self.device, addr, bytes) {
+            if let Err(error) = reserve.map(addr, bytes) {
                 for earlier in &self.runs[..index] {
                     let (addr, bytes) = self.run_range(*earlier);
                     // The pages were mapped a moment ago and nothing uses them; if the driver
                     // cannot unmap them now, they stay mapped (idle, released later like any
-                    // cached page) and must be counted as reserved.
-                    if backend.unmap(self.device, addr, bytes).is_err() {
+                    // cached page) and must be counted as mapped by this arena.
+                    if reserve.unmap(addr, bytes).is_err() {
                         self.pages.mark_mapped(*earlier, now);
                         self.kept_after_failed_map.bytes += bytes;
                         self.kept_after_failed_map.calls += 1;
@@ -300,27 +311,28 @@ impl Arena {
 
     fn release_idle_sparing(
         &mut self,
-        backend: &dyn DeviceBackend,
+        reserve: &PageReserve,
         bytes: u64,
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
-        self.release_pages(backend, |taken, _| taken < pages, spare)
+        self.release_pages(reserve, |taken, _| taken < pages, spare)
     }
 
-    /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so.
-    /// Waits for the arena's stream first: its queued work may still touch the pages.
+    /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
+    /// into the device's page reserve (held until the reserve is trimmed). Waits for the
+    /// arena's stream first: its queued work may still touch the pages.
     pub fn release_idle(
         &mut self,
-        backend: &dyn DeviceBackend,
+        reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
     ) -> Result<Released, ReleaseError> {
-        self.release_pages(backend, keep_going, |_| false)
+        self.release_pages(reserve, keep_going, |_| false)
     }
 
     fn release_pages(
         &mut self,
-        backend: &dyn DeviceBackend,
+        reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
@@ -331,7 +343,10 @@ impl Arena {
         if pages.is_empty() {
             return Ok(Released::default());
         }
-        if let Err(error) = backend.synchronize_stream(self.device, self.stream) {
+        if let Err(error) = reserve
+            .backend()
+            .synchronize_stream(self.device, self.stream)
+        {
             self.pages.restore_idle(&pages, crate::clock::now());
             return Err(ReleaseError {
                 released: Released::default(),
@@ -342,7 +357,7 @@ impl Arena {
         let runs = runs_of(pages);
         for (index, run) in runs.iter().enumerate() {
             let (addr, bytes) = self.run_range(*run);
-            if let Err(error) = backend.unmap(self.device, addr, bytes) {
+            if let Err(error) = reserve.unmap(addr, bytes) {
                 let now = crate::clock::now();
                 for left in &runs[index..] {
                     let pages: Vec<u32> = (left.first..left.first + left.count).collect();
@@ -393,12 +408,15 @@ impl Arena {
         largest
     }
 
-    /// Unmaps everything and gives the address range back. Live blocks must be gone.
-    pub fn destroy(mut self, backend: &dyn DeviceBackend) -> Result<Released, BackendError> {
+    /// Unmaps everything into the reserve and gives the address range back. Live blocks must
+    /// be gone.
+    pub fn destroy(mut self, reserve: &PageReserve) -> Result<Released, BackendError> {
         let released = self
-            .release_idle(backend, |_, _| true)
+            .release_idle(reserve, |_, _| true)
             .map_err(|e| e.error)?;
-        backend.release_address_range(self.device, self.base, self.span)?;
+        reserve
+            .backend()
+            .release_address_range(self.device, self.base, self.span)?;
         Ok(released)
     }
 
@@ -411,12 +429,15 @@ impl Arena {
 mod tests {
     use super::*;
     use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::pool::DeviceReserve;
     use crate::units::MIB;
+    use std::sync::Arc;
 
-    fn setup() -> (SimBackend, Arena) {
-        let backend = SimBackend::new(SimConfig::default());
-        let arena = Arena::new(&backend, 0, StreamId::DEFAULT, 64 * MIB).unwrap();
-        (backend, arena)
+    fn setup() -> (PageReserve, Arena) {
+        let backend = Arc::new(SimBackend::new(SimConfig::default()));
+        let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, 64 * MIB).unwrap();
+        let reserve = PageReserve::new(backend, 0, Arc::new(DeviceReserve::default())).unwrap();
+        (reserve, arena)
     }
 
     fn live(id: u64) -> LiveInfo {
@@ -427,7 +448,7 @@ mod tests {
         }
     }
 
-    fn alloc(backend: &SimBackend, arena: &mut Arena, size: u64, id: u64) -> Placed {
+    fn alloc(backend: &PageReserve, arena: &mut Arena, size: u64, id: u64) -> Placed {
         arena
             .alloc(backend, size, 256, &live(id), |_| MapDecision::Allow)
             .unwrap()
@@ -485,6 +506,18 @@ mod tests {
         assert_eq!((released.bytes, arena.mapped_pages()), (2 * MIB, 0));
         let again = alloc(&backend, &mut arena, 4096, 2);
         assert_eq!(again.map_calls, 1, "the page is mapped again, not assumed");
+        assert_eq!(
+            backend
+                .pages_reused
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert_eq!(
+            backend
+                .pages_created
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
         arena.free(again.block);
         arena.destroy(&backend).unwrap();
     }

@@ -5,17 +5,20 @@
 pub mod arena;
 mod atomic;
 pub mod direct;
+pub mod latency;
 mod lock;
 pub mod pages;
+pub mod reserve;
 pub mod stats;
 pub mod tlsf;
 
 pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
 pub use direct::DirectPool;
+pub use reserve::PageReserve;
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
 
-use crate::backend::{DeviceBackend, DevicePtr, StreamId};
+use crate::backend::{DevicePtr, StreamId};
 use crate::error::BackendError;
 use arena::Arena;
 use atomic::AtomicU64;
@@ -24,8 +27,9 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// Bytes held from the driver by all pools of one device, with its exact peak. Changed only
-/// when the driver is called (the miss path), so sharing it across threads costs nothing hot.
+/// Bytes held from the driver by all pools of one device (mapped pages, pages kept in the
+/// [`PageReserve`], direct allocations), with its exact peak. Changed only when the driver
+/// creates or releases memory (the miss path), so sharing it across threads costs nothing hot.
 #[derive(Debug, Default)]
 pub struct DeviceReserve {
     pub reserved_bytes: AtomicU64,
@@ -91,13 +95,13 @@ pub struct PoolSettings {
     pub span: u64,
 }
 
-/// What an arena's lock guards: the arena, created on first use, and the backend it was
-/// reserved from. Both leave together when the pool is retired and holds no live block, so a
-/// pool handle that outlives its manager (see `manager::handles`) keeps neither device memory
-/// nor the driver's context alive.
+/// What an arena's lock guards: the arena, created on first use, and the device's page
+/// reserve (with the backend) it maps through. Both leave together when the pool is retired and
+/// holds no live block, so a pool handle that outlives its manager (see `manager::handles`)
+/// keeps neither device memory nor the driver's context alive.
 struct SlotState {
     arena: Option<Arena>,
-    backend: Option<Arc<dyn DeviceBackend>>,
+    reserve: Option<Arc<PageReserve>>,
 }
 
 /// One arena and its counters. Aligned to two cache lines so that the slots of pools used by
@@ -109,11 +113,11 @@ pub struct ArenaSlot {
 }
 
 impl ArenaSlot {
-    fn new(backend: Arc<dyn DeviceBackend>) -> Self {
+    fn new(reserve: Arc<PageReserve>) -> Self {
         ArenaSlot {
             state: ArenaLock::new(SlotState {
                 arena: None,
-                backend: Some(backend),
+                reserve: Some(reserve),
             }),
             counters: PoolCounters::default(),
         }
@@ -130,12 +134,13 @@ impl SlotState {
         {
             return;
         }
-        if let (Some(arena), Some(backend)) = (self.arena.take(), self.backend.as_deref()) {
-            if let Err(error) = arena.destroy(backend) {
+        if let (Some(arena), Some(reserve)) = (self.arena.take(), self.reserve.as_deref()) {
+            if let Err(error) = arena.destroy(reserve) {
                 tracing::warn!(device, %error, "could not release a pool's memory on shutdown");
             }
         }
-        self.backend = None;
+        // The last holder of the reserve releases its pages.
+        self.reserve = None;
     }
 }
 
@@ -144,7 +149,6 @@ pub struct Pool {
     pub device: usize,
     pub stream: StreamId,
     settings: PoolSettings,
-    reserve: Arc<DeviceReserve>,
     /// Set once, before the slots are locked to wind down; read under a slot's lock, whose
     /// release and acquire order it, so a relaxed flag is enough.
     retired: AtomicBool,
@@ -160,21 +164,14 @@ pub struct ArenaView {
 }
 
 impl Pool {
-    pub fn new(
-        backend: Arc<dyn DeviceBackend>,
-        device: usize,
-        stream: StreamId,
-        settings: PoolSettings,
-        reserve: Arc<DeviceReserve>,
-    ) -> Self {
+    pub fn new(reserve: Arc<PageReserve>, stream: StreamId, settings: PoolSettings) -> Self {
         Pool {
-            device,
+            device: reserve.device(),
             stream,
             settings,
-            reserve,
             retired: AtomicBool::new(false),
-            small: ArenaSlot::new(Arc::clone(&backend)),
-            large: ArenaSlot::new(backend),
+            small: ArenaSlot::new(Arc::clone(&reserve)),
+            large: ArenaSlot::new(reserve),
         }
     }
 
@@ -206,8 +203,8 @@ impl Pool {
     ) -> Result<Placed, ArenaError> {
         let slot = self.slot(kind);
         let mut guard = slot.state.lock();
-        let SlotState { arena, backend, .. } = &mut *guard;
-        let Some(backend) = backend.as_deref() else {
+        let SlotState { arena, reserve } = &mut *guard;
+        let Some(reserve) = reserve.as_deref() else {
             return Err(ArenaError::Backend(BackendError::InvalidArgument {
                 call: "alloc",
                 reason: "the pool was retired with its memory manager".to_string(),
@@ -216,20 +213,25 @@ impl Pool {
         let arena = match arena {
             Some(arena) => arena,
             None => arena.insert(
-                Arena::new(backend, self.device, self.stream, self.settings.span)
-                    .map_err(ArenaError::Backend)?,
+                Arena::new(
+                    reserve.backend(),
+                    self.device,
+                    self.stream,
+                    self.settings.span,
+                )
+                .map_err(ArenaError::Backend)?,
             ),
         };
-        let outcome = arena.alloc(backend, size, align, live, may_map);
+        let outcome = arena.alloc(reserve, size, align, live, may_map);
+        // The pool's own counters follow its mapped pages; the device's held bytes follow
+        // the driver's creations and releases, which the reserve counts.
         let released = arena.take_released_while_allocating();
         if released.calls > 0 {
             slot.counters.on_release(released.bytes, released.calls);
-            self.reserve.shrink(released.bytes);
         }
         let kept = arena.take_kept_after_failed_map();
         if kept.calls > 0 {
             slot.counters.on_reserve(kept.bytes, kept.calls);
-            self.reserve.grow(kept.bytes);
         }
         slot.counters
             .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
@@ -238,7 +240,6 @@ impl Pool {
                 if placed.map_calls > 0 {
                     slot.counters
                         .on_reserve(placed.mapped_bytes, placed.map_calls);
-                    self.reserve.grow(placed.mapped_bytes);
                 }
                 slot.counters
                     .on_alloc(live.requested, size, placed.map_calls == 0);
@@ -297,8 +298,8 @@ impl Pool {
         (mapped, live)
     }
 
-    /// Counts what a release gave back — all of it, or what it gave back before the driver
-    /// refused (those pages are gone from the device all the same).
+    /// Counts what a release unmapped — all of it, or what it unmapped before the driver
+    /// refused (those pages are in the reserve all the same).
     fn account_release(
         &self,
         slot: &ArenaSlot,
@@ -310,7 +311,6 @@ impl Pool {
         };
         if released.calls > 0 {
             slot.counters.on_release(released.bytes, released.calls);
-            self.reserve.shrink(released.bytes);
         }
         match error {
             None => Ok(released),
@@ -321,8 +321,8 @@ impl Pool {
         }
     }
 
-    /// Unmaps idle pages of both arenas, oldest first, while `keep_going(bytes_released_so_far,
-    /// idle_since)` says so.
+    /// Unmaps idle pages of both arenas into the device's page reserve, oldest first, while
+    /// `keep_going(bytes_unmapped_so_far, idle_since)` says so.
     pub fn release_idle(
         &self,
         mut keep_going: impl FnMut(u64, u64) -> bool,
@@ -332,15 +332,14 @@ impl Pool {
             let mut guard = slot.state.lock();
             let SlotState {
                 arena: Some(arena),
-                backend: Some(backend),
-                ..
+                reserve: Some(reserve),
             } = &mut *guard
             else {
                 continue;
             };
             let page = arena.page_size();
             let before = total;
-            let released = arena.release_idle(&**backend, |taken, since| {
+            let released = arena.release_idle(reserve, |taken, since| {
                 keep_going(before + taken as u64 * page, since)
             });
             slot.counters

@@ -1,4 +1,4 @@
-//! Allocation traces (`shared/traces/README.md`): reading a trace file, plain or gzip, into
+//! Allocation traces (`benches/traces/README.md`): reading a trace file, plain or gzip, into
 //! dense-slot events the replayer can index with a `Vec`, and rejecting malformed input with
 //! an error that names the file and line.
 

@@ -249,19 +249,15 @@ fn rejects_truncated_and_corrupt_gzip() {
     assert!(message.contains(" line "), "{message}");
 }
 
-/// The shared traces, when this checkout has them: the peaks the README states.
+/// The repository's traces: the peaks benches/traces/README.md states.
 #[test]
-fn shared_traces_match_readme_peaks() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+fn traces_match_readme_peaks() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/traces");
     for (file, events, peak) in [
         ("gpt2_generate.trace.gz", 281_928, 574_953_984),
         ("gpt2_train.trace.gz", 12_121, 3_378_788_456),
     ] {
         let path = dir.join(file);
-        if !path.exists() {
-            eprintln!("skipping {}: not present", path.display());
-            continue;
-        }
         let trace = load_trace(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(trace.events.len(), events, "{file} events");
         assert_eq!(trace.peak_requested_bytes, peak, "{file} peak");

@@ -136,6 +136,18 @@ fn replay_reports_the_promised_json_fields() {
     ] {
         assert!(report.get(field).is_some(), "missing {field}: {report}");
     }
+    for field in [
+        "misses",
+        "miss_p50_ns",
+        "miss_p99_ns",
+        "pages_created",
+        "pages_reused",
+        "pages_released",
+        "idle_pages_kept",
+        "idle_per_mille",
+    ] {
+        assert!(report.get(field).is_some(), "missing {field}: {report}");
+    }
     assert_eq!(report["trace"], "tiny");
     assert_eq!(report["events"], 6);
     assert_eq!(report["peak_requested_bytes"], 3_001_000);
@@ -144,6 +156,68 @@ fn replay_reports_the_promised_json_fields() {
         svg.starts_with("<svg") || svg.starts_with("<?xml"),
         "{svg:.80}"
     );
+}
+
+#[test]
+fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
+    let dir = tempdir();
+    let trace = write_trace(
+        &dir,
+        "steps.trace",
+        "# {\"name\": \"steps\"}\na 1 5000000 0\nf 1\na 2 9000000 0\na 3 700 0\nf 2\nf 3\n",
+    );
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--sweep",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 12, "4 x 3 settings");
+    assert!(rows
+        .iter()
+        .all(|r| r["trace"] == "steps" && r["misses"].as_u64() > Some(0)));
+    let settings: std::collections::HashSet<_> = rows
+        .iter()
+        .map(|r| (r["idle_pages_kept"].as_u64(), r["idle_per_mille"].as_u64()))
+        .collect();
+    assert_eq!(settings.len(), 12);
+    let table = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--sweep",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.contains("RES/PEAK") && text.contains("(default)"),
+        "{text}"
+    );
+
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--strategy",
+        "driver-pool",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("needs the CUDA backend"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

@@ -15,7 +15,9 @@ mod vmm;
 
 pub use probe::DRIVER_SYMBOLS;
 
-use super::{BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, StreamId};
+use super::{
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalPage, StreamId,
+};
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemGenericAllocationHandle, CUresult};
 use parking_lot::Mutex;
@@ -231,12 +233,32 @@ impl DeviceBackend for CudaBackend {
         self.release(device, base, size)
     }
 
-    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        self.map_pages(device, addr, size)
+    fn map_reusing(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        spare: &mut Vec<PhysicalPage>,
+    ) -> Result<u64, BackendError> {
+        self.map_pages(device, addr, size, spare)
     }
 
-    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        self.unmap_pages(device, addr, size)
+    fn unmap_keeping(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        into: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError> {
+        self.unmap_pages(device, addr, size, into)
+    }
+
+    fn release_pages(
+        &self,
+        device: usize,
+        pages: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError> {
+        self.release_physical(device, pages)
     }
 
     fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {

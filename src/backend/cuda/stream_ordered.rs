@@ -3,17 +3,19 @@
 //! replayed against, so it lives beside the other driver calls.
 
 use super::{check, to_usize, CudaBackend};
-use crate::backend::DevicePtr;
+use crate::backend::{DeviceBackend, DevicePtr};
 use crate::error::BackendError;
 use cudarc::driver::sys;
 
 /// Symbols the stream-ordered baseline needs; older drivers may lack them, so they are checked
 /// when first used instead of at `open`.
-const STREAM_ORDERED_SYMBOLS: [&str; 4] = [
+const STREAM_ORDERED_SYMBOLS: [&str; 6] = [
     "cuMemAllocAsync",
     "cuMemFreeAsync",
     "cuDeviceGetDefaultMemPool",
     "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
 ];
 
 impl CudaBackend {
@@ -29,12 +31,7 @@ impl CudaBackend {
                 });
             }
         }
-        let dev = self.make_current(device)?;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the device handle came from cuDeviceGet.
-        check("cuDeviceGetDefaultMemPool", unsafe {
-            sys::cuDeviceGetDefaultMemPool(&mut pool, dev.handle)
-        })?;
+        let pool = self.default_pool(device)?;
         let mut threshold: u64 = u64::MAX;
         // SAFETY: the release threshold attribute takes a pointer to a cuuint64_t, which
         // `threshold` is, alive for the duration of the call.
@@ -75,5 +72,55 @@ impl CudaBackend {
         check("cuMemFreeAsync", unsafe {
             sys::cuMemFreeAsync(ptr, std::ptr::null_mut())
         })
+    }
+
+    /// Bytes the device's default pool holds from the driver now, and its high-water mark
+    /// since the last [`reset_stream_ordered_peak`](Self::reset_stream_ordered_peak).
+    pub fn stream_ordered_reserved(&self, device: usize) -> Result<(u64, u64), BackendError> {
+        let pool = self.default_pool(device)?;
+        let read = |attr: sys::CUmemPool_attribute| -> Result<u64, BackendError> {
+            let mut value: u64 = 0;
+            // SAFETY: the reserved-memory attributes write one cuuint64_t, which `value` is.
+            check("cuMemPoolGetAttribute", unsafe {
+                sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast())
+            })?;
+            Ok(value)
+        };
+        Ok((
+            read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        ))
+    }
+
+    /// Restarts the default pool's high-water mark of reserved bytes.
+    pub fn reset_stream_ordered_peak(&self, device: usize) -> Result<(), BackendError> {
+        let pool = self.default_pool(device)?;
+        let mut zero: u64 = 0;
+        // SAFETY: the high-water attribute takes a pointer to a cuuint64_t (which must be 0).
+        check("cuMemPoolSetAttribute", unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        })
+    }
+
+    /// Returns everything the default pool caches to the driver (after the stream is idle).
+    pub fn trim_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError> {
+        self.synchronize_stream(device, crate::backend::StreamId::DEFAULT)?;
+        let pool = self.default_pool(device)?;
+        // SAFETY: `pool` is the device's default pool; trimming to 0 keeps what is in use.
+        check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(pool, 0) })
+    }
+
+    fn default_pool(&self, device: usize) -> Result<sys::CUmemoryPool, BackendError> {
+        let dev = self.make_current(device)?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the device handle came from cuDeviceGet.
+        check("cuDeviceGetDefaultMemPool", unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, dev.handle)
+        })?;
+        Ok(pool)
     }
 }

@@ -1,8 +1,10 @@
 //! Growing and shrinking in pages with the virtual memory API: reserve address space, back it with
-//! physical pages (`cuMemCreate` + `cuMemMap`, one `cuMemSetAccess` per call), unmap and release.
+//! physical pages (`cuMemCreate` + `cuMemMap`, or `cuMemMap` alone for a page the caller kept;
+//! one `cuMemSetAccess` per call), unmap keeping the pages, and release them.
 
 use super::properties::{device_location, page_allocation_prop};
 use super::{check, to_usize, CudaBackend};
+use crate::backend::PhysicalPage;
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle};
 
@@ -55,12 +57,15 @@ impl CudaBackend {
         })
     }
 
+    /// [`DeviceBackend::map_reusing`](crate::backend::DeviceBackend::map_reusing): pages from
+    /// `spare` are mapped again (`cuMemMap`, about a microsecond), only the rest are created.
     pub(super) fn map_pages(
         &self,
         device: usize,
         addr: u64,
         size: u64,
-    ) -> Result<(), BackendError> {
+        spare: &mut Vec<PhysicalPage>,
+    ) -> Result<u64, BackendError> {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
         check_pages("map", addr, size, granularity)?;
@@ -78,42 +83,77 @@ impl CudaBackend {
         }
 
         let prop = page_allocation_prop(dev.handle);
-        let mut mapped: Vec<(u64, CUmemGenericAllocationHandle)> = Vec::new();
+        let count = (size / granularity) as usize;
+        let reusable = spare.len().min(count);
+        let mut reusing: Vec<PhysicalPage> = spare.split_off(spare.len() - reusable);
+        // (page address, handle, created by this call)
+        let mut mapped: Vec<(u64, CUmemGenericAllocationHandle, bool)> = Vec::with_capacity(count);
+        let mut failure = None;
         for page in page_addresses(addr, size, granularity) {
-            match map_page(page, page_size, &prop) {
-                Ok(handle) => mapped.push((page, handle)),
-                Err(err) => {
-                    undo(&mapped, page_size);
-                    return Err(self.out_of_memory_or(device, size, err));
+            let outcome = match reusing.pop() {
+                Some(physical) => map_existing(page, page_size, physical.0)
+                    .map(|()| (physical.0, false))
+                    .map_err(|e| (e, Some(physical))),
+                None => map_new_page(page, page_size, &prop)
+                    .map(|handle| (handle, true))
+                    .map_err(|e| (e, None)),
+            };
+            match outcome {
+                Ok((handle, created)) => mapped.push((page, handle, created)),
+                Err((err, unused)) => {
+                    reusing.extend(unused);
+                    failure = Some(err);
+                    break;
                 }
             }
         }
-        // One cuMemSetAccess for the whole call: it costs ~23 µs however many pages it covers.
-        let access = sys::CUmemAccessDesc {
-            location: device_location(dev.handle),
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: [addr, addr + size) is mapped just above; `access` is one valid descriptor that
-        // outlives the call.
-        let result = unsafe { sys::cuMemSetAccess(addr, to_usize("map", size)?, &access, 1) };
-        if let Err(err) = check("cuMemSetAccess", result) {
-            undo(&mapped, page_size);
+        if failure.is_none() {
+            // One cuMemSetAccess for the whole call, however many pages it covers.
+            let access = sys::CUmemAccessDesc {
+                location: device_location(dev.handle),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: [addr, addr + size) is mapped just above; `access` is one valid descriptor
+            // that outlives the call.
+            let result = unsafe { sys::cuMemSetAccess(addr, page_size * count, &access, 1) };
+            failure = check("cuMemSetAccess", result).err();
+        }
+        if let Some(err) = failure {
+            // Give the caller back every page it lent, unmapped, and release the ones created.
+            let mut handed_back: Vec<PhysicalPage> = Vec::new();
+            for &(page, handle, created) in mapped.iter().rev() {
+                if let Err(undo) = unmap_page(page, page_size) {
+                    tracing::warn!(page = format_args!("{page:#x}"), %undo, "undoing a partial map failed");
+                    continue;
+                }
+                if created {
+                    release_handle(handle);
+                } else {
+                    handed_back.push(PhysicalPage(handle));
+                }
+            }
+            // Restore the caller's order: the pages popped last go back last.
+            spare.extend(reusing.into_iter().rev());
+            spare.extend(handed_back);
             return Err(self.out_of_memory_or(device, size, err));
         }
+        let created = mapped.iter().filter(|m| m.2).count() as u64;
         let mut pages = self.pages.lock();
         pages.extend(
             mapped
                 .into_iter()
-                .map(|(page, handle)| ((device, page), handle)),
+                .map(|(page, handle, _)| ((device, page), handle)),
         );
-        Ok(())
+        Ok(created)
     }
 
+    /// [`DeviceBackend::unmap_keeping`](crate::backend::DeviceBackend::unmap_keeping).
     pub(super) fn unmap_pages(
         &self,
         device: usize,
         addr: u64,
         size: u64,
+        into: &mut Vec<PhysicalPage>,
     ) -> Result<(), BackendError> {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
@@ -131,32 +171,93 @@ impl CudaBackend {
                 .filter_map(|page| pages.remove(&(device, page)).map(|handle| (page, handle)))
                 .collect()
         };
-        let mut first_error = None;
-        for (i, &(page, handle)) in taken.iter().enumerate() {
-            // SAFETY: `page` was mapped by `map` with exactly `page_size` bytes.
-            let result = unsafe { sys::cuMemUnmap(page, page_size) };
-            if let Err(err) = check("cuMemUnmap", result) {
-                // Still mapped: keep this page and the ones not yet attempted so a retry can work.
+        for (i, &(page, _)) in taken.iter().enumerate() {
+            if let Err(err) = unmap_page(page, page_size) {
+                // Map back what this call unmapped, so that the range is as it was.
+                let mut restored = taken[i..].to_vec();
+                for &(page, handle) in &taken[..i] {
+                    match map_existing(page, page_size, handle)
+                        .and_then(|()| self.grant_access(device, page, page_size))
+                    {
+                        Ok(()) => restored.push((page, handle)),
+                        Err(again) => {
+                            tracing::warn!(page = format_args!("{page:#x}"), %again, "remapping after a failed unmap failed; the page is kept unmapped");
+                            into.push(PhysicalPage(handle));
+                        }
+                    }
+                }
                 let mut pages = self.pages.lock();
                 pages.extend(
-                    taken[i..]
-                        .iter()
-                        .map(|&(page, handle)| ((device, page), handle)),
+                    restored
+                        .into_iter()
+                        .map(|(page, handle)| ((device, page), handle)),
                 );
                 return Err(err);
             }
-            // SAFETY: `handle` came from `cuMemCreate` and its only mapping was just removed.
-            if let Err(err) = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) }) {
-                tracing::warn!(device, page = format_args!("{page:#x}"), %err, "releasing an unmapped page failed; its memory may leak");
-                first_error.get_or_insert(err);
-            }
         }
-        first_error.map_or(Ok(()), Err)
+        into.extend(taken.into_iter().map(|(_, handle)| PhysicalPage(handle)));
+        Ok(())
+    }
+
+    /// [`DeviceBackend::release_pages`](crate::backend::DeviceBackend::release_pages).
+    pub(super) fn release_physical(
+        &self,
+        device: usize,
+        pages: &mut Vec<PhysicalPage>,
+    ) -> Result<(), BackendError> {
+        self.make_current(device)?;
+        while let Some(&page) = pages.last() {
+            // SAFETY: the caller owns `page`, a handle from cuMemCreate that is mapped nowhere
+            // (the trait's contract); releasing it frees its memory.
+            check("cuMemRelease", unsafe { sys::cuMemRelease(page.0) })?;
+            pages.pop();
+        }
+        Ok(())
+    }
+
+    /// Grants the device read and write access to `[addr, addr + size)`.
+    fn grant_access(&self, device: usize, addr: u64, size: usize) -> Result<(), BackendError> {
+        let dev = self.device(device)?;
+        let access = sys::CUmemAccessDesc {
+            location: device_location(dev.handle),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range is mapped; `access` is one valid descriptor that outlives the call.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(addr, size, &access, 1)
+        })
+    }
+}
+
+/// Maps an existing physical page at `page`.
+fn map_existing(
+    page: u64,
+    page_size: usize,
+    handle: CUmemGenericAllocationHandle,
+) -> Result<(), BackendError> {
+    // SAFETY: `page` lies in a reserved range (the caller's contract; the driver checks it), is
+    // granularity aligned and unmapped; `handle` is an unmapped page of exactly `page_size` bytes.
+    check("cuMemMap", unsafe {
+        sys::cuMemMap(page, page_size, 0, handle, 0)
+    })
+}
+
+/// Unmaps one page; its physical memory stays held by its handle.
+fn unmap_page(page: u64, page_size: usize) -> Result<(), BackendError> {
+    // SAFETY: `page` is mapped with `page_size` bytes of a handle we own.
+    check("cuMemUnmap", unsafe { sys::cuMemUnmap(page, page_size) })
+}
+
+/// Releases a page created by this backend that is mapped nowhere, logging a failure.
+fn release_handle(handle: CUmemGenericAllocationHandle) {
+    // SAFETY: `handle` came from cuMemCreate and is mapped nowhere.
+    if let Err(err) = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) }) {
+        tracing::warn!(%err, "releasing a physical page failed; its memory may leak");
     }
 }
 
 /// Creates one physical page and maps it at `page`; on failure nothing is left behind.
-fn map_page(
+fn map_new_page(
     page: u64,
     page_size: usize,
     prop: &sys::CUmemAllocationProp,
@@ -190,15 +291,6 @@ pub(super) fn unmap_and_release(
     check("cuMemUnmap", unsafe { sys::cuMemUnmap(page, page_size) })?;
     // SAFETY: `handle` is no longer mapped anywhere.
     check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
-}
-
-/// Undoes the pages a failed `map` call had mapped so far, logging what cannot be undone.
-fn undo(mapped: &[(u64, CUmemGenericAllocationHandle)], page_size: usize) {
-    for &(page, handle) in mapped {
-        if let Err(err) = unmap_and_release(page, page_size, handle) {
-            tracing::warn!(page = format_args!("{page:#x}"), %err, "undoing a partial map failed");
-        }
-    }
 }
 
 /// Rejects empty, unaligned or overflowing ranges before the driver sees them.

@@ -293,7 +293,9 @@ fn a_replay_that_fails_half_way_leaves_the_manager_consistent() {
             sim.faults().fail_nth_alloc_from_now(k);
         }
         let error = replay(&manager, 0, &trace, |_| {}).expect_err("2 GiB cannot hold 3 GiB");
-        let ReplayError::Alloc { event, source, .. } = &error;
+        let ReplayError::Alloc { event, source, .. } = &error else {
+            panic!("not an allocation failure: {error}");
+        };
         let text = error.to_string();
         assert!(text.starts_with("grows: event "), "{text}");
         match fault_at {

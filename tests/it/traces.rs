@@ -1,0 +1,60 @@
+//! The repository's trace corpus (benches/traces) through the allocator on the simulated device,
+//! at the default settings: the waste bound holds on every trace, and the pools' count of
+//! reserved bytes matches the device's to the byte throughout.
+
+use gpumem::backend::sim::{SimBackend, SimConfig};
+use gpumem::replay::{replay, replay_config};
+use gpumem::trace::load_trace;
+use gpumem::{ManagerConfig, MemoryManager};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The most reserved bytes may exceed the peak of requested bytes, on any trace.
+const WASTE_BOUND: f64 = 1.03;
+
+#[test]
+fn every_trace_stays_within_the_waste_bound_at_the_default_settings() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/traces");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().ends_with(".trace.gz"))
+        .collect();
+    paths.sort();
+    assert!(paths.len() >= 10, "the corpus is in {}", dir.display());
+    let backend = Arc::new(SimBackend::new(SimConfig::default()));
+    let mut failures = Vec::new();
+    for path in &paths {
+        let trace = load_trace(path).unwrap_or_else(|e| panic!("{e}"));
+        let config = replay_config(ManagerConfig::default(), 0);
+        let manager = MemoryManager::new(backend.clone(), config).unwrap();
+        let (report, _) = replay(&manager, 0, &trace, |_| {}).unwrap();
+        eprintln!(
+            "{}: reserved/peak {:.4}, {} misses",
+            report.trace, report.reserved_over_peak, report.misses
+        );
+        if report.reserved_over_peak > WASTE_BOUND {
+            failures.push(format!(
+                "{} at {:.4}",
+                report.trace, report.reserved_over_peak
+            ));
+        }
+        assert_eq!(
+            report.max_device_vs_reserved_gap_bytes, 0,
+            "{}",
+            report.trace
+        );
+        assert_eq!(
+            report.reserved_after_empty_cache_bytes, 0,
+            "{}",
+            report.trace
+        );
+        assert_eq!(
+            report.pages_created, report.pages_released,
+            "{}",
+            report.trace
+        );
+        assert!(report.misses > 0 && report.miss_p99_ns >= report.miss_p50_ns);
+    }
+    assert!(failures.is_empty(), "over {WASTE_BOUND}: {failures:?}");
+}
