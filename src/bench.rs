@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
-pub enum Allocator {
+pub(crate) enum Allocator {
     /// gpumem, memory already cached: no driver call.
     PoolHit,
     /// gpumem missing after a release, as a pool does when its cache budget is full: the freed
@@ -33,7 +33,7 @@ pub enum Allocator {
 
 /// One measured configuration.
 #[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
+pub(crate) struct BenchResult {
     pub allocator: Allocator,
     pub backend: String,
     pub size_bytes: u64,
@@ -49,7 +49,7 @@ pub struct BenchResult {
 }
 
 /// The devices and allocators a run uses.
-pub struct BenchTarget {
+pub(crate) struct BenchTarget {
     pub backend: Arc<dyn DeviceBackend>,
     pub device: usize,
     /// Present on the CUDA backend when the driver has stream-ordered allocation.
@@ -59,7 +59,7 @@ pub struct BenchTarget {
 }
 
 impl BenchTarget {
-    pub fn new(backend: Arc<dyn DeviceBackend>, device: usize) -> Self {
+    pub(crate) fn new(backend: Arc<dyn DeviceBackend>, device: usize) -> Self {
         let stream_ordered = (backend.kind() == BackendKind::Cuda)
             .then(CudaBackend::open)
             .and_then(Result::ok)
@@ -114,7 +114,7 @@ fn clock_overhead() -> f64 {
 
 /// Times `allocator` at `size` on `threads` threads, each for at most `iterations` pairs or
 /// `budget` of wall time, whichever comes first.
-pub fn measure(
+pub(crate) fn measure(
     target: &BenchTarget,
     allocator: Allocator,
     size: u64,

@@ -20,7 +20,7 @@ pub mod units;
 pub mod exporter;
 #[cfg(feature = "exporter")]
 pub mod publish;
-#[cfg(feature = "exporter")]
+#[cfg(any(feature = "exporter", feature = "config-file"))]
 pub mod safe_fs;
 #[cfg(feature = "exporter")]
 pub mod sampler;
@@ -33,13 +33,13 @@ pub mod collect;
 pub mod nvml;
 
 #[cfg(feature = "cli")]
-pub mod bench;
+mod bench;
 #[cfg(feature = "cli")]
-pub mod cli;
+mod cli;
 #[cfg(feature = "cli")]
-pub mod demo;
+mod demo;
 #[cfg(feature = "cli")]
-pub mod plot;
+mod plot;
 #[cfg(feature = "cli")]
 pub mod replay;
 #[cfg(feature = "cli")]
@@ -49,6 +49,11 @@ pub mod trace;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeExamples;
+
+/// The `gpumem` command line, run with the process's arguments; returns the exit code. The
+/// binary's whole `main`.
+#[cfg(feature = "cli")]
+pub use cli::run as run_cli;
 
 pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};

@@ -1,5 +1,5 @@
-//! The `gpumem` binary: everything lives in `gpumem::cli`; this only sets the exit code.
+//! The `gpumem` binary: everything lives in the library's `cli` module; this only sets the exit code.
 
 fn main() {
-    std::process::exit(gpumem::cli::run());
+    std::process::exit(gpumem::run_cli());
 }

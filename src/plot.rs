@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 /// One line on a chart. `color` is any SVG colour (`#1f77b4`, `teal`).
 #[derive(Clone, Copy, Debug)]
-pub struct Series<'a> {
+pub(crate) struct Series<'a> {
     pub label: &'a str,
     pub color: &'a str,
     pub points: &'a [(f64, f64)],
@@ -26,7 +26,12 @@ const FONT: &str = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
 /// Renders a line chart as a standalone SVG document (900x420 viewBox). Y tick labels are
 /// byte sizes ("512 MiB") when `y_label` mentions "bytes". Non-finite points are skipped;
 /// empty input gives empty axes, never `NaN` coordinates.
-pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+pub(crate) fn line_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> String {
     let reduced: Vec<Vec<(f64, f64)>> = series
         .iter()
         .map(|s| downsample(s.points, MAX_POINTS))

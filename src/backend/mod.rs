@@ -217,10 +217,14 @@ pub fn open_backend(
         )),
         BackendChoice::Cuda | BackendChoice::Auto => {
             let backend = cuda::CudaBackend::open()?;
-            let reason = format!(
-                "backend cuda: CUDA driver loaded with {} device(s)",
-                backend.device_count()
-            );
+            let devices = backend.device_count();
+            let reason = if choice == BackendChoice::Auto {
+                format!(
+                    "backend cuda: auto picked the CUDA driver, which reports {devices} device(s)"
+                )
+            } else {
+                format!("backend cuda: CUDA driver loaded with {devices} device(s)")
+            };
             Ok(OpenedBackend {
                 backend: Arc::new(backend),
                 reason,

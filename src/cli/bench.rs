@@ -7,7 +7,7 @@ use clap::Args;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
-pub struct BenchArgs {
+pub(super) struct BenchArgs {
     /// Allocators to time (comma-separated): pool-hit, pool-miss (kept pages mapped again),
     /// pool-miss-cold (new pages created), driver, driver-async.
     #[arg(
@@ -57,7 +57,7 @@ pub struct BenchArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
+pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
     let sizes = args
         .sizes
         .iter()

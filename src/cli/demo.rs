@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
-pub struct DemoArgs {
+pub(super) struct DemoArgs {
     #[command(flatten)]
     exporter: ExporterFlags,
 
@@ -48,7 +48,7 @@ fn flag_duration(flag: &str, text: &str) -> Result<Duration, CliError> {
     parse_duration(text).map_err(|e| CliError::usage(format!("{flag}: {e}")))
 }
 
-pub fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
+pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before the driver is touched: bad input costs nothing.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let duration = match &args.duration {

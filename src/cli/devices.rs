@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 
 #[derive(Args, Debug)]
-pub struct DevicesArgs {
+pub(super) struct DevicesArgs {
     /// Print JSON (an array, one object per device) instead of a table.
     #[arg(long, env = "GPUMEM_JSON")]
     json: bool,
@@ -27,7 +27,7 @@ struct DeviceReport {
     mem_info_error: Option<String>,
 }
 
-pub fn run(args: DevicesArgs, given: &Given) -> Result<(), CliError> {
+pub(super) fn run(args: DevicesArgs, given: &Given) -> Result<(), CliError> {
     let config = args.common.memory_config()?;
     let (opened, selected) = args.common.open_checked(&config, given)?;
     let backend = opened.backend;

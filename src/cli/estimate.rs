@@ -19,7 +19,7 @@ use serde::Serialize;
     whether or not the model fits (the output says so; JSON has \"recommended_device\": null); \
     2 for bad input."
 )]
-pub struct EstimateArgs {
+pub(super) struct EstimateArgs {
     /// Model shape preset: llama-7b, llama-13b, llama-70b, llama3-8b, llama3-70b, mistral-7b.
     #[arg(long, env = "GPUMEM_MODEL", value_name = "PRESET")]
     model: Option<String>,
@@ -227,7 +227,7 @@ struct Report {
     verdict: String,
 }
 
-pub fn run(args: EstimateArgs, given: &Given) -> Result<(), CliError> {
+pub(super) fn run(args: EstimateArgs, given: &Given) -> Result<(), CliError> {
     let settings = settings(&args)?;
     let estimate = estimate_inference_memory(&settings.shape, &settings.workload)
         .map_err(|e| CliError::usage(e.to_string()))?;

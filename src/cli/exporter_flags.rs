@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// `--listen` and `--interval`, raw; [`ExporterFlags::validate`] turns them into settings.
 #[derive(Args, Debug, Clone)]
-pub struct ExporterFlags {
+pub(super) struct ExporterFlags {
     /// Address to serve /metrics, the status page and the JSON API on (port 0 picks a free port).
     #[arg(long, env = "GPUMEM_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: String,
@@ -31,7 +31,7 @@ pub struct ExporterFlags {
 
 impl ExporterFlags {
     /// The address and interval, or one line naming the flag that is wrong.
-    pub fn validate(&self) -> Result<(SocketAddr, Duration), String> {
+    pub(super) fn validate(&self) -> Result<(SocketAddr, Duration), String> {
         let listen = parse_listen(&self.listen).map_err(|e| format!("--listen: {e}"))?;
         let interval = parse_interval(&self.interval).map_err(|e| format!("--interval: {e}"))?;
         Ok((listen, interval))

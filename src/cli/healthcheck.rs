@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 const MAX_REPLY: u64 = 64 * 1024;
 
 #[derive(Args, Debug)]
-pub struct HealthcheckArgs {
+pub(super) struct HealthcheckArgs {
     /// The URL to GET (http only). Default: /healthz on GPUMEM_LISTEN, else on 127.0.0.1:9400
     /// (an unspecified address such as 0.0.0.0 is checked on loopback).
     #[arg(long, env = "GPUMEM_HEALTHCHECK_URL")]
@@ -24,7 +24,7 @@ pub struct HealthcheckArgs {
     timeout: String,
 }
 
-pub fn run(args: HealthcheckArgs) -> Result<(), CliError> {
+pub(super) fn run(args: HealthcheckArgs) -> Result<(), CliError> {
     let timeout =
         parse_duration(&args.timeout).map_err(|e| CliError::usage(format!("--timeout: {e}")))?;
     let url = match args.url {

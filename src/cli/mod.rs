@@ -20,14 +20,14 @@ use std::fmt;
 
 /// An error that ends the program: a message for stderr and the exit code.
 #[derive(Debug)]
-pub struct CliError {
+pub(crate) struct CliError {
     pub code: i32,
     pub message: String,
 }
 
 impl CliError {
     /// Bad input from the user: exit code 2.
-    pub fn usage(message: impl Into<String>) -> Self {
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
         CliError {
             code: 2,
             message: message.into(),
@@ -35,7 +35,7 @@ impl CliError {
     }
 
     /// Something failed while running: exit code 1.
-    pub fn runtime(message: impl Into<String>) -> Self {
+    pub(crate) fn runtime(message: impl Into<String>) -> Self {
         CliError {
             code: 1,
             message: message.into(),
@@ -58,7 +58,7 @@ impl fmt::Display for CliError {
                   GPUMEM_* environment variable named in its help. Without a GPU (or with \
                   --backend sim) a simulated device stands in, so every command works on a laptop."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -90,7 +90,7 @@ enum Command {
 
 /// Flags every command shares.
 #[derive(Args, Debug, Clone)]
-pub struct CommonArgs {
+pub(crate) struct CommonArgs {
     /// Which device driver: auto (CUDA if a GPU is usable, else simulated), cuda, or sim.
     #[arg(
         long,
@@ -169,7 +169,7 @@ impl CommonArgs {
 
     /// Logs which backend and why, once input is checked: the first log line of every command
     /// when gpumem chose (`--backend auto`); a detail when the user named the backend.
-    pub fn announce(&self, opened: &OpenedBackend) {
+    pub(crate) fn announce(&self, opened: &OpenedBackend) {
         if self.backend == BackendChoice::Auto {
             tracing::info!("{}", opened.reason);
         } else {
@@ -180,7 +180,7 @@ impl CommonArgs {
     /// Opens the backend and checks the configuration against its devices: the selection
     /// (`--devices`, else the file's `devices`, else all), a reserve or preallocation bigger
     /// than a device. Every failure is bad input (exit 2); on success the backend is announced.
-    pub fn open_checked(
+    pub(crate) fn open_checked(
         &self,
         config: &MemoryConfig,
         given: &Given,
@@ -207,19 +207,19 @@ impl CommonArgs {
 
     /// The memory manager configuration: `base` (the defaults, or a command's own), then
     /// `--config`, then `GPUMEM_*` variables. A bad file or value is a usage error naming the key.
-    pub fn memory_config_over(&self, base: MemoryConfig) -> Result<MemoryConfig, CliError> {
+    pub(crate) fn memory_config_over(&self, base: MemoryConfig) -> Result<MemoryConfig, CliError> {
         let sources = crate::manager::ConfigSources::from_process(self.config.clone());
         crate::manager::load_config_over(base, &sources).map_err(|e| CliError::usage(e.to_string()))
     }
 
     /// [`memory_config_over`](Self::memory_config_over) the defaults.
-    pub fn memory_config(&self) -> Result<MemoryConfig, CliError> {
+    pub(crate) fn memory_config(&self) -> Result<MemoryConfig, CliError> {
         self.memory_config_over(MemoryConfig::default())
     }
 
     /// The devices to use, of `count`: `--devices` (or `GPUMEM_DEVICES`) when given, else the
     /// config file's `devices`, else all; each must exist.
-    pub fn device_selection(
+    pub(crate) fn device_selection(
         &self,
         config: &MemoryConfig,
         given: &Given,
@@ -264,7 +264,7 @@ fn check_against_device(config: &MemoryConfig, index: usize, total: u64) -> Resu
 }
 
 /// Parses "all" or "0,2" into indices, each of which must exist.
-pub fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usize>, String> {
+pub(crate) fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usize>, String> {
     let existing = match count {
         0 => "no devices exist".to_string(),
         1 => "device 0 exists".to_string(),

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
-pub struct ReplayArgs {
+pub(super) struct ReplayArgs {
     /// Trace files (gzip or plain text; format in the traces README).
     #[arg(required = true, value_name = "TRACE")]
     traces: Vec<PathBuf>,
@@ -69,7 +69,7 @@ enum ReplayStrategy {
 const SWEEP_IDLE_PAGES: [usize; 4] = [0, 4, 16, 64];
 const SWEEP_IDLE_PER_MILLE: [usize; 3] = [0, 8, 32];
 
-pub fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
+pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.
     let traces = args
         .traces

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct ServeArgs {
+pub(super) struct ServeArgs {
     #[command(flatten)]
     exporter: ExporterFlags,
 
@@ -51,7 +51,7 @@ pub struct ServeArgs {
     common: CommonArgs,
 }
 
-pub fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
+pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before a library is loaded or a port bound.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let collect = match &args.collect_dir {

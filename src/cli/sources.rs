@@ -10,10 +10,10 @@ use std::collections::HashSet;
 
 /// The flags of one command that the user set, by clap id (`leak_age`, `devices`).
 #[derive(Debug, Default)]
-pub struct Given(HashSet<String>);
+pub(crate) struct Given(HashSet<String>);
 
 impl Given {
-    pub fn from_matches(matches: &ArgMatches) -> Self {
+    pub(crate) fn from_matches(matches: &ArgMatches) -> Self {
         let set = matches
             .ids()
             .filter(|id| {
@@ -28,7 +28,7 @@ impl Given {
     }
 
     /// Whether the user set the flag with this id (its field name), by flag or variable.
-    pub fn explicit(&self, id: &str) -> bool {
+    pub(crate) fn explicit(&self, id: &str) -> bool {
         self.0.contains(id)
     }
 }
@@ -45,7 +45,7 @@ const OTHER_VARIABLES: &[&str] = &[
 ];
 
 /// Every `GPUMEM_*` variable gpumem reads: each flag's, each config key's, and the others.
-pub fn known_variables(command: &clap::Command) -> Vec<String> {
+pub(super) fn known_variables(command: &clap::Command) -> Vec<String> {
     let mut known: Vec<String> = OTHER_VARIABLES.iter().map(|v| v.to_string()).collect();
     known.extend(crate::manager::config_env_names());
     let mut stack = vec![command];
@@ -64,7 +64,7 @@ pub fn known_variables(command: &clap::Command) -> Vec<String> {
 
 /// One warning line for each set `GPUMEM_*` variable that gpumem does not read, naming the
 /// nearest one it does: a misspelled variable otherwise changes nothing, silently.
-pub fn unknown_variable_warnings(set: &[String], known: &[String]) -> Vec<String> {
+pub(super) fn unknown_variable_warnings(set: &[String], known: &[String]) -> Vec<String> {
     set.iter()
         .filter(|name| name.starts_with("GPUMEM_") && !known.contains(name))
         .map(|name| {

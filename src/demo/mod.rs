@@ -7,7 +7,7 @@ mod pressure;
 mod spike;
 mod workload;
 
-pub use spike::{PressureSpike, DEFAULT_SPIKE};
+pub(crate) use spike::{PressureSpike, DEFAULT_SPIKE};
 
 use crate::backend::sim::SimBackend;
 use crate::backend::DeviceBackend;
@@ -29,7 +29,7 @@ const TICK: Duration = Duration::from_millis(50);
 
 /// What the demo was asked to do, validated.
 #[derive(Clone, Debug)]
-pub struct DemoSettings {
+pub(crate) struct DemoSettings {
     /// Backend device indices to use; `None` uses all.
     pub devices: Option<Vec<usize>>,
     pub listen: SocketAddr,
@@ -49,7 +49,7 @@ pub struct DemoSettings {
 }
 
 #[derive(Debug, Error)]
-pub enum DemoError {
+pub(crate) enum DemoError {
     #[error("{0}")]
     Exporter(#[from] ExporterError),
     #[error("{0}")]
@@ -62,7 +62,7 @@ pub enum DemoError {
 
 /// Runs the demo on `backend`. Pass the simulated backend as `sim` as well (same object) so the
 /// demo can change the memory other processes hold; without it, pressure comes from ballast.
-pub fn run(
+pub(crate) fn run(
     backend: Arc<dyn DeviceBackend>,
     sim: Option<Arc<SimBackend>>,
     settings: DemoSettings,

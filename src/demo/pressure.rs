@@ -13,10 +13,10 @@ const PERIOD: Duration = Duration::from_secs(120);
 /// Ballast moves in chunks of this size, a few per tick, so the chart shows a ramp, not a step.
 const BALLAST_CHUNK: u64 = 256 * MIB;
 const BALLAST_CHUNKS_PER_TICK: usize = 4;
-pub const BALLAST_TAG: &str = "pressure_ballast";
+pub(super) const BALLAST_TAG: &str = "pressure_ballast";
 
 /// Where the pressure comes from.
-pub enum PressureSource {
+pub(super) enum PressureSource {
     /// The simulated device's `used_by_others`.
     Simulated(Arc<SimBackend>),
     /// Buffers this process allocates and frees (real GPUs).
@@ -24,7 +24,7 @@ pub enum PressureSource {
 }
 
 /// The pressure of one device over time.
-pub struct PressureSwing {
+pub(super) struct PressureSwing {
     source: PressureSource,
     device: usize,
     total: u64,
@@ -35,7 +35,7 @@ pub struct PressureSwing {
 }
 
 impl PressureSwing {
-    pub fn new(source: PressureSource, device: usize, total: u64, base: u64) -> Self {
+    pub(super) fn new(source: PressureSource, device: usize, total: u64, base: u64) -> Self {
         PressureSwing {
             source,
             device,
@@ -53,7 +53,7 @@ impl PressureSwing {
     }
 
     /// Moves the pressure to where the wave (or a spike) says it should be now.
-    pub fn apply(&mut self, manager: &MemoryManager, elapsed: Duration, spike: bool) {
+    pub(super) fn apply(&mut self, manager: &MemoryManager, elapsed: Duration, spike: bool) {
         // Others take 3 % to 23 % of the device: with the workload's own swing, pressure moves
         // between low and high; only a spike makes it critical.
         let share = 0.03 + 0.20 * Self::wave(elapsed);

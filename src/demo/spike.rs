@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a spike lasts unless asked otherwise: long enough for a `for: 15s` alert to fire.
-pub const DEFAULT_SPIKE: Duration = Duration::from_secs(45);
+pub(crate) const DEFAULT_SPIKE: Duration = Duration::from_secs(45);
 const LONGEST_SPIKE: Duration = Duration::from_secs(3600);
 
 /// Whether a spike is on; shared by the workload (reader) and the route (writer).
 #[derive(Debug)]
-pub struct PressureSpike {
+pub(crate) struct PressureSpike {
     epoch: Instant,
     /// Milliseconds after `epoch` at which the current spike ends (0: none yet).
     until_ms: AtomicU64,
@@ -35,7 +35,7 @@ impl Default for PressureSpike {
 
 impl PressureSpike {
     /// Starts a spike lasting `length` from now (replacing any current one).
-    pub fn trigger(&self, length: Duration) {
+    pub(crate) fn trigger(&self, length: Duration) {
         let until = self.epoch.elapsed() + length;
         self.until_ms.store(until.as_millis() as u64, Relaxed);
         tracing::info!(
@@ -44,7 +44,7 @@ impl PressureSpike {
         );
     }
 
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         (self.epoch.elapsed().as_millis() as u64) < self.until_ms.load(Relaxed)
     }
 }
@@ -55,7 +55,7 @@ struct SpikeQuery {
 }
 
 /// `POST /api/v1/demo/pressure-spike[?seconds=N]`.
-pub fn routes(spike: Arc<PressureSpike>) -> Router {
+pub(super) fn routes(spike: Arc<PressureSpike>) -> Router {
     Router::new()
         .route("/api/v1/demo/pressure-spike", post(start_spike))
         .with_state(spike)
@@ -65,7 +65,7 @@ pub fn routes(spike: Arc<PressureSpike>) -> Router {
 /// HTML form on another site can POST here but can set neither: a browser sends a custom
 /// header or a JSON content type cross-origin only after a CORS preflight, which this server
 /// never approves.
-pub const REQUEST_HEADER: &str = "x-gpumem-request";
+pub(super) const REQUEST_HEADER: &str = "x-gpumem-request";
 
 fn from_a_script(headers: &HeaderMap) -> bool {
     let json = headers

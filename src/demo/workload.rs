@@ -20,7 +20,7 @@ const TRAFFIC_PERIOD: Duration = Duration::from_secs(90);
 
 /// How much of the device the workload may use, from its free memory at start.
 #[derive(Clone, Copy, Debug)]
-pub struct Budget {
+pub(super) struct Budget {
     pub weight_chunk: u64,
     pub kv_bytes: u64,
     pub kv_block: u64,
@@ -31,7 +31,7 @@ pub struct Budget {
 
 impl Budget {
     /// Weights take 35 % of `free`, the KV cache up to 25 %, activations a few percent.
-    pub fn for_free_memory(free: u64) -> Self {
+    pub(super) fn for_free_memory(free: u64) -> Self {
         let weights = free / 100 * 35;
         Budget {
             weight_chunk: align_down(weights / WEIGHT_CHUNKS, MIB).max(MIB),
@@ -44,14 +44,14 @@ impl Budget {
 }
 
 /// Tiny xorshift generator: the demo needs variety, not statistics or a dependency.
-pub struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    pub fn seeded(seed: u64) -> Self {
+    pub(super) fn seeded(seed: u64) -> Self {
         Rng(seed | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -59,11 +59,11 @@ impl Rng {
     }
 
     /// Uniform in `[low, high]`.
-    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+    pub(super) fn between(&mut self, low: u64, high: u64) -> u64 {
         low + self.next() % (high.saturating_sub(low) + 1)
     }
 
-    pub fn chance(&mut self, percent: u64) -> bool {
+    pub(super) fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
 }
@@ -82,7 +82,7 @@ struct Tags {
 }
 
 /// The workload of one device.
-pub struct DeviceWorkload {
+pub(super) struct DeviceWorkload {
     device: usize,
     budget: Budget,
     tags: Tags,
@@ -95,7 +95,7 @@ pub struct DeviceWorkload {
 }
 
 impl DeviceWorkload {
-    pub fn new(device: usize, budget: Budget) -> Self {
+    pub(super) fn new(device: usize, budget: Budget) -> Self {
         DeviceWorkload {
             device,
             budget,
@@ -125,7 +125,7 @@ impl DeviceWorkload {
     }
 
     /// One step of serving: `elapsed` since the demo started drives the traffic wave.
-    pub fn tick(&mut self, manager: &MemoryManager, elapsed: Duration, rng: &mut Rng) {
+    pub(super) fn tick(&mut self, manager: &MemoryManager, elapsed: Duration, rng: &mut Rng) {
         self.load_weights(manager);
         if (self.weights.len() as u64) < WEIGHT_CHUNKS {
             return; // No traffic before the model is loaded, as in a real server.

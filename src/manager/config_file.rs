@@ -247,7 +247,7 @@ pub fn parse_config_str(text: &str) -> Result<MemoryConfig, ConfigError> {
 }
 
 /// Config files are a few lines of TOML; anything bigger is not one (`--config /dev/zero`).
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(super) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// The text of a config file, at most [`MAX_CONFIG_BYTES`] of UTF-8.
 fn read_config_file(path: &std::path::Path) -> Result<String, String> {

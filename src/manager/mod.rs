@@ -106,7 +106,7 @@ impl ManagedDevice {
     }
 
     /// Every pool of the device, default stream first.
-    pub fn pools(&self) -> Vec<Arc<Pool>> {
+    pub(crate) fn pools(&self) -> Vec<Arc<Pool>> {
         let mut pools: Vec<Arc<Pool>> = self.default_stream.to_vec();
         let others = self.other_streams.read();
         let mut streams: Vec<_> = others.keys().copied().collect();
@@ -118,7 +118,7 @@ impl ManagedDevice {
     }
 
     /// Bytes handed out to live buffers, pooled and direct.
-    pub fn in_use_bytes(&self) -> u64 {
+    pub(crate) fn in_use_bytes(&self) -> u64 {
         let pooled: u64 = self
             .pools()
             .iter()

@@ -12,7 +12,7 @@ use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 /// Fragmentation above this is worth a warning (the status page and alerts use it too).
-pub const FRAGMENTATION_WARNING: f64 = 0.30;
+pub(super) const FRAGMENTATION_WARNING: f64 = 0.30;
 
 impl MemoryManager {
     /// One round of upkeep; returns the bytes given back to the driver.

@@ -61,7 +61,7 @@ pub struct ReleaseError {
     pub error: BackendError,
 }
 
-pub struct Arena {
+pub(crate) struct Arena {
     device: usize,
     stream: StreamId,
     base: DevicePtr,
@@ -85,7 +85,7 @@ pub struct Arena {
 
 impl Arena {
     /// Reserves `span` bytes of address space on `device` (no memory is mapped yet).
-    pub fn new(
+    pub(crate) fn new(
         backend: &dyn DeviceBackend,
         device: usize,
         stream: StreamId,
@@ -116,24 +116,20 @@ impl Arena {
         })
     }
 
-    pub fn page_size(&self) -> u64 {
+    pub(crate) fn page_size(&self) -> u64 {
         self.page_size
     }
 
-    pub fn reserved_bytes(&self) -> u64 {
-        self.pages.mapped_pages() as u64 * self.page_size
-    }
-
     /// Pages under at least one live block.
-    pub fn live_pages(&self) -> usize {
+    pub(crate) fn live_pages(&self) -> usize {
         self.pages.mapped_pages() - self.pages.idle_pages()
     }
 
-    pub fn mapped_pages(&self) -> usize {
+    pub(crate) fn mapped_pages(&self) -> usize {
         self.pages.mapped_pages()
     }
 
-    pub fn idle_pages(&self) -> usize {
+    pub(crate) fn idle_pages(&self) -> usize {
         self.pages.idle_pages()
     }
 
@@ -148,7 +144,7 @@ impl Arena {
     /// `may_map(bytes)` is asked before any page is mapped, to enforce the pool's cap and the
     /// cache budget.
     #[inline(always)]
-    pub fn alloc(
+    pub(crate) fn alloc(
         &mut self,
         reserve: &PageReserve,
         size: u64,
@@ -267,7 +263,7 @@ impl Arena {
 
     /// Frees a block handed out by [`alloc`](Self::alloc); returns its size and live info.
     #[inline(always)]
-    pub fn free(&mut self, block: u32) -> (u64, LiveInfo) {
+    pub(crate) fn free(&mut self, block: u32) -> (u64, LiveInfo) {
         let (offset, size, live) = {
             let b = self.tlsf.block(block);
             debug_assert_eq!(b.state, BlockState::Used);
@@ -282,7 +278,7 @@ impl Arena {
     }
 
     /// Completes the parked block's free: its pages released, its space merged back.
-    pub fn unpark(&mut self) {
+    pub(crate) fn unpark(&mut self) {
         if let Some(block) = self.parked.take() {
             let b = self.tlsf.block(block);
             let (offset, size) = (b.offset, b.size);
@@ -299,13 +295,13 @@ impl Arena {
 
     /// Pages [`alloc`](Self::alloc) unmapped to stay within the cache budget (reset by
     /// [`take_released_while_allocating`](Self::take_released_while_allocating)).
-    pub fn take_released_while_allocating(&mut self) -> Released {
+    pub(crate) fn take_released_while_allocating(&mut self) -> Released {
         std::mem::take(&mut self.released_while_allocating)
     }
 
     /// Pages a failed [`alloc`](Self::alloc) mapped and could not unmap: still held from the
     /// driver, as idle pages (reset by this call).
-    pub fn take_kept_after_failed_map(&mut self) -> Released {
+    pub(crate) fn take_kept_after_failed_map(&mut self) -> Released {
         std::mem::take(&mut self.kept_after_failed_map)
     }
 
@@ -322,7 +318,7 @@ impl Arena {
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
     /// into the device's page reserve (held until the reserve is trimmed). Waits for the
     /// arena's stream first: its queued work may still touch the pages.
-    pub fn release_idle(
+    pub(crate) fn release_idle(
         &mut self,
         reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
@@ -372,7 +368,7 @@ impl Arena {
     }
 
     /// Live blocks: (device pointer, block size, live info).
-    pub fn live_blocks(&self) -> impl Iterator<Item = (DevicePtr, u64, LiveInfo)> + '_ {
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (DevicePtr, u64, LiveInfo)> + '_ {
         let parked = self.parked.map(|block| self.tlsf.block(block).offset);
         self.tlsf
             .blocks()
@@ -382,7 +378,7 @@ impl Arena {
 
     /// The largest run of free bytes lying entirely in mapped pages: what could be handed out
     /// right now without asking the driver. Merges the parked block back first, as it is free.
-    pub fn largest_cached_free_block(&mut self) -> u64 {
+    pub(crate) fn largest_cached_free_block(&mut self) -> u64 {
         self.unpark();
         let mut largest = 0;
         for block in self.tlsf.blocks().filter(|b| b.state == BlockState::Free) {
@@ -410,7 +406,7 @@ impl Arena {
 
     /// Unmaps everything into the reserve and gives the address range back. Live blocks must
     /// be gone.
-    pub fn destroy(mut self, reserve: &PageReserve) -> Result<Released, BackendError> {
+    pub(crate) fn destroy(mut self, reserve: &PageReserve) -> Result<Released, BackendError> {
         let released = self
             .release_idle(reserve, |_, _| true)
             .map_err(|e| e.error)?;
@@ -420,7 +416,7 @@ impl Arena {
         Ok(released)
     }
 
-    pub fn live_block_count(&self) -> usize {
+    pub(crate) fn live_block_count(&self) -> usize {
         self.tlsf.used_blocks() - usize::from(self.parked.is_some())
     }
 }

@@ -5,4 +5,4 @@
 #[cfg(gpumem_loom)]
 pub use loom::sync::atomic::AtomicU64;
 #[cfg(not(gpumem_loom))]
-pub use std::sync::atomic::AtomicU64;
+pub(super) use std::sync::atomic::AtomicU64;

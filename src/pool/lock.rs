@@ -16,15 +16,15 @@ const SPINS: u32 = 128;
 const YIELDS: u32 = 64;
 const NAP: Duration = Duration::from_micros(20);
 
-pub struct ArenaLock<T>(SpinMutex<T>);
+pub(super) struct ArenaLock<T>(SpinMutex<T>);
 
 impl<T> ArenaLock<T> {
-    pub fn new(value: T) -> Self {
+    pub(super) fn new(value: T) -> Self {
         ArenaLock(SpinMutex::new(value))
     }
 
     #[inline]
-    pub fn lock(&self) -> SpinMutexGuard<'_, T> {
+    pub(super) fn lock(&self) -> SpinMutexGuard<'_, T> {
         match self.0.try_lock() {
             Some(guard) => guard,
             None => self.lock_contended(),

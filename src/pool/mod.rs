@@ -2,15 +2,15 @@
 //! device, stream and shard (small requests and large ones apart, as their lifetimes differ),
 //! and [`DirectPool`] sends every request to the driver (the no-pool baseline).
 
-pub mod arena;
+pub(crate) mod arena;
 mod atomic;
-pub mod direct;
-pub mod latency;
+pub(crate) mod direct;
+pub(crate) mod latency;
 mod lock;
-pub mod pages;
-pub mod reserve;
+pub(crate) mod pages;
+pub(crate) mod reserve;
 pub mod stats;
-pub mod tlsf;
+pub(crate) mod tlsf;
 
 pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
 pub use direct::DirectPool;

@@ -33,7 +33,7 @@ const UNMAPPED: Page = Page {
 /// scans the table: that happens only when memory goes back to the driver, so the hot path
 /// keeps no queue, only a counter and a timestamp per page.
 #[derive(Debug, Default)]
-pub struct PageTable {
+pub(crate) struct PageTable {
     pages: Vec<Page>,
     next_order: u64,
     idle_pages: usize,
@@ -42,21 +42,21 @@ pub struct PageTable {
 
 /// A run of consecutive pages `[first, first + count)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PageRun {
+pub(crate) struct PageRun {
     pub first: u32,
     pub count: u32,
 }
 
 impl PageTable {
-    pub fn mapped_pages(&self) -> usize {
+    pub(crate) fn mapped_pages(&self) -> usize {
         self.mapped_pages
     }
 
-    pub fn idle_pages(&self) -> usize {
+    pub(crate) fn idle_pages(&self) -> usize {
         self.idle_pages
     }
 
-    pub fn is_mapped(&self, page: u32) -> bool {
+    pub(crate) fn is_mapped(&self, page: u32) -> bool {
         self.pages
             .get(page as usize)
             .is_some_and(|p| p.state != PageState::Unmapped)
@@ -71,7 +71,7 @@ impl PageTable {
 
     /// Appends to `runs` the unmapped pages among `first..=last`, merged into runs.
     #[inline]
-    pub fn unmapped_runs(&mut self, first: u32, last: u32, runs: &mut Vec<PageRun>) {
+    pub(crate) fn unmapped_runs(&mut self, first: u32, last: u32, runs: &mut Vec<PageRun>) {
         self.grow_to(last);
         for page in first..=last {
             if self.pages[page as usize].state != PageState::Unmapped {
@@ -88,7 +88,7 @@ impl PageTable {
     }
 
     /// Records that the driver has mapped `run` (its pages are idle until acquired).
-    pub fn mark_mapped(&mut self, run: PageRun, now: u64) {
+    pub(crate) fn mark_mapped(&mut self, run: PageRun, now: u64) {
         for page in run.first..run.first + run.count {
             self.set_idle(page as usize, now);
             self.mapped_pages += 1;
@@ -107,7 +107,7 @@ impl PageTable {
 
     /// A block now lives on `first..=last`, all of which are mapped.
     #[inline]
-    pub fn acquire(&mut self, first: u32, last: u32) {
+    pub(crate) fn acquire(&mut self, first: u32, last: u32) {
         for page in &mut self.pages[first as usize..=last as usize] {
             debug_assert_ne!(page.state, PageState::Unmapped);
             if page.live_blocks == 0 {
@@ -120,7 +120,7 @@ impl PageTable {
 
     /// A block on `first..=last` was freed; pages left with no live block go idle.
     #[inline]
-    pub fn release(&mut self, first: u32, last: u32, now: impl FnOnce() -> u64) {
+    pub(crate) fn release(&mut self, first: u32, last: u32, now: impl FnOnce() -> u64) {
         let mut now = Some(now);
         let mut at = 0;
         for (page, entry) in (first as usize..).zip(&mut self.pages[first as usize..=last as usize])
@@ -144,7 +144,7 @@ impl PageTable {
     /// Takes idle pages, oldest first, while `keep_going(count_taken, idle_since)` says so,
     /// passing over pages for which `spare(page)` is true; they are marked unmapped, and the
     /// caller must unmap them (or hand them back with `restore_idle`).
-    pub fn take_idle(
+    pub(crate) fn take_idle(
         &mut self,
         mut keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
@@ -172,7 +172,7 @@ impl PageTable {
     }
 
     /// Puts back pages from `take_idle` that the driver failed to unmap.
-    pub fn restore_idle(&mut self, pages: &[u32], now: u64) {
+    pub(crate) fn restore_idle(&mut self, pages: &[u32], now: u64) {
         for &page in pages {
             self.set_idle(page as usize, now);
             self.mapped_pages += 1;
@@ -181,7 +181,7 @@ impl PageTable {
 }
 
 /// Merges sorted page numbers into runs of consecutive pages.
-pub fn runs_of(mut pages: Vec<u32>) -> Vec<PageRun> {
+pub(crate) fn runs_of(mut pages: Vec<u32>) -> Vec<PageRun> {
     pages.sort_unstable();
     let mut runs: Vec<PageRun> = Vec::new();
     for page in pages {

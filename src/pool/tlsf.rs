@@ -5,7 +5,7 @@
 /// Smallest block and the rounding unit of every request, as in PyTorch's allocator.
 pub const MIN_BLOCK: u64 = 512;
 /// "No block" in the intrusive lists.
-pub const NIL: u32 = u32::MAX;
+pub(crate) const NIL: u32 = u32::MAX;
 
 /// Each power-of-two size range is split into 2^SL_LOG2 bins.
 const SL_LOG2: u32 = 5;
@@ -26,7 +26,7 @@ pub struct LiveInfo {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockState {
+pub(crate) enum BlockState {
     Free,
     Used,
     /// A slab slot not describing any block (reusable).
@@ -34,7 +34,7 @@ pub enum BlockState {
 }
 
 #[derive(Clone, Debug)]
-pub struct Block {
+pub(crate) struct Block {
     pub offset: u64,
     pub size: u64,
     pub state: BlockState,
@@ -46,7 +46,7 @@ pub struct Block {
 }
 
 /// The index: a slab of blocks, physically linked in address order, free ones also in bins.
-pub struct Tlsf {
+pub(crate) struct Tlsf {
     blocks: Vec<Block>,
     vacant: Vec<u32>,
     fl_bitmap: u64,
@@ -65,7 +65,7 @@ fn bin_of(size: u64) -> (usize, usize) {
 
 impl Tlsf {
     /// An index over `[0, size)`, all free. `size` is a multiple of [`MIN_BLOCK`].
-    pub fn new(size: u64) -> Self {
+    pub(crate) fn new(size: u64) -> Self {
         let mut tlsf = Tlsf {
             blocks: Vec::new(),
             vacant: Vec::new(),
@@ -81,33 +81,34 @@ impl Tlsf {
         tlsf
     }
 
-    pub fn block(&self, index: u32) -> &Block {
+    pub(crate) fn block(&self, index: u32) -> &Block {
         &self.blocks[index as usize]
     }
 
     /// Records a used block's new owner (a block handed out again without a search).
-    pub fn set_live(&mut self, index: u32, live: &LiveInfo) {
+    pub(crate) fn set_live(&mut self, index: u32, live: &LiveInfo) {
         debug_assert_eq!(self.blocks[index as usize].state, BlockState::Used);
         self.blocks[index as usize].live = *live;
     }
 
-    pub fn free_bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
 
-    pub fn used_blocks(&self) -> usize {
+    pub(crate) fn used_blocks(&self) -> usize {
         self.used_blocks
     }
 
     /// Every block that is not vacant, in slab order.
-    pub fn blocks(&self) -> impl Iterator<Item = &Block> {
+    pub(crate) fn blocks(&self) -> impl Iterator<Item = &Block> {
         self.blocks.iter().filter(|b| b.state != BlockState::Vacant)
     }
 
     /// Finds and takes a block of exactly `size` bytes at an offset aligned to `align`.
     /// `size` is a multiple of [`MIN_BLOCK`]; `align` a power of two. Returns the block's index.
     #[inline]
-    pub fn alloc(&mut self, size: u64, align: u64, live: &LiveInfo) -> Option<u32> {
+    pub(crate) fn alloc(&mut self, size: u64, align: u64, live: &LiveInfo) -> Option<u32> {
         let padded = if align <= MIN_BLOCK {
             size
         } else {
@@ -132,7 +133,7 @@ impl Tlsf {
 
     /// Frees a used block and merges it with free neighbours; returns the merged free block.
     #[inline]
-    pub fn free(&mut self, index: u32) -> u32 {
+    pub(crate) fn free(&mut self, index: u32) -> u32 {
         let block = &mut self.blocks[index as usize];
         debug_assert_eq!(block.state, BlockState::Used);
         block.state = BlockState::Free;

@@ -43,7 +43,7 @@ impl Default for CaptureSettings {
 }
 
 /// The age bands live bytes are counted in; the labels are part of the metrics contract.
-pub const AGE_BANDS: [(&str, Duration); 4] = [
+pub(super) const AGE_BANDS: [(&str, Duration); 4] = [
     ("0-1m", Duration::from_secs(60)),
     ("1m-10m", Duration::from_secs(600)),
     ("10m-1h", Duration::from_secs(3600)),

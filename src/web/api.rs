@@ -9,25 +9,28 @@ use axum::Json;
 use serde::Deserialize;
 
 /// The latest snapshot, as it is (see `gpumem::snapshot::Snapshot` for the fields).
-pub async fn snapshot(State(state): State<WebState>) -> Response {
+pub(super) async fn snapshot(State(state): State<WebState>) -> Response {
     let sample = state.latest();
     Json(&sample.snapshot).into_response()
 }
 
 #[derive(Debug, Deserialize)]
-pub struct HistoryQuery {
+pub(super) struct HistoryQuery {
     /// Only points taken after this Unix time: lets the chart fetch what is new.
     since: Option<f64>,
 }
 
-pub async fn history(State(state): State<WebState>, Query(query): Query<HistoryQuery>) -> Response {
+pub(super) async fn history(
+    State(state): State<WebState>,
+    Query(query): Query<HistoryQuery>,
+) -> Response {
     Json(state.history.reply_since(query.since)).into_response()
 }
 
 /// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise. A sidecar
 /// source that is down but optional (NVML on a host without it) keeps 200 and is listed: a
 /// liveness probe must not restart what a restart cannot fix.
-pub async fn healthz(State(state): State<WebState>) -> Response {
+pub(super) async fn healthz(State(state): State<WebState>) -> Response {
     let sample = state.latest();
     let health = &sample.snapshot.health;
     if !health.latest_ok {

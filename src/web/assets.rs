@@ -24,7 +24,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     ),
 ];
 
-pub async fn serve(Path(name): Path<String>) -> Response {
+pub(super) async fn serve(Path(name): Path<String>) -> Response {
     match ASSETS.iter().find(|(file, _, _)| *file == name) {
         Some((_, content_type, bytes)) => (
             [

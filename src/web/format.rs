@@ -2,17 +2,17 @@
 
 use crate::units::Bytes;
 
-pub fn bytes(value: u64) -> String {
+pub(crate) fn bytes(value: u64) -> String {
     Bytes(value).to_string()
 }
 
 /// "0.0 %" to "100.0 %"; values out of range are printed as they are.
-pub fn percent(ratio: f64) -> String {
+pub(crate) fn percent(ratio: f64) -> String {
     format!("{:.1} %", ratio * 100.0)
 }
 
 /// An age in the two largest units that matter: "42 s", "3 min 05 s", "2 h 07 min", "3 d 4 h".
-pub fn age(seconds: f64) -> String {
+pub(crate) fn age(seconds: f64) -> String {
     let total = seconds.max(0.0) as u64;
     let (days, hours, minutes, secs) = (
         total / 86_400,
@@ -32,7 +32,7 @@ pub fn age(seconds: f64) -> String {
 }
 
 /// "14:03:27 UTC" for a Unix time (the page says UTC rather than guessing the reader's zone).
-pub fn clock_utc(unix_seconds: f64) -> String {
+pub(crate) fn clock_utc(unix_seconds: f64) -> String {
     let secs = unix_seconds.max(0.0) as u64 % 86_400;
     format!(
         "{:02}:{:02}:{:02} UTC",
@@ -43,7 +43,7 @@ pub fn clock_utc(unix_seconds: f64) -> String {
 }
 
 /// A count with thousands separators: "100,000".
-pub fn count(value: u64) -> String {
+pub(crate) fn count(value: u64) -> String {
     let digits = value.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

@@ -51,7 +51,7 @@ fn strip_port(host: &str) -> &str {
 }
 
 /// The middleware: 403 for a request naming another host.
-pub async fn check_host(
+pub(crate) async fn check_host(
     State(allowed): State<AllowedHosts>,
     request: Request,
     next: Next,

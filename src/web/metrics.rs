@@ -14,10 +14,10 @@ use prometheus::TextEncoder;
 use std::sync::OnceLock;
 
 /// The `Content-Type` of `/metrics` (Prometheus text format 0.0.4).
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// One metric family: what Prometheus is told about it.
-pub struct Def {
+pub(crate) struct Def {
     pub name: &'static str,
     pub help: &'static str,
     pub kind: MetricType,
@@ -204,7 +204,7 @@ const SPECIAL: &[&Def] = &[
 ];
 
 /// Every family `/metrics` can contain.
-pub fn all_defs() -> impl Iterator<Item = &'static Def> {
+pub(crate) fn all_defs() -> impl Iterator<Item = &'static Def> {
     SPECIAL
         .iter()
         .copied()
@@ -214,7 +214,7 @@ pub fn all_defs() -> impl Iterator<Item = &'static Def> {
 }
 
 /// The metrics of one snapshot, as a `prometheus` collector.
-pub struct SnapshotCollector<'a> {
+pub(crate) struct SnapshotCollector<'a> {
     pub snapshot: &'a Snapshot,
     /// Whether the snapshot is recent enough to count as "up".
     pub fresh: bool,

@@ -7,8 +7,8 @@
 
 mod api;
 mod assets;
-pub mod format;
-pub mod host;
+pub(crate) mod format;
+pub(crate) mod host;
 pub mod metrics;
 pub mod page;
 pub mod runtime;

@@ -4,7 +4,7 @@
 
 mod sidecar;
 
-pub use sidecar::SidecarView;
+pub(crate) use sidecar::SidecarView;
 
 use super::format;
 use crate::snapshot::{DeviceSnapshot, Snapshot};
@@ -13,24 +13,24 @@ use askama::Template;
 #[derive(Template)]
 #[template(path = "index.html")]
 pub struct IndexPage {
-    pub version: String,
-    pub backend: String,
-    pub taken_at: String,
-    pub healthy: bool,
-    pub health_text: String,
-    pub interval_ms: u64,
-    pub refresh_seconds: u64,
-    pub leak_age: String,
-    pub long_lived_tags: String,
-    pub samples_ok: String,
-    pub samples_failed: String,
-    pub problems: Vec<String>,
-    pub devices: Vec<DeviceView>,
+    pub(crate) version: String,
+    pub(crate) backend: String,
+    pub(crate) taken_at: String,
+    pub(crate) healthy: bool,
+    pub(crate) health_text: String,
+    pub(crate) interval_ms: u64,
+    pub(crate) refresh_seconds: u64,
+    pub(crate) leak_age: String,
+    pub(crate) long_lived_tags: String,
+    pub(crate) samples_ok: String,
+    pub(crate) samples_failed: String,
+    pub(crate) problems: Vec<String>,
+    pub(crate) devices: Vec<DeviceView>,
     /// The sidecar's sources and processes (`gpumem serve`); `None` in-process.
-    pub sidecar: Option<SidecarView>,
+    pub(crate) sidecar: Option<SidecarView>,
 }
 
-pub struct DeviceView {
+pub(crate) struct DeviceView {
     pub index: usize,
     pub name: String,
     pub uuid: String,
@@ -55,7 +55,7 @@ pub struct DeviceView {
 }
 
 /// One device's row in the overview shown when there are several.
-pub struct Summary {
+pub(crate) struct Summary {
     pub device_used: String,
     /// "of 80.00 GiB": hidden on a phone, where the column must stay narrow.
     pub device_total: String,
@@ -67,7 +67,7 @@ pub struct Summary {
 }
 
 /// One part of the memory bar, and its legend entry.
-pub struct BarSegment {
+pub(crate) struct BarSegment {
     pub class: &'static str,
     pub label: &'static str,
     pub value: String,
@@ -76,7 +76,7 @@ pub struct BarSegment {
 }
 
 /// A headline number.
-pub struct Tile {
+pub(crate) struct Tile {
     pub label: &'static str,
     pub value: String,
     pub note: String,
@@ -84,7 +84,7 @@ pub struct Tile {
     pub warn: bool,
 }
 
-pub struct PoolRow {
+pub(crate) struct PoolRow {
     pub pool: String,
     pub reserved: String,
     pub in_use: String,
@@ -96,14 +96,14 @@ pub struct PoolRow {
     pub driver_calls: String,
 }
 
-pub struct GroupRow {
+pub(crate) struct GroupRow {
     pub tag: String,
     pub count: String,
     pub bytes: String,
     pub oldest: String,
 }
 
-pub struct AllocationRow {
+pub(crate) struct AllocationRow {
     pub tag: String,
     pub size: String,
     pub age: String,

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 /// How long a client has to send a request's headers: ample for any real client and for
 /// Prometheus, short enough that idle or stalled connections do not pile up.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// After an accept error other than a connection reset (out of descriptors, say), wait this
 /// long before accepting again rather than spin.

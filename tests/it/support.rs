@@ -4,8 +4,8 @@
 mod binary;
 mod promtool;
 
-pub use binary::{gpumem, Running};
-pub use promtool::promtool_check_metrics;
+pub(crate) use binary::{gpumem, Running};
+pub(crate) use promtool::promtool_check_metrics;
 
 use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::sim::{SimBackend, SimConfig};
@@ -13,12 +13,12 @@ use gpumem::DeviceBackend;
 use std::sync::Arc;
 
 /// True when `GPUMEM_REQUIRE_GPU=1`: GPU tests must then run and pass, never skip.
-pub fn gpu_required() -> bool {
+pub(crate) fn gpu_required() -> bool {
     std::env::var("GPUMEM_REQUIRE_GPU").is_ok_and(|v| v == "1")
 }
 
 /// The CUDA backend when a GPU is usable; `None` (skip) otherwise, unless a GPU is required.
-pub fn cuda_backend() -> Option<Arc<dyn DeviceBackend>> {
+pub(crate) fn cuda_backend() -> Option<Arc<dyn DeviceBackend>> {
     match CudaBackend::open() {
         Ok(backend) => Some(Arc::new(backend)),
         Err(error) if gpu_required() => {
@@ -31,12 +31,12 @@ pub fn cuda_backend() -> Option<Arc<dyn DeviceBackend>> {
     }
 }
 
-pub fn sim_backend() -> Arc<SimBackend> {
+pub(crate) fn sim_backend() -> Arc<SimBackend> {
     Arc::new(SimBackend::new(SimConfig::default()))
 }
 
 /// Every backend a contract test runs against: sim always, CUDA when present.
-pub fn all_backends() -> Vec<Arc<dyn DeviceBackend>> {
+pub(crate) fn all_backends() -> Vec<Arc<dyn DeviceBackend>> {
     let mut backends: Vec<Arc<dyn DeviceBackend>> = vec![sim_backend()];
     backends.extend(cuda_backend());
     backends

@@ -4,7 +4,7 @@
 use super::super::format;
 use crate::snapshot::{CollectStatus, CollectedProcess, GpuProcess, SidecarSnapshot};
 
-pub struct SidecarView {
+pub(crate) struct SidecarView {
     pub sources: Vec<SourceRow>,
     /// Whether `--collect-dir` is set (the processes table is shown only then).
     pub collecting: bool,
@@ -14,14 +14,14 @@ pub struct SidecarView {
     pub gpu_processes: Vec<GpuProcessRow>,
 }
 
-pub struct SourceRow {
+pub(crate) struct SourceRow {
     pub source: String,
     pub up: bool,
     pub reason: String,
 }
 
 /// One device of one collected process.
-pub struct ProcessRow {
+pub(crate) struct ProcessRow {
     pub process: String,
     pub pid: u32,
     pub gpu: u32,
@@ -35,7 +35,7 @@ pub struct ProcessRow {
     pub age: String,
 }
 
-pub struct GpuProcessRow {
+pub(crate) struct GpuProcessRow {
     pub gpu: usize,
     pub pid: u32,
     pub process: String,
@@ -45,7 +45,7 @@ pub struct GpuProcessRow {
 }
 
 impl SidecarView {
-    pub fn new(sidecar: &SidecarSnapshot) -> Self {
+    pub(crate) fn new(sidecar: &SidecarSnapshot) -> Self {
         SidecarView {
             sources: sidecar
                 .sources

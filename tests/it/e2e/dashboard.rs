@@ -8,13 +8,13 @@ use super::read_repo_file;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
-pub const DASHBOARD_FILE: &str = "grafana/dashboard.json";
+pub(super) const DASHBOARD_FILE: &str = "grafana/dashboard.json";
 
 /// Metrics only the sidecar (`gpumem serve`) publishes. A demo serves none of them, so the
 /// end-to-end test checks that their queries are valid PromQL rather than that they return data.
-pub const SIDECAR_METRICS: &[&str] = &["gpumem_process_used_bytes"];
+pub(super) const SIDECAR_METRICS: &[&str] = &["gpumem_process_used_bytes"];
 
-pub fn load() -> Value {
+pub(super) fn load() -> Value {
     serde_json::from_str(&read_repo_file(DASHBOARD_FILE))
         .unwrap_or_else(|e| panic!("{DASHBOARD_FILE} is not valid JSON: {e}"))
 }
@@ -25,7 +25,7 @@ fn datasource() -> Value {
 }
 
 /// Every panel, those nested in collapsed rows included.
-pub fn panels(dashboard: &Value) -> Vec<&Value> {
+pub(super) fn panels(dashboard: &Value) -> Vec<&Value> {
     let mut all = Vec::new();
     for panel in dashboard["panels"].as_array().into_iter().flatten() {
         all.push(panel);
@@ -39,12 +39,12 @@ fn is_row(panel: &Value) -> bool {
 }
 
 /// One PromQL query of the dashboard, with its variables still in it.
-pub struct PanelQuery {
+pub(super) struct PanelQuery {
     pub panel: String,
     pub expr: String,
 }
 
-pub fn queries(dashboard: &Value) -> Vec<PanelQuery> {
+pub(super) fn queries(dashboard: &Value) -> Vec<PanelQuery> {
     panels(dashboard)
         .into_iter()
         .flat_map(|panel| {
@@ -62,13 +62,13 @@ pub fn queries(dashboard: &Value) -> Vec<PanelQuery> {
 }
 
 /// A query variable `label_values(SELECTOR, LABEL)`: its name, selector and label.
-pub struct VariableQuery {
+pub(super) struct VariableQuery {
     pub name: String,
     pub selector: String,
     pub label: String,
 }
 
-pub fn variable_queries(dashboard: &Value) -> Vec<VariableQuery> {
+pub(super) fn variable_queries(dashboard: &Value) -> Vec<VariableQuery> {
     variables(dashboard)
         .into_iter()
         .filter(|v| v["type"] == "query")
@@ -105,7 +105,7 @@ fn variables(dashboard: &Value) -> Vec<&Value> {
 
 /// `text` with each `$name`, `${name}` or `${name:format}` replaced by its value; an error names
 /// a variable it was not given, so a new variable cannot slip past the end-to-end test.
-pub fn substitute(text: &str, values: &[(&str, &str)]) -> Result<String, String> {
+pub(super) fn substitute(text: &str, values: &[(&str, &str)]) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find('$') {
@@ -162,7 +162,7 @@ fn selector_labels<'a>(expr: &'a str, at: usize, name: &str) -> &'a str {
         .map_or("", |(l, _)| l)
 }
 
-pub fn metric_names(expr: &str) -> BTreeSet<String> {
+pub(super) fn metric_names(expr: &str) -> BTreeSet<String> {
     metric_uses(expr)
         .into_iter()
         .map(|(_, name)| name.to_string())
@@ -170,7 +170,7 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
 }
 
 /// Whether a query reads a metric only the sidecar publishes.
-pub fn uses_sidecar_metrics(expr: &str) -> bool {
+pub(super) fn uses_sidecar_metrics(expr: &str) -> bool {
     metric_names(expr)
         .iter()
         .any(|name| SIDECAR_METRICS.contains(&name.as_str()))

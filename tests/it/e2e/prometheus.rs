@@ -38,7 +38,7 @@ fn url_encode(text: &str) -> String {
 }
 
 /// A Prometheus server for one test; killed, and its data removed, when dropped.
-pub struct Prometheus {
+pub(super) struct Prometheus {
     child: Child,
     addr: SocketAddr,
     dir: TempDir,
@@ -55,7 +55,7 @@ impl Prometheus {
     /// Starts Prometheus scraping `target` as job `gpumem`, with `rules` as its only rule file,
     /// and waits (up to 20 s) until it is ready. Retries on another port when it exits at once
     /// (the free port it was given was taken in between).
-    pub fn start(target: SocketAddr, rules: &str) -> Prometheus {
+    pub(super) fn start(target: SocketAddr, rules: &str) -> Prometheus {
         let dir = tempfile::Builder::new()
             .prefix("gpumem-prometheus-")
             .tempdir()
@@ -114,7 +114,7 @@ impl Prometheus {
     }
 
     /// An instant query's result vector, or why there is none.
-    pub fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
+    pub(super) fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
         let path = format!("/api/v1/query?query={}", url_encode(promql));
         let reply = request(self.addr, "GET", &path).map_err(|e| e.to_string())?;
         let body: Value = serde_json::from_str(&reply.body)
@@ -129,7 +129,7 @@ impl Prometheus {
     }
 
     /// The first value of a query's result, if it has one.
-    pub fn value(&self, promql: &str) -> Option<f64> {
+    pub(super) fn value(&self, promql: &str) -> Option<f64> {
         let result = self.query(promql).ok()?;
         result.first()?["value"][1].as_str()?.parse().ok()
     }

@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use yaml_rust2::{Yaml, YamlLoader};
 
-pub const RULES_FILE: &str = "grafana/alerts.yml";
+pub(super) const RULES_FILE: &str = "grafana/alerts.yml";
 const RUNBOOK: &str = "docs/runbook.md";
 
 /// One alerting rule, as the rules file states it.
-pub struct AlertRule {
+pub(super) struct AlertRule {
     pub name: String,
     pub expr: String,
     pub labels: BTreeMap<String, String>,
@@ -37,7 +37,7 @@ fn load_yaml(relative: &str) -> Yaml {
 }
 
 /// Every alerting rule of the rules file.
-pub fn alert_rules() -> Vec<AlertRule> {
+pub(super) fn alert_rules() -> Vec<AlertRule> {
     let doc = load_yaml(RULES_FILE);
     let groups = doc["groups"].as_vec().expect("a `groups` list");
     groups
@@ -58,7 +58,7 @@ pub fn alert_rules() -> Vec<AlertRule> {
 }
 
 /// The rules file with every `for:` cut to `duration`, so a test sees alerts fire in seconds.
-pub fn rules_with_short_for(duration: &str) -> String {
+pub(super) fn rules_with_short_for(duration: &str) -> String {
     read_repo_file(RULES_FILE)
         .lines()
         .map(|line| match line.split_once("for:") {

@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Simulated devices, each this large: small enough that random sequences run out of memory.
-pub const DEVICES: usize = 2;
-pub const DEVICE_BYTES: u64 = 1 << 30;
+pub(super) const DEVICES: usize = 2;
+pub(super) const DEVICE_BYTES: u64 = 1 << 30;
 const PAGE: u64 = 2 << 20;
 /// Operations decoded from one input, at most (keeps a fuzz run fast).
-pub const MAX_OPS: usize = 400;
+pub(super) const MAX_OPS: usize = 400;
 
 /// How the manager under test is configured.
 #[derive(Clone, Debug)]
-pub struct Setup {
+pub(super) struct Setup {
     pub strategy: Strategy,
     pub shards: usize,
     pub idle_pages_kept: usize,
@@ -32,7 +32,7 @@ pub struct Setup {
 
 /// One step of a sequence.
 #[derive(Clone, Debug)]
-pub enum Op {
+pub(super) enum Op {
     /// Device indices past `DEVICES` and bad alignments are part of the input space.
     Alloc {
         device: usize,
@@ -98,7 +98,7 @@ fn size_from(cursor: &mut Cursor) -> u64 {
 }
 
 /// Decodes a setup and a sequence of operations from arbitrary bytes (any input is valid).
-pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
+pub(super) fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     let mut cursor = Cursor(data);
     let flags = cursor.byte();
     let setup = Setup {
@@ -160,7 +160,7 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
 }
 
 /// A manager over simulated devices, what the caller holds, and the faults armed.
-pub struct Harness {
+pub(super) struct Harness {
     sim: Arc<SimBackend>,
     faults: Arc<SimFaults>,
     manager: MemoryManager,
@@ -182,7 +182,7 @@ fn align_up(value: u64, align: u64) -> u64 {
 }
 
 impl Harness {
-    pub fn new(setup: Setup) -> Harness {
+    pub(super) fn new(setup: Setup) -> Harness {
         let spec = SimDeviceSpec {
             total_bytes: DEVICE_BYTES,
             ..SimDeviceSpec::default()
@@ -219,16 +219,16 @@ impl Harness {
         }
     }
 
-    pub fn manager(&self) -> &MemoryManager {
+    pub(super) fn manager(&self) -> &MemoryManager {
         &self.manager
     }
 
-    pub fn held(&self) -> usize {
+    pub(super) fn held(&self) -> usize {
         self.held.len()
     }
 
     /// Runs one operation; an error names the broken expectation.
-    pub fn apply(&mut self, op: &Op) -> Result<(), String> {
+    pub(super) fn apply(&mut self, op: &Op) -> Result<(), String> {
         match *op {
             Op::Alloc {
                 device,
@@ -356,7 +356,7 @@ impl Harness {
     }
 
     /// Checks every invariant; the error names the first one broken.
-    pub fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         check_state(&State {
             manager: &self.manager,
             sim: &self.sim,
@@ -369,7 +369,7 @@ impl Harness {
 
     /// Frees everything, clears the faults and empties the cache: every byte goes back to the
     /// device except what stranded direct buffers still hold.
-    pub fn finish(mut self) -> Result<(), String> {
+    pub(super) fn finish(mut self) -> Result<(), String> {
         self.faults.clear();
         self.frees_failing = false;
         self.free_fault_armed = false;
@@ -404,7 +404,7 @@ impl Harness {
 }
 
 /// Runs `data` as a setup and operations, checking after each; `Err` names the step.
-pub fn run(data: &[u8]) -> Result<(), String> {
+pub(super) fn run(data: &[u8]) -> Result<(), String> {
     let (setup, ops) = decode(data);
     let mut harness = Harness::new(setup.clone());
     for (step, op) in ops.iter().enumerate() {
@@ -420,7 +420,7 @@ pub fn run(data: &[u8]) -> Result<(), String> {
 
 /// What the invariants are checked against: the manager, its simulated device, and what the
 /// caller knows it holds.
-pub struct State<'a> {
+pub(super) struct State<'a> {
     pub manager: &'a MemoryManager,
     pub sim: &'a SimBackend,
     pub held: &'a [DeviceBuffer],
@@ -437,7 +437,7 @@ pub struct State<'a> {
 /// agree with the live blocks and with each other; in use + cached = reserved in every pool;
 /// the pools' reserved bytes add up to the device's; and the device itself says this process
 /// holds exactly the reserved bytes.
-pub fn check_state(state: &State) -> Result<(), String> {
+pub(super) fn check_state(state: &State) -> Result<(), String> {
     let live = state.manager.live_allocations();
     let mut ranges: Vec<(usize, u64, u64)> = live
         .iter()

@@ -15,7 +15,7 @@ const MAX_ERROR_LEN: usize = 600;
 /// The trace parser: never panics; a trace it accepts is well formed (dense slots, frees of
 /// live allocations only, sizes in range, the peak it reports is the real one); a trace it
 /// rejects gets a short one-line error.
-pub fn trace(data: &[u8]) {
+pub(super) fn trace(data: &[u8]) {
     match parse_trace("fuzz", data) {
         Ok(trace) => {
             assert!(!trace.events.is_empty(), "an accepted trace has events");
@@ -60,7 +60,7 @@ fn one_short_line(message: &str) {
 
 /// The configuration parser, from a TOML text or from `GPUMEM_*` variables (first byte picks
 /// which): never panics, and whatever it accepts passes validation.
-pub fn config(data: &[u8]) {
+pub(super) fn config(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
@@ -91,7 +91,7 @@ pub fn config(data: &[u8]) {
 }
 
 /// The allocator: arbitrary operations and faults against the model in `alloc_model`.
-pub fn allocator(data: &[u8]) {
+pub(super) fn allocator(data: &[u8]) {
     if let Err(broken) = alloc_model::run(data) {
         panic!("{broken}");
     }
@@ -102,7 +102,7 @@ pub fn allocator(data: &[u8]) {
 /// out, reads back the same (validation is stable, the process name stays clean) — floats to
 /// within a few units in the last place, as serde_json's default float parsing is not exact
 /// (found by the fuzzer: `fuzz/regressions/published_file/`).
-pub fn published_file(data: &[u8]) {
+pub(super) fn published_file(data: &[u8]) {
     match parse_published(data) {
         Ok(file) => {
             let bytes = serde_json::to_vec(&file).expect("an accepted file serialises");

@@ -121,18 +121,21 @@ fn oversized_headers_urls_and_garbage_are_refused() {
     let addr = fixture.addr();
     let limit = Duration::from_secs(5);
     let huge_header = format!(
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(1 << 20)
     );
     let many_headers = format!(
-        "GET /metrics HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{}\r\n",
         (0..500)
             .map(|i| format!("X-{i}: {i}\r\n"))
             .collect::<String>()
     );
-    let long_url = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000));
+    let long_url = format!(
+        "GET /{} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "a".repeat(100_000)
+    );
     let long_query = format!(
-        "GET /api/v1/history?since={} HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /api/v1/history?since={} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
         "9".repeat(70_000)
     );
     // (what was sent, the statuses that may answer it, whether silence may too: a server
@@ -149,13 +152,13 @@ fn oversized_headers_urls_and_garbage_are_refused() {
         ("HTTP/3.0", b"GET /metrics HTTP/3.0\r\n\r\n".to_vec(), &[400, 505], false),
         (
             "a bad content length",
-            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n".to_vec(),
+            b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n".to_vec(),
             &[400],
             false,
         ),
         (
             "two content lengths",
-            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+            b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
                 .to_vec(),
             &[400],
             false,
@@ -193,12 +196,12 @@ fn oversized_headers_urls_and_garbage_are_refused() {
 fn slow_clients_do_not_hold_up_others() {
     let fixture = Fixture::start();
     let addr = fixture.addr();
-    let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     let readers: Vec<TcpStream> = (0..20)
         .map(|_| {
             let mut stream = TcpStream::connect(addr).expect("connect");
             stream
-                .write_all(b"GET /api/v1/history HTTP/1.1\r\nHost: x\r\n\r\n")
+                .write_all(b"GET /api/v1/history HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 .expect("send");
             stream
         })

@@ -21,7 +21,7 @@ use std::process::Command;
 /// The `gpumem` binary with no `GPUMEM_*` (or CUDA pool) variables from the caller, so each
 /// case sees exactly the input it names; logging at its default level (no `GPUMEM_LOG`), as a
 /// user runs it.
-pub fn gpumem() -> Command {
+pub(crate) fn gpumem() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
     for (key, _) in std::env::vars() {
         if key.starts_with("GPUMEM_") || key.starts_with("CUDA_MEMORY_POOL") {
@@ -32,10 +32,10 @@ pub fn gpumem() -> Command {
 }
 
 /// A scratch directory, removed when dropped.
-pub struct Scratch(PathBuf);
+pub(crate) struct Scratch(PathBuf);
 
 impl Scratch {
-    pub fn new(label: &str) -> Scratch {
+    pub(crate) fn new(label: &str) -> Scratch {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!(
@@ -47,12 +47,12 @@ impl Scratch {
         Scratch(dir)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 
     /// Writes `contents` to `name` inside the directory and returns its path.
-    pub fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
+    pub(crate) fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
         let path = self.0.join(name);
         std::fs::write(&path, contents).expect("write a scratch file");
         path
@@ -66,7 +66,7 @@ impl Drop for Scratch {
 }
 
 /// Gzip-compresses `text`.
-pub fn gzip(text: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(text: &[u8]) -> Vec<u8> {
     use flate2::write::GzEncoder;
     use std::io::Write;
     let mut encoder = GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -75,7 +75,7 @@ pub fn gzip(text: &[u8]) -> Vec<u8> {
 }
 
 /// Resident memory of a process in KiB (`VmRSS`), if it is still running.
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -85,7 +85,7 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// Open file descriptors of a process, if it is still running.
-pub fn open_fds(pid: u32) -> Option<usize> {
+pub(crate) fn open_fds(pid: u32) -> Option<usize> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .ok()
         .map(|entries| entries.count())

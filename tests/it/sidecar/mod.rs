@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A directory under the system's temporary directory, removed when dropped.
-pub struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    pub fn new(name: &str) -> TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
             "gpumem-it-{}-{}-{name}",
@@ -32,15 +32,15 @@ impl TempDir {
         TempDir(path)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 
-    pub fn join(&self, name: &str) -> PathBuf {
+    pub(crate) fn join(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
 
-    pub fn str(&self) -> &str {
+    pub(crate) fn str(&self) -> &str {
         self.0.to_str().expect("temporary paths are UTF-8")
     }
 }
@@ -53,7 +53,7 @@ impl Drop for TempDir {
 
 /// `gpumem serve` on a free loopback port, sampling every 200 ms, collecting from `dir`, with
 /// `extra` flags.
-pub fn serve(dir: &TempDir, extra: &[&str]) -> Running {
+pub(crate) fn serve(dir: &TempDir, extra: &[&str]) -> Running {
     let mut args = vec![
         "serve",
         "--listen",
@@ -69,7 +69,7 @@ pub fn serve(dir: &TempDir, extra: &[&str]) -> Running {
 
 /// `gpumem demo` on `backend` (its flags), on a free loopback port, sampling every 200 ms and
 /// publishing to `dir`.
-pub fn publishing_demo(dir: &TempDir, backend: &[&str]) -> Running {
+pub(crate) fn publishing_demo(dir: &TempDir, backend: &[&str]) -> Running {
     let mut args = vec!["demo"];
     args.extend_from_slice(backend);
     args.extend([
@@ -84,7 +84,7 @@ pub fn publishing_demo(dir: &TempDir, backend: &[&str]) -> Running {
 }
 
 /// A valid published file for `pid`, taken at `timestamp`, with one device.
-pub fn published(pid: u32, process: &str, timestamp: f64) -> String {
+pub(crate) fn published(pid: u32, process: &str, timestamp: f64) -> String {
     serde_json::json!({
         "format": "gpumem.publish",
         "version": 1,
@@ -107,6 +107,6 @@ pub fn published(pid: u32, process: &str, timestamp: f64) -> String {
 }
 
 /// Seconds since the Unix epoch.
-pub fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     gpumem::snapshot::unix_now()
 }

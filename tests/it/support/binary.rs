@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The gpumem binary with a clean environment (no GPUMEM_* settings from the caller).
-pub fn gpumem(args: &[&str]) -> Command {
+pub(crate) fn gpumem(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
     command.args(args);
     for (key, _) in std::env::vars() {
@@ -21,7 +21,7 @@ pub fn gpumem(args: &[&str]) -> Command {
 }
 
 /// A serving gpumem command (`demo`, `serve`); killed if the test ends first.
-pub struct Running {
+pub(crate) struct Running {
     pub child: Child,
     pub addr: SocketAddr,
 }
@@ -29,7 +29,7 @@ pub struct Running {
 impl Running {
     /// Starts `gpumem <args>` and waits (up to 30 s) for its first line, which must be
     /// "gpumem <command>: open http://ADDR/".
-    pub fn start(args: &[&str]) -> Running {
+    pub(crate) fn start(args: &[&str]) -> Running {
         let mut child = gpumem(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -60,7 +60,7 @@ impl Running {
 
     /// `gpumem demo` on the simulated device, on a free loopback port, sampling every 200 ms,
     /// exiting after `duration` ("60s").
-    pub fn sim_demo(duration: &str) -> Running {
+    pub(crate) fn sim_demo(duration: &str) -> Running {
         Running::start(&[
             "demo",
             "--listen",
@@ -74,18 +74,18 @@ impl Running {
         ])
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Kills it with SIGKILL (no chance to clean up) and reaps it, so its pid is gone.
-    pub fn kill_hard(&mut self) {
+    pub(crate) fn kill_hard(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// Waits up to `limit` for it to exit by itself.
-    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+    pub(crate) fn wait(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -97,7 +97,7 @@ impl Running {
     }
 
     /// Sends SIGTERM and waits (up to `limit`) for the exit.
-    pub fn terminate(&mut self, limit: Duration) -> ExitStatus {
+    pub(crate) fn terminate(&mut self, limit: Duration) -> ExitStatus {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()

@@ -5,7 +5,7 @@ use std::process::{Command, ExitStatus, Stdio};
 
 /// Runs `promtool check metrics` with `body` on stdin: its exit status, and its stdout and
 /// stderr together (empty when it has nothing to warn about).
-pub fn promtool_check_metrics(body: &str) -> (ExitStatus, String) {
+pub(crate) fn promtool_check_metrics(body: &str) -> (ExitStatus, String) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

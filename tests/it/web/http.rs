@@ -8,21 +8,21 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One HTTP response.
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: HashMap<String, String>,
     pub body: String,
 }
 
 impl Reply {
-    pub fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers.get(name).map_or("", String::as_str)
     }
 }
 
 /// A minimal HTTP/1.1 client: one request per connection, bounded by timeouts. A POST says it
 /// comes from a script (`X-Gpumem-Request`), as the status page's own requests do.
-pub fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
+pub(crate) fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
     let script = if method == "POST" {
         "X-Gpumem-Request: 1\r\n"
     } else {
@@ -35,7 +35,7 @@ pub fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Re
 }
 
 /// Sends `head` (request line and headers, each ending in CRLF) and reads the reply.
-pub fn request_raw(addr: SocketAddr, head: &str) -> std::io::Result<Reply> {
+pub(crate) fn request_raw(addr: SocketAddr, head: &str) -> std::io::Result<Reply> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -72,7 +72,7 @@ pub fn request_raw(addr: SocketAddr, head: &str) -> std::io::Result<Reply> {
     })
 }
 
-pub fn get(addr: SocketAddr, path: &str) -> Reply {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> Reply {
     request(addr, "GET", path).unwrap_or_else(|e| panic!("GET {path} failed: {e}"))
 }
 
@@ -90,7 +90,7 @@ fn dechunk(mut body: &str) -> String {
 }
 
 /// `name{labels} value` lines of a metrics text, as (name, labels, value).
-pub fn samples(text: &str) -> Vec<(String, String, f64)> {
+pub(super) fn samples(text: &str) -> Vec<(String, String, f64)> {
     text.lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
         .filter_map(|line| {
@@ -105,7 +105,7 @@ pub fn samples(text: &str) -> Vec<(String, String, f64)> {
 }
 
 /// The value of the first series of `name` whose labels contain `label`.
-pub fn value_of(text: &str, name: &str, label: &str) -> Option<f64> {
+pub(crate) fn value_of(text: &str, name: &str, label: &str) -> Option<f64> {
     samples(text)
         .into_iter()
         .find(|(n, l, _)| n == name && l.contains(label))
@@ -113,7 +113,7 @@ pub fn value_of(text: &str, name: &str, label: &str) -> Option<f64> {
 }
 
 /// Whether a command exists; when it does not and `CI=true`, the test fails instead of skipping.
-pub fn tool_available(tool: &str) -> bool {
+pub(crate) fn tool_available(tool: &str) -> bool {
     let found = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
@@ -131,7 +131,7 @@ pub fn tool_available(tool: &str) -> bool {
 }
 
 /// Polls `check` every 50 ms for up to `limit`; true once it holds.
-pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+pub(crate) fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if check() {

@@ -7,7 +7,7 @@ mod deadline;
 mod http;
 mod tools;
 
-pub use http::{eventually, get, request, request_raw, tool_available, value_of};
+pub(crate) use http::{eventually, get, request, request_raw, tool_available, value_of};
 
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::exporter::ExporterError;

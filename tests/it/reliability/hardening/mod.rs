@@ -14,7 +14,13 @@ use gpumem::snapshot::ReasonCount;
 
 /// A valid published file for `pid`, taken at `timestamp`, with `devices` devices of `pools`
 /// pools each.
-pub fn published(pid: u32, process: &str, timestamp: f64, devices: u32, pools: u32) -> String {
+pub(super) fn published(
+    pid: u32,
+    process: &str,
+    timestamp: f64,
+    devices: u32,
+    pools: u32,
+) -> String {
     let device = |gpu: u32| {
         serde_json::json!({
             "gpu": gpu,
@@ -36,7 +42,7 @@ pub fn published(pid: u32, process: &str, timestamp: f64, devices: u32, pools: u
     .to_string()
 }
 
-pub fn count(counts: &[ReasonCount], reason: &str) -> u64 {
+pub(super) fn count(counts: &[ReasonCount], reason: &str) -> u64 {
     counts
         .iter()
         .find(|c| c.reason == reason)
