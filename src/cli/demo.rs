@@ -49,6 +49,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         Some(text) => Some(flag_duration("--duration", text)?),
         None => None,
     };
+    let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
     let leak_age = flag_duration("--leak-age", &args.leak_age)?;
     let spike_at = match &args.spike_at {
         Some(text) => Some(flag_duration("--spike-at", text)?),
@@ -77,6 +78,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         leak_age,
         spike_at,
         publish_dir: args.publish_dir,
+        top_tags,
         memory,
     };
     demo::run(backend, sim, settings).map_err(|error| match error {

@@ -38,6 +38,7 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> Result<(), CliError> {
     // Every flag is checked before a library is loaded or a port bound.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
+    let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
     let collect = match &args.collect_dir {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
@@ -81,6 +82,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             .source(Box::new(sidecar))
             .listen(listen)
             .interval(interval)
+            .top_tags(top_tags)
             .leak_age(config.leak_age)
             .pressure_thresholds(config.pressure)
             .spawn()

@@ -252,6 +252,9 @@ impl SnapshotSource for Sidecar {
             ));
             problems.extend(collected.problem);
             processes = collected.processes;
+            for process in &mut processes {
+                bound_tags(process, settings.tags_listed);
+            }
             collect = Some(collected.status);
         }
         Snapshot {
@@ -265,6 +268,21 @@ impl SnapshotSource for Sidecar {
             }),
             ..crate::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
         }
+    }
+}
+
+/// Keeps each collected device's largest `keep` tags and folds the rest into `other`, so the
+/// `tag` label stays bounded however many tags a writer publishes.
+fn bound_tags(process: &mut crate::snapshot::CollectedProcess, keep: usize) {
+    for device in &mut process.devices {
+        if device.tags.len() <= keep {
+            continue;
+        }
+        let groups = crate::publish::format::tag_groups(&device.tags);
+        device.tags = crate::snapshot::fold_smallest(groups, keep)
+            .iter()
+            .map(crate::publish::format::published_tag)
+            .collect();
     }
 }
 

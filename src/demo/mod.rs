@@ -42,6 +42,8 @@ pub struct DemoSettings {
     pub spike_at: Option<Duration>,
     /// Also publish snapshots into this directory, for `gpumem serve --collect-dir`.
     pub publish_dir: Option<PathBuf>,
+    /// Tags per device listed by name in snapshots and `/metrics`; the rest are `other`.
+    pub top_tags: usize,
     /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
     pub memory: ManagerConfig,
 }
@@ -101,6 +103,7 @@ async fn serve(
                 .leak_age(settings.leak_age)
                 .long_lived_tags(long_lived.iter().copied())
                 .process_name("gpumem-demo")
+                .top_tags(settings.top_tags)
                 .spawn()?,
         ),
         None => None,
@@ -111,6 +114,7 @@ async fn serve(
         .interval(settings.interval)
         .leak_age(settings.leak_age)
         .long_lived_tags(long_lived.iter().copied())
+        .top_tags(settings.top_tags)
         .routes(spike::routes(Arc::clone(&spike)))
         .spawn()?;
     // The one line a new user needs; stdout, so scripts and tests can read the address.

@@ -18,6 +18,11 @@ pub struct ExporterFlags {
     /// How often to sample the devices and pools (e.g. 500ms, 1s, 2m; at least 100ms).
     #[arg(long, env = "GPUMEM_INTERVAL", default_value = "1s")]
     pub interval: String,
+
+    /// How many tags per device get their own `gpumem_tag_*{tag}` series (the largest by bytes);
+    /// the rest are summed as tag="other", so the number of series stays fixed (1 to 100).
+    #[arg(long, env = "GPUMEM_TOP_TAGS", default_value_t = 10)]
+    pub top_tags: usize,
 }
 
 impl ExporterFlags {
@@ -27,7 +32,22 @@ impl ExporterFlags {
         let interval = parse_interval(&self.interval).map_err(|e| format!("--interval: {e}"))?;
         Ok((listen, interval))
     }
+
+    /// `--top-tags`, checked.
+    pub fn top_tags(&self) -> Result<usize, String> {
+        if (1..=MAX_TOP_TAGS).contains(&self.top_tags) {
+            Ok(self.top_tags)
+        } else {
+            Err(format!(
+                "--top-tags: {} is out of range (1 to {MAX_TOP_TAGS})",
+                self.top_tags
+            ))
+        }
+    }
 }
+
+/// More tags than this per device would make `/metrics` large for little insight.
+pub const MAX_TOP_TAGS: usize = 100;
 
 /// An IP address and port such as `127.0.0.1:9400` or `[::1]:9400`.
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
@@ -84,8 +104,14 @@ mod tests {
         let flags = |listen: &str, interval: &str| ExporterFlags {
             listen: listen.to_string(),
             interval: interval.to_string(),
+            top_tags: 10,
         };
         assert!(flags("127.0.0.1:0", "1s").validate().is_ok());
+        let none = ExporterFlags {
+            top_tags: 0,
+            ..flags("127.0.0.1:0", "1s")
+        };
+        assert!(none.top_tags().unwrap_err().starts_with("--top-tags:"));
         assert!(flags("localhost", "1s")
             .validate()
             .unwrap_err()

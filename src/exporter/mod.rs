@@ -121,6 +121,12 @@ impl ExporterBuilder {
         self
     }
 
+    /// How many tags per device are listed by name (default 10); the rest are summed as `other`.
+    pub fn top_tags(mut self, count: usize) -> Self {
+        self.capture.tags_listed = count.max(1);
+        self
+    }
+
     /// Where the pressure levels start (default: the manager's `pressure` thresholds).
     pub fn pressure_thresholds(mut self, thresholds: PressureThresholds) -> Self {
         self.pressure = Some(thresholds);

@@ -52,6 +52,7 @@ pub struct PublisherBuilder {
     leak_age: Option<Duration>,
     long_lived_tags: Option<Vec<String>>,
     process_name: Option<String>,
+    top_tags: Option<usize>,
 }
 
 impl PublisherBuilder {
@@ -86,6 +87,12 @@ impl PublisherBuilder {
         self
     }
 
+    /// How many tags per device are published by name (default 10); the rest as `other`.
+    pub fn top_tags(mut self, count: usize) -> Self {
+        self.top_tags = Some(count.max(1));
+        self
+    }
+
     /// The `process` label (default: the process name, as `ps` shows it).
     pub fn process_name(mut self, name: impl Into<String>) -> Self {
         self.process_name = Some(name.into());
@@ -110,6 +117,9 @@ impl PublisherBuilder {
         };
         if let Some(tags) = self.long_lived_tags {
             capture.long_lived_tags = tags;
+        }
+        if let Some(count) = self.top_tags {
+            capture.tags_listed = count;
         }
         let dir = self.dir.unwrap_or_else(default_dir);
         let mut identity = current_identity();

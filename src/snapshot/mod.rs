@@ -9,9 +9,9 @@ mod capture;
 mod sidecar;
 
 pub(crate) use capture::begun;
-pub use capture::{capture, CaptureSettings};
+pub use capture::{capture, fold_smallest, CaptureSettings};
 pub use sidecar::{
-    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ReasonCount,
+    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ProcessTag, ReasonCount,
     SidecarSnapshot, SourceStatus,
 };
 
@@ -168,6 +168,11 @@ pub struct TagGroup {
     pub count: u64,
     pub bytes: u64,
     pub oldest_age_seconds: f64,
+    /// Of these, the leak suspects (older than the leak age, tag not long-lived).
+    #[serde(default)]
+    pub leak_suspect_count: u64,
+    #[serde(default)]
+    pub leak_suspect_bytes: u64,
 }
 
 /// One live allocation, as the page lists it.

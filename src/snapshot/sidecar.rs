@@ -103,6 +103,21 @@ pub struct ProcessDevice {
     pub oldest_allocation_age_seconds: Option<f64>,
     #[serde(default)]
     pub pools: Vec<ProcessPool>,
+    /// Live memory by tag (the largest tags, then `other`): added within version 1, so older
+    /// writers leave it out and older readers ignore it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<ProcessTag>,
+}
+
+/// One tag of a published device: what its live allocations hold (`gpumem_tag_*{tag}`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessTag {
+    /// The tag (`kv_cache`), `untagged`, or `other` for the tags beyond the largest few.
+    pub tag: String,
+    pub live_bytes: Option<u64>,
+    pub live_allocations: Option<u64>,
+    pub leak_suspect_bytes: Option<u64>,
+    pub leak_suspect_allocations: Option<u64>,
 }
 
 /// One pool of a published device.

@@ -1,10 +1,12 @@
 //! `/metrics`: a `prometheus` [`Collector`] that turns one snapshot into metric families, and the
 //! text rendering of them. Every family is declared once in the tables below (name, help, type,
 //! labels), which is also where the metrics contract is read from. Labels are bounded: `gpu`,
-//! `uuid`, `pool`, `state`, `band` and the build's `version` — never ids or tags. The sidecar's
-//! series (collected processes, NVML, `source`) are in [`sidecar`].
+//! `uuid`, `pool`, `state`, `band`, the build's `version`, and `tag` for the largest few tags
+//! only ([`tags`]) — never ids. The sidecar's series (collected processes, NVML, `source`) are
+//! in [`sidecar`].
 
 mod sidecar;
+mod tags;
 
 use crate::manager::pressure::PressureLevel;
 use crate::snapshot::{DeviceSnapshot, PoolSnapshot, Snapshot};
@@ -211,6 +213,7 @@ pub fn all_defs() -> impl Iterator<Item = &'static Def> {
         .chain(DEVICE_METRICS.iter().map(|(d, _)| d))
         .chain(POOL_METRICS.iter().map(|(d, _)| d))
         .chain(sidecar::DEFS.iter().copied())
+        .chain(tags::TAG_METRICS.iter().map(|(d, _, _)| d))
 }
 
 /// The metrics of one snapshot, as a `prometheus` collector.
@@ -390,6 +393,7 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
         samples.extend(sidecar::process_pool_samples(snapshot, def));
         out.add(def, samples);
     }
+    tags::add_families(snapshot, &mut out);
     sidecar::add_families(snapshot, &mut out);
     out.0
 }

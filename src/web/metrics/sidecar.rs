@@ -272,13 +272,14 @@ mod tests {
     fn every_published_field_is_exported_under_its_own_name() {
         let device = ProcessDevice {
             pools: vec![ProcessPool::default()],
+            tags: vec![crate::snapshot::ProcessTag::default()],
             ..ProcessDevice::default()
         };
         let json = serde_json::to_value(&device).expect("serialises");
         let declared: Vec<&str> = all_defs().map(|d| d.name).collect();
         let fields = json.as_object().expect("an object");
         for key in fields.keys() {
-            if ["gpu", "uuid", "name", "pools"].contains(&key.as_str()) {
+            if ["gpu", "uuid", "name", "pools", "tags"].contains(&key.as_str()) {
                 continue;
             }
             let name = format!("gpumem_{key}");
@@ -291,7 +292,7 @@ mod tests {
                 "{name} undeclared"
             );
         }
-        assert_eq!(PROCESS_DEVICE.len(), fields.len() - 4);
+        assert_eq!(PROCESS_DEVICE.len(), fields.len() - 5);
         let pool = json["pools"][0].as_object().expect("a pool");
         for key in pool.keys().filter(|k| *k != "pool") {
             let name = format!("gpumem_pool_{key}");
@@ -305,6 +306,11 @@ mod tests {
             );
         }
         assert_eq!(PROCESS_POOL.len(), pool.len() - 1);
+        let tag = json["tags"][0].as_object().expect("a tag");
+        for key in tag.keys().filter(|k| *k != "tag") {
+            let name = format!("gpumem_tag_{key}");
+            assert!(declared.contains(&name.as_str()), "{name} undeclared");
+        }
         for def in DEFS {
             assert!(declared.contains(&def.name));
         }
