@@ -232,12 +232,18 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
 /// A device's tags: few, short, printable, each once (they become `tag` label values).
 fn validate_tags(gpu: u32, tags: &[crate::snapshot::ProcessTag]) -> Result<(), String> {
     if tags.len() > MAX_TAGS {
-        return Err(format!("gpu {gpu}: {} tags; at most {MAX_TAGS}", tags.len()));
+        return Err(format!(
+            "gpu {gpu}: {} tags; at most {MAX_TAGS}",
+            tags.len()
+        ));
     }
     let mut seen: Vec<&str> = Vec::with_capacity(tags.len());
     for tag in tags {
         let name = tag.tag.as_str();
-        if name.is_empty() || name.chars().count() > MAX_TAG_NAME || name.chars().any(char::is_control) {
+        if name.is_empty()
+            || name.chars().count() > MAX_TAG_NAME
+            || name.chars().any(char::is_control)
+        {
             return Err(format!(
                 "gpu {gpu}: tag \"{}\" must be 1 to {MAX_TAG_NAME} printable characters",
                 name.escape_debug()

@@ -80,6 +80,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                     }
                 },
             };
+            device.recent_ooms.extend(manager.recent_ooms(index));
             match manager.device_stats(index) {
                 Ok(stats) => add_stats(&mut device.stats, &stats),
                 Err(error) => problems.push(format!(
@@ -123,6 +124,13 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                 )),
             }
         }
+        // Several managers may share a device: keep the newest refusals of them all.
+        let ooms = &mut device.recent_ooms;
+        ooms.sort_by(|a, b| a.timestamp_seconds.total_cmp(&b.timestamp_seconds));
+        let excess = ooms
+            .len()
+            .saturating_sub(crate::manager::ooms::KEPT_PER_DEVICE);
+        ooms.drain(..excess);
         let accumulator = accumulators
             .remove(index)
             .unwrap_or_else(|| LiveAccumulator::new(settings));

@@ -11,8 +11,8 @@ mod sidecar;
 pub(crate) use capture::begun;
 pub use capture::{capture, fold_smallest, CaptureSettings};
 pub use sidecar::{
-    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ProcessTag, ReasonCount,
-    SidecarSnapshot, SourceStatus,
+    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ProcessTag,
+    ReasonCount, SidecarSnapshot, SourceStatus,
 };
 
 use crate::pool::CounterValues;
@@ -67,6 +67,9 @@ pub struct DeviceSnapshot {
     pub oldest_allocations: Vec<AllocationSummary>,
     /// Live bytes per tag, most bytes first (the largest few tags, then `other`).
     pub by_tag: Vec<TagGroup>,
+    /// The latest out-of-memory refusals, oldest first (what was asked for, tag, why).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_ooms: Vec<crate::manager::ooms::OomEvent>,
 }
 
 /// Device memory as the driver reports it, split by who holds it.
