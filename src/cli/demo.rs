@@ -35,6 +35,9 @@ pub struct DemoArgs {
     publish_dir: Option<std::path::PathBuf>,
 
     #[command(flatten)]
+    flight: super::flight::FlightFlags,
+
+    #[command(flatten)]
     common: CommonArgs,
 }
 
@@ -56,6 +59,9 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         None => None,
     };
     let memory = args.common.memory_config()?;
+    let flight = args
+        .flight
+        .settings(args.publish_dir.as_ref().map(|dir| dir.join("oom")))?;
 
     let opened = args.common.open()?;
     let devices = args
@@ -79,6 +85,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         spike_at,
         publish_dir: args.publish_dir,
         top_tags,
+        flight,
         memory,
     };
     demo::run(backend, sim, settings).map_err(|error| match error {

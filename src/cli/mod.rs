@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod devices;
 mod estimate;
+mod flight;
 mod healthcheck;
 mod replay;
 mod serve;

@@ -32,6 +32,9 @@ pub struct ServeArgs {
     nvml_library: Option<String>,
 
     #[command(flatten)]
+    flight: super::flight::FlightFlags,
+
+    #[command(flatten)]
     common: CommonArgs,
 }
 
@@ -47,6 +50,9 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         None => None,
     };
     let config = args.common.memory_config()?;
+    let mut flight = args.flight.settings(None)?;
+    // Engines publishing into the collect directory write their records under oom/ there.
+    flight.read_dir = args.collect_dir.as_ref().map(|dir| dir.join("oom"));
     let source = match args.common.backend {
         BackendChoice::Auto => DeviceSource::Nvml {
             library: args.nvml_library.clone(),
@@ -83,6 +89,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             .listen(listen)
             .interval(interval)
             .top_tags(top_tags)
+            .flight(flight)
             .leak_age(config.leak_age)
             .pressure_thresholds(config.pressure)
             .spawn()

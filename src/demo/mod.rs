@@ -44,6 +44,8 @@ pub struct DemoSettings {
     pub publish_dir: Option<PathBuf>,
     /// Tags per device listed by name in snapshots and `/metrics`; the rest are `other`.
     pub top_tags: usize,
+    /// The OOM flight recorder (run by the exporter; the publisher's records would repeat it).
+    pub flight: crate::flight::FlightSettings,
     /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
     pub memory: ManagerConfig,
 }
@@ -115,6 +117,7 @@ async fn serve(
         .leak_age(settings.leak_age)
         .long_lived_tags(long_lived.iter().copied())
         .top_tags(settings.top_tags)
+        .flight(settings.flight.clone())
         .routes(spike::routes(Arc::clone(&spike)))
         .spawn()?;
     // The one line a new user needs; stdout, so scripts and tests can read the address.

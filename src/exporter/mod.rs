@@ -24,6 +24,7 @@ pub use flags::{
     format_duration, parse_duration, parse_interval, parse_listen, ExporterFlags, DEFAULT_LISTEN,
 };
 
+use crate::flight::FlightSettings;
 use crate::manager::pressure::PressureThresholds;
 use crate::manager::MemoryManager;
 use crate::sampler::{self, Sample, Sampler, SnapshotSource, MIN_INTERVAL};
@@ -74,6 +75,7 @@ pub struct ExporterBuilder {
     pressure: Option<PressureThresholds>,
     routes: Option<Router>,
     source: Option<Box<dyn SnapshotSource>>,
+    flight: FlightSettings,
 }
 
 impl Default for ExporterBuilder {
@@ -86,6 +88,7 @@ impl Default for ExporterBuilder {
             pressure: None,
             routes: None,
             source: None,
+            flight: FlightSettings::default(),
         }
     }
 }
@@ -133,6 +136,13 @@ impl ExporterBuilder {
         self
     }
 
+    /// Where the OOM flight recorder writes its records and how many it keeps (default: in
+    /// memory only, shown at `/api/v1/oom` and on the page).
+    pub fn flight(mut self, settings: FlightSettings) -> Self {
+        self.flight = settings;
+        self
+    }
+
     /// Extra routes served next to the exporter's own (they must not reuse its paths).
     pub fn routes(mut self, routes: Router) -> Self {
         self.routes = Some(routes);
@@ -168,13 +178,15 @@ impl ExporterBuilder {
         listener.set_nonblocking(true).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
 
-        let mut sampler = match self.source {
+        let sampler = match self.source {
             Some(source) => Sampler::with_source(source, self.capture),
             None => Sampler::new(self.managers, self.capture),
         };
+        let mut sampler = sampler.with_flight(self.flight);
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
-        let state = WebState::new(latest, sampler.history(), interval);
+        let state =
+            WebState::new(latest, sampler.history(), interval).with_flight(sampler.flight_log());
         let app = web::router(state, self.routes);
         let (stop, stopped) = watch::channel(false);
         let work = run(listener, app, sampler, publish, stopped);

@@ -102,7 +102,7 @@ fn device(d: &DeviceSnapshot) -> ProcessDevice {
         leak_suspect_allocations: Some(d.live.leak_suspect_count),
         leak_suspect_bytes: Some(d.live.leak_suspect_bytes),
         oldest_allocation_age_seconds: Some(d.live.oldest_age_seconds),
-        pools: d.pools.iter().map(pool).collect(),
+        pools: d.pools.iter().map(published_pool).collect(),
         tags: d.by_tag.iter().map(published_tag).collect(),
     }
 }
@@ -132,7 +132,8 @@ pub fn tag_groups(tags: &[ProcessTag]) -> Vec<TagGroup> {
         .collect()
 }
 
-fn pool(p: &PoolSnapshot) -> ProcessPool {
+/// A pool as the publish format writes it.
+pub fn published_pool(p: &PoolSnapshot) -> ProcessPool {
     ProcessPool {
         pool: p.pool.clone(),
         reserved_bytes: Some(p.reserved_bytes),

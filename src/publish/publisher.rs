@@ -53,6 +53,7 @@ pub struct PublisherBuilder {
     long_lived_tags: Option<Vec<String>>,
     process_name: Option<String>,
     top_tags: Option<usize>,
+    flight: Option<crate::flight::FlightSettings>,
 }
 
 impl PublisherBuilder {
@@ -90,6 +91,13 @@ impl PublisherBuilder {
     /// How many tags per device are published by name (default 10); the rest as `other`.
     pub fn top_tags(mut self, count: usize) -> Self {
         self.top_tags = Some(count.max(1));
+        self
+    }
+
+    /// Runs the OOM flight recorder on the publisher's samples (for an engine without an
+    /// exporter; with one, let the exporter record, or every record is written twice).
+    pub fn flight(mut self, settings: crate::flight::FlightSettings) -> Self {
+        self.flight = Some(settings);
         self
     }
 
@@ -132,7 +140,10 @@ impl PublisherBuilder {
         };
         std::fs::create_dir_all(&dir).map_err(dir_error)?;
         let mut worker = Worker {
-            sampler: Sampler::new(self.managers, capture),
+            sampler: match self.flight {
+                Some(flight) => Sampler::new(self.managers, capture).with_flight(flight),
+                None => Sampler::new(self.managers, capture),
+            },
             file: file_name(identity.pid),
             dir: dir.clone(),
             identity,

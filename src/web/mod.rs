@@ -2,7 +2,8 @@
 //! snapshots only — never an allocator lock, never the driver — so a scrape cannot slow the
 //! allocator down, and a stuck driver cannot hang a scrape.
 //!
-//! Routes: `/metrics`, `/` (status page), `/api/v1/snapshot`, `/api/v1/history`, `/healthz`,
+//! Routes: `/metrics`, `/` (status page), `/api/v1/snapshot`, `/api/v1/history`, `/api/v1/oom`
+//! (the flight recorder's latest records), `/healthz`,
 //! `/static/{file}`; anything else is 404, a known path with the wrong method is 405.
 
 mod api;
@@ -15,6 +16,7 @@ mod server;
 
 pub use server::{serve, serve_with_header_timeout};
 
+use crate::flight::FlightLog;
 use crate::sampler::{History, Sample};
 use askama::Template;
 use axum::extract::State;
@@ -32,6 +34,8 @@ pub struct WebState {
     latest: watch::Receiver<Arc<Sample>>,
     history: Arc<History>,
     interval: Duration,
+    /// The OOM flight recorder's latest records (`/api/v1/oom`, the page).
+    flight: Arc<FlightLog>,
 }
 
 impl WebState {
@@ -44,7 +48,14 @@ impl WebState {
             latest,
             history,
             interval,
+            flight: Arc::default(),
         }
+    }
+
+    /// Serves the records of this flight recorder.
+    pub fn with_flight(mut self, flight: Arc<FlightLog>) -> Self {
+        self.flight = flight;
+        self
     }
 
     /// The latest sample; cloning the `Arc` releases the channel's lock at once.
@@ -60,6 +71,7 @@ pub fn router(state: WebState, extra: Option<Router>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/api/v1/snapshot", get(api::snapshot))
         .route("/api/v1/history", get(api::history))
+        .route("/api/v1/oom", get(api::oom))
         .route("/healthz", get(api::healthz))
         .route("/static/{file}", get(assets::serve))
         .with_state(state);
@@ -96,7 +108,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /healthz\n",
+            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /api/v1/oom /healthz\n",
             uri.path()
         ),
     )
