@@ -31,6 +31,16 @@ pub struct ServeArgs {
     #[arg(long, env = "GPUMEM_NVML_LIBRARY", value_name = "PATH")]
     nvml_library: Option<String>,
 
+    /// How long a process that stopped publishing (exited, killed, stale) stays on the page
+    /// and in /api/v1/snapshot as "exited", with its last numbers (e.g. 15m, 1h).
+    #[arg(
+        long,
+        env = "GPUMEM_EXITED_RETENTION",
+        default_value = "15m",
+        value_name = "DURATION"
+    )]
+    exited_retention: String,
+
     #[command(flatten)]
     flight: super::flight::FlightFlags,
 
@@ -50,6 +60,8 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         None => None,
     };
     let config = args.common.memory_config()?;
+    let exited_retention = crate::exporter::parse_duration(&args.exited_retention)
+        .map_err(|e| CliError::usage(format!("--exited-retention: {e}")))?;
     let mut flight = args.flight.settings(None)?;
     // Engines publishing into the collect directory write their records under oom/ there.
     flight.read_dir = args.collect_dir.as_ref().map(|dir| dir.join("oom"));
@@ -72,6 +84,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     }
 
     let mut sidecar = Sidecar::open(source, collect);
+    sidecar.keep_exited_for(exited_retention);
     match sidecar.device_count() {
         Some(count) => sidecar.select_devices(args.common.selected_devices(count)?),
         None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(

@@ -49,6 +49,7 @@ pub struct Sidecar {
     selection: Option<Vec<usize>>,
     pids: PidMapper,
     collector: Option<Collector>,
+    exited: Option<super::exited::ExitedTracker>,
 }
 
 impl Sidecar {
@@ -74,7 +75,18 @@ impl Sidecar {
             backend,
             selection: None,
             pids: PidMapper::new(),
+            exited: collect.as_ref().map(|c| {
+                super::exited::ExitedTracker::new(c.dir.clone(), super::exited::DEFAULT_RETENTION)
+            }),
             collector: collect.map(Collector::new),
+        }
+    }
+
+    /// How long a process that stopped publishing stays listed as exited (default 15 min).
+    pub fn keep_exited_for(&mut self, retention: std::time::Duration) {
+        if let Some(collector) = &self.collector {
+            let dir = collector.settings().dir.clone();
+            self.exited = Some(super::exited::ExitedTracker::new(dir, retention));
         }
     }
 
@@ -242,6 +254,7 @@ impl SnapshotSource for Sidecar {
             },
         };
         let mut processes = Vec::new();
+        let mut exited = Vec::new();
         let mut collect = None;
         if let Some(collector) = &mut self.collector {
             let collected = collector.scan();
@@ -255,6 +268,9 @@ impl SnapshotSource for Sidecar {
             for process in &mut processes {
                 bound_tags(process, settings.tags_listed);
             }
+            if let Some(tracker) = &mut self.exited {
+                exited = tracker.update(&processes, timestamp_seconds);
+            }
             collect = Some(collected.status);
         }
         Snapshot {
@@ -265,6 +281,7 @@ impl SnapshotSource for Sidecar {
                 gpu_processes,
                 processes,
                 collect,
+                exited,
             }),
             ..crate::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
         }

@@ -11,8 +11,8 @@ mod sidecar;
 pub(crate) use capture::begun;
 pub use capture::{capture, fold_smallest, CaptureSettings};
 pub use sidecar::{
-    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ProcessTag,
-    ReasonCount, SidecarSnapshot, SourceStatus,
+    CollectStatus, CollectedProcess, ExitedProcess, GpuProcess, ProcessDevice, ProcessPool,
+    ProcessTag, ReasonCount, SidecarSnapshot, SourceStatus,
 };
 
 use crate::pool::CounterValues;

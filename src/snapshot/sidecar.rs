@@ -17,6 +17,23 @@ pub struct SidecarSnapshot {
     pub processes: Vec<CollectedProcess>,
     /// How reading the collect directory went; `None` without `--collect-dir`.
     pub collect: Option<CollectStatus>,
+    /// Processes that stopped publishing lately (newest first), with their last snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exited: Vec<ExitedProcess>,
+}
+
+/// A collected process that dropped out, kept for `--exited-retention` (15 min by default).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExitedProcess {
+    /// Its last collected snapshot (peaks, OOM count, pools, tags).
+    pub last: CollectedProcess,
+    /// When the sidecar noticed, in seconds since the Unix epoch.
+    pub exited_at_seconds: f64,
+    /// `exited` (its pid is gone), `stale` (it stopped publishing), `stopped` (it removed its
+    /// file, as a clean shutdown does).
+    pub reason: String,
+    /// Whether the sidecar removed the file it left behind.
+    pub file_removed: bool,
 }
 
 impl SidecarSnapshot {

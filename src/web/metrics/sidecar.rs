@@ -100,8 +100,12 @@ const SNAPSHOT_AGE: Def = def(
     "Age of each collected process's latest published snapshot when it was read.",
 );
 
+const EXITED: Def = def("gpumem_collect_exited_processes", GAUGE, &[],
+    "Processes that stopped publishing (exited, killed or stale) within the exited retention (--exited-retention, 15 minutes by default); their last numbers are on the page and in /api/v1/snapshot.");
+
 /// The families only the sidecar has.
 pub(super) const DEFS: &[&Def] = &[
+    &EXITED,
     &PROCESS_MEMORY,
     &COLLECT_PROCESSES,
     &COLLECT_FILES,
@@ -233,6 +237,7 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         single(&COLLECT_PROCESSES, sidecar.processes.len() as f64),
     );
     out.add(&COLLECT_FILES, single(&COLLECT_FILES, collect.files as f64));
+    out.add(&EXITED, single(&EXITED, sidecar.exited.len() as f64));
     out.add(
         &COLLECT_REJECTED,
         by_reason(&COLLECT_REJECTED, &collect.rejected),
