@@ -85,6 +85,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         spike_at,
         publish_dir: args.publish_dir,
         top_tags,
+        runbook_url: args.exporter.runbook_url.clone(),
         flight,
         memory,
     };

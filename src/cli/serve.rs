@@ -52,6 +52,11 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     // Every flag is checked before a library is loaded or a port bound.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
+    let runbook_url = args
+        .exporter
+        .runbook_url
+        .clone()
+        .unwrap_or_else(|| crate::web::DEFAULT_RUNBOOK.to_string());
     let collect = match &args.collect_dir {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
@@ -102,6 +107,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             .listen(listen)
             .interval(interval)
             .top_tags(top_tags)
+            .runbook_url(runbook_url)
             .flight(flight)
             .leak_age(config.leak_age)
             .pressure_thresholds(config.pressure)

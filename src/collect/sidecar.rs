@@ -273,6 +273,10 @@ impl SnapshotSource for Sidecar {
             }
             collect = Some(collected.status);
         }
+        let mut devices = devices;
+        for device in &mut devices {
+            add_collected(device, &processes, settings);
+        }
         Snapshot {
             devices,
             problems,
@@ -286,6 +290,50 @@ impl SnapshotSource for Sidecar {
             ..crate::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
         }
     }
+}
+
+/// Counts what the collected processes hold on `device` (joined on the UUID, else the index)
+/// as the device's in-use and reserved bytes, so the page's bar and chart show them next to
+/// everyone else's memory. Device memory read from another source than the processes' own (a
+/// simulated device, or NVML a moment before they grew) may say less is used than they hold:
+/// then used is raised to what they hold, so the bar, the pressure and the process table agree.
+fn add_collected(
+    device: &mut DeviceSnapshot,
+    processes: &[crate::snapshot::CollectedProcess],
+    settings: &CaptureSettings,
+) {
+    let on_device = processes
+        .iter()
+        .flat_map(|p| &p.devices)
+        .filter(|d| match &d.uuid {
+            Some(uuid) => *uuid == device.uuid,
+            None => d.gpu as usize == device.index,
+        });
+    let (mut reserved, mut in_use) = (0u64, 0u64);
+    for published in on_device {
+        let held = published
+            .reserved_bytes
+            .or(published.in_use_bytes)
+            .unwrap_or(0);
+        reserved = reserved.saturating_add(held);
+        in_use = in_use.saturating_add(published.in_use_bytes.unwrap_or(held).min(held));
+    }
+    device.stats.pools.reserved_bytes = reserved;
+    device.stats.pools.in_use_bytes = in_use;
+    let Some(memory) = &mut device.memory else {
+        return;
+    };
+    if memory.used_bytes < reserved {
+        memory.used_bytes = reserved.min(memory.total_bytes);
+        memory.free_bytes = memory.total_bytes - memory.used_bytes;
+    }
+    memory.used_by_this_process_bytes = reserved.min(memory.used_bytes);
+    memory.used_by_others_bytes = memory.used_bytes - memory.used_by_this_process_bytes;
+    device.pressure = Some(Pressure::measure(
+        &settings.pressure,
+        memory.used_bytes,
+        memory.total_bytes,
+    ));
 }
 
 /// Keeps each collected device's largest `keep` tags and folds the rest into `other`, so the
@@ -400,10 +448,8 @@ fn device_snapshot(
         index,
         total_bytes: memory.map_or(0, |m| m.total_bytes),
         memory,
-        pressure: memory.map(|m| Pressure {
-            level: settings.pressure.classify(m.used_bytes, m.total_bytes),
-            used_ratio: settings.pressure.used_ratio(m.used_bytes, m.total_bytes),
-        }),
+        pressure: memory
+            .map(|m| Pressure::measure(&settings.pressure, m.used_bytes, m.total_bytes)),
         ..DeviceSnapshot::default()
     }
 }

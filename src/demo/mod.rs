@@ -44,6 +44,8 @@ pub struct DemoSettings {
     pub publish_dir: Option<PathBuf>,
     /// Tags per device listed by name in snapshots and `/metrics`; the rest are `other`.
     pub top_tags: usize,
+    /// Where the page's hints link to (default `/runbook`).
+    pub runbook_url: Option<String>,
     /// The OOM flight recorder (run by the exporter; the publisher's records would repeat it).
     pub flight: crate::flight::FlightSettings,
     /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
@@ -117,6 +119,12 @@ async fn serve(
         .leak_age(settings.leak_age)
         .long_lived_tags(long_lived.iter().copied())
         .top_tags(settings.top_tags)
+        .runbook_url(
+            settings
+                .runbook_url
+                .clone()
+                .unwrap_or_else(|| crate::web::DEFAULT_RUNBOOK.to_string()),
+        )
         .flight(settings.flight.clone())
         .routes(spike::routes(Arc::clone(&spike)))
         .spawn()?;

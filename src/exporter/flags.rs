@@ -23,6 +23,11 @@ pub struct ExporterFlags {
     /// the rest are summed as tag="other", so the number of series stays fixed (1 to 100).
     #[arg(long, env = "GPUMEM_TOP_TAGS", default_value_t = 10)]
     pub top_tags: usize,
+
+    /// Where the status page's hints link to: the URL of docs/runbook.md wherever you host it
+    /// (section anchors are appended). Default: the copy this gpumem serves at /runbook.
+    #[arg(long, env = "GPUMEM_RUNBOOK_URL", value_name = "URL")]
+    pub runbook_url: Option<String>,
 }
 
 impl ExporterFlags {
@@ -105,6 +110,7 @@ mod tests {
             listen: listen.to_string(),
             interval: interval.to_string(),
             top_tags: 10,
+            runbook_url: None,
         };
         assert!(flags("127.0.0.1:0", "1s").validate().is_ok());
         let none = ExporterFlags {

@@ -76,6 +76,7 @@ pub struct ExporterBuilder {
     routes: Option<Router>,
     source: Option<Box<dyn SnapshotSource>>,
     flight: FlightSettings,
+    runbook_url: Option<String>,
 }
 
 impl Default for ExporterBuilder {
@@ -89,6 +90,7 @@ impl Default for ExporterBuilder {
             routes: None,
             source: None,
             flight: FlightSettings::default(),
+            runbook_url: None,
         }
     }
 }
@@ -143,6 +145,13 @@ impl ExporterBuilder {
         self
     }
 
+    /// Where the status page's hints link to (docs/runbook.md hosted somewhere); default: the
+    /// copy every gpumem serves at `/runbook`.
+    pub fn runbook_url(mut self, url: impl Into<String>) -> Self {
+        self.runbook_url = Some(url.into());
+        self
+    }
+
     /// Extra routes served next to the exporter's own (they must not reuse its paths).
     pub fn routes(mut self, routes: Router) -> Self {
         self.routes = Some(routes);
@@ -185,8 +194,11 @@ impl ExporterBuilder {
         let mut sampler = sampler.with_flight(self.flight);
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
-        let state =
+        let mut state =
             WebState::new(latest, sampler.history(), interval).with_flight(sampler.flight_log());
+        if let Some(url) = &self.runbook_url {
+            state = state.with_runbook(url);
+        }
         let app = web::router(state, self.routes);
         let (stop, stopped) = watch::channel(false);
         let work = run(listener, app, sampler, publish, stopped);

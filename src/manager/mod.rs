@@ -23,6 +23,7 @@ pub use config_file::{load_config, parse_config_str, ConfigSources, KEYS as CONF
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
+pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};

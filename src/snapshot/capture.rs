@@ -114,10 +114,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                         used_by_this_process_bytes: ours,
                         used_by_others_bytes: used - ours,
                     });
-                    device.pressure = Some(Pressure {
-                        level: settings.pressure.classify(used, info.total),
-                        used_ratio: settings.pressure.used_ratio(used, info.total),
-                    });
+                    device.pressure = Some(Pressure::measure(&settings.pressure, used, info.total));
                 }
                 Err(error) => problems.push(format!(
                     "device {index}: could not read free memory: {error}"

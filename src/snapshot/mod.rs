@@ -92,6 +92,20 @@ pub struct Pressure {
     pub used_ratio: f64,
 }
 
+impl Pressure {
+    /// The pressure of a device with `used` of `total` bytes taken, by `thresholds`.
+    pub fn measure(
+        thresholds: &crate::manager::pressure::PressureThresholds,
+        used: u64,
+        total: u64,
+    ) -> Pressure {
+        Pressure {
+            level: thresholds.classify(used, total),
+            used_ratio: thresholds.used_ratio(used, total),
+        }
+    }
+}
+
 /// Counters of one device, all pools added up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceCounters {

@@ -153,7 +153,7 @@ const BUILD_INFO: Def = def(
     "Always 1; the labels say which gpumem version is running and on which backend (cuda or sim; for the sidecar, where device memory comes from: nvml, cuda, sim or none).",
 );
 const UP: Def = def("gpumem_up", GAUGE, &[],
-    "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0. The sidecar adds one per source (source=nvml, cuda, sim, collect): 1 while it works.");
+    "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0. The sidecar labels that one source=\"sampler\" and adds one per source (source=nvml, cuda, sim, collect): 1 while it works.");
 const SAMPLE_DURATION: Def = def(
     "gpumem_sample_duration_seconds",
     GAUGE,
@@ -313,7 +313,13 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
             1.0,
         )],
     );
-    let mut up = single(&UP, f64::from(u8::from(health.latest_ok && fresh)));
+    // One label set per target: the sidecar labels its overall sample `source="sampler"` next
+    // to its per-source series, instead of mixing an unlabelled series into the family.
+    let sampled = f64::from(u8::from(health.latest_ok && fresh));
+    let mut up = match snapshot.sidecar {
+        Some(_) => vec![sample(GAUGE, &[("source", "sampler")], sampled)],
+        None => single(&UP, sampled),
+    };
     up.extend(sidecar::up_samples(snapshot));
     out.add(&UP, up);
     out.add(

@@ -8,9 +8,11 @@
 
 mod api;
 mod assets;
+mod compress;
 pub mod format;
 pub mod metrics;
 pub mod page;
+pub mod runbook;
 pub mod runtime;
 mod server;
 
@@ -36,7 +38,12 @@ pub struct WebState {
     interval: Duration,
     /// The OOM flight recorder's latest records (`/api/v1/oom`, the page).
     flight: Arc<FlightLog>,
+    /// Where the page's hints link to: the runbook, `/runbook` unless configured.
+    runbook: Arc<str>,
 }
+
+/// The runbook every gpumem serves itself (docs/runbook.md).
+pub const DEFAULT_RUNBOOK: &str = "/runbook";
 
 impl WebState {
     pub fn new(
@@ -49,7 +56,14 @@ impl WebState {
             history,
             interval,
             flight: Arc::default(),
+            runbook: Arc::from(DEFAULT_RUNBOOK),
         }
+    }
+
+    /// Links the page's hints to this runbook URL instead of `/runbook`.
+    pub fn with_runbook(mut self, url: &str) -> Self {
+        self.runbook = Arc::from(url.trim_end_matches('#'));
+        self
     }
 
     /// Serves the records of this flight recorder.
@@ -73,6 +87,7 @@ pub fn router(state: WebState, extra: Option<Router>) -> Router {
         .route("/api/v1/history", get(api::history))
         .route("/api/v1/oom", get(api::oom))
         .route("/healthz", get(api::healthz))
+        .route("/runbook", get(runbook::serve))
         .route("/static/{file}", get(assets::serve))
         .with_state(state);
     let app = match extra {
@@ -80,6 +95,7 @@ pub fn router(state: WebState, extra: Option<Router>) -> Router {
         None => app,
     };
     app.fallback(not_found)
+        .layer(axum::middleware::from_fn(compress::gzip))
 }
 
 async fn metrics_text(State(state): State<WebState>) -> Response {
@@ -98,7 +114,10 @@ async fn metrics_text(State(state): State<WebState>) -> Response {
 async fn index(State(state): State<WebState>) -> Response {
     let sample = state.latest();
     let fresh = !sample.is_stale(state.interval);
-    match page::IndexPage::new(&sample.snapshot, fresh).render() {
+    let page = page::IndexPage::new(&sample.snapshot, fresh)
+        .with_hints(&sample.snapshot, fresh, &state.runbook)
+        .with_oom_records(&state.flight.latest());
+    match page.render() {
         Ok(html) => ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response(),
         Err(error) => internal_error(format!("could not render the page: {error}")),
     }
@@ -108,7 +127,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /api/v1/oom /healthz\n",
+            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /api/v1/oom /healthz /runbook\n",
             uri.path()
         ),
     )
