@@ -12,7 +12,10 @@ pub const DASHBOARD_FILE: &str = "grafana/dashboard.json";
 
 /// Metrics only the sidecar (`gpumem serve`) publishes. A demo serves none of them, so the
 /// end-to-end test checks that their queries are valid PromQL rather than that they return data.
-pub const SIDECAR_METRICS: &[&str] = &["gpumem_process_used_bytes"];
+pub const SIDECAR_METRICS: &[&str] = &[
+    "gpumem_process_used_bytes",
+    "gpumem_collect_exited_processes",
+];
 
 pub fn load() -> Value {
     serde_json::from_str(&read_repo_file(DASHBOARD_FILE))
@@ -169,11 +172,13 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether a query reads a metric only the sidecar publishes.
+/// Whether a query reads a metric only the sidecar publishes, or only the series of collected
+/// processes (selected by `process!=""`).
 pub fn uses_sidecar_metrics(expr: &str) -> bool {
-    metric_names(expr)
-        .iter()
-        .any(|name| SIDECAR_METRICS.contains(&name.as_str()))
+    expr.contains("process!=\"\"")
+        || metric_names(expr)
+            .iter()
+            .any(|name| SIDECAR_METRICS.contains(&name.as_str()))
 }
 
 /// Metric families of a metrics text, and those of them labelled by `gpu`.
