@@ -4,6 +4,7 @@
 //! dashboard query returns data; a forced pressure spike fires the pressure alerts).
 
 mod dashboard;
+mod oom;
 mod prometheus;
 mod rules;
 
