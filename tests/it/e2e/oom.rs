@@ -34,7 +34,14 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
     let sim = ["--backend", "sim", "--sim-memory", "16GiB"];
     let mut args = vec!["demo", "--listen", "127.0.0.1:0", "--interval", "200ms"];
     args.extend(sim);
-    args.extend(["--publish-dir", dir.str(), "--spike-at", "3s", "--leak-age", "2s"]);
+    args.extend([
+        "--publish-dir",
+        dir.str(),
+        "--spike-at",
+        "3s",
+        "--leak-age",
+        "2s",
+    ]);
     let mut demo = Running::start_with_stderr(&args, log);
     let sidecar = serve(&dir, &sim);
     let prometheus = Prometheus::start(sidecar.addr, &rules_with_short_for("1s"));
@@ -56,7 +63,10 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
             (q.panel, promql)
         })
         .collect();
-    assert!(waiting.len() >= 3, "the per-tag and per-process panels exist");
+    assert!(
+        waiting.len() >= 3,
+        "the per-tag and per-process panels exist"
+    );
     eventually(left(), || {
         waiting.retain(|(_, promql)| !prometheus.query(promql).is_ok_and(|r| !r.is_empty()));
         waiting.is_empty()
@@ -65,7 +75,10 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
     let kv = prometheus.query(&format!(
         "gpumem_tag_live_bytes{{instance=\"{instance}\",process=\"gpumem-demo\",tag=\"kv_cache\"}}"
     ));
-    assert!(kv.is_ok_and(|r| !r.is_empty()), "kv_cache is exported by tag");
+    assert!(
+        kv.is_ok_and(|r| !r.is_empty()),
+        "kv_cache is exported by tag"
+    );
 
     // The spike makes the demo refuse allocations: a record file, a log line, /api/v1/oom.
     let records = dir.join("oom");
@@ -82,7 +95,10 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
     let record: Value = serde_json::from_slice(&std::fs::read(records.join(&file)).expect("read"))
         .expect("the record is JSON");
     assert_eq!(record["format"], "gpumem.flight");
-    assert!(record["request"]["requested_bytes"].as_u64() > Some(0), "{record}");
+    assert!(
+        record["request"]["requested_bytes"].as_u64() > Some(0),
+        "{record}"
+    );
     assert!(record["request"]["tag"].is_string(), "{record}");
     assert!(!record["pools"].as_array().expect("pools").is_empty());
     assert!(!record["top_tags"].as_array().expect("tags").is_empty());
