@@ -102,6 +102,8 @@ pub struct BarSegment {
     pub value: String,
     /// Width as a CSS percentage, e.g. "12.50".
     pub width: String,
+    /// The bytes behind it (a `data-bytes` attribute, for scripts and tests).
+    pub bytes: u64,
 }
 
 /// A headline number.
@@ -441,6 +443,7 @@ fn memory_bar(device: &DeviceSnapshot, own_pools: bool) -> Vec<BarSegment> {
         label,
         value: format::bytes(bytes),
         width: width(bytes),
+        bytes,
     };
     let mut bar = Vec::new();
     if own_pools {

@@ -42,7 +42,11 @@ pub struct ProcessRow {
     pub process: String,
     pub pid: u32,
     pub gpu: u32,
+    /// The device's UUID (joins the row to its device section).
+    pub uuid: String,
     pub reserved: String,
+    /// Raw, for scripts and tests (`data-reserved-bytes`); 0 when unknown.
+    pub reserved_bytes: u64,
     pub in_use: String,
     pub peak_reserved: String,
     pub live: String,
@@ -135,7 +139,9 @@ fn process_rows(process: &CollectedProcess) -> Vec<ProcessRow> {
             process: process.process.clone(),
             pid: process.pid,
             gpu: d.gpu,
+            uuid: d.uuid.clone().unwrap_or_default(),
             reserved: optional_bytes(d.reserved_bytes),
+            reserved_bytes: d.reserved_bytes.unwrap_or(0),
             in_use: optional_bytes(d.in_use_bytes),
             peak_reserved: optional_bytes(d.reserved_peak_bytes),
             live: optional_count(d.live_allocations),
