@@ -34,13 +34,20 @@ pub struct ReplayReport {
     pub max_device_vs_reserved_gap_bytes: u64,
 }
 
-/// Requested, in-use and reserved bytes after event `index`, for the plot.
+/// Requested, in-use and reserved bytes after event `event`, and their extremes over the
+/// events since the previous point (a bucket), so a plot of ~1500 points still shows every
+/// peak the report prints.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TimelinePoint {
     pub event: u64,
     pub requested: u64,
     pub in_use: u64,
     pub reserved: u64,
+    pub requested_low: u64,
+    pub requested_high: u64,
+    /// The pools' peaks over the bucket (reset at its start).
+    pub in_use_high: u64,
+    pub reserved_high: u64,
 }
 
 /// Why a replay stopped.
@@ -74,7 +81,11 @@ pub fn replay(
     let mut peak_requested: u64 = 0;
     let used_at_start = device_used(manager, device);
     let mut max_gap: u64 = 0;
+    let (mut peak_in_use, mut peak_reserved) = (0, 0);
     for (chunk_index, chunk) in trace.events.chunks(stride).enumerate() {
+        // Peaks per bucket (outside the timed part): the plot keeps each bucket's highest.
+        manager.reset_peaks();
+        let (mut low, mut high) = (requested_now, requested_now);
         let started = Instant::now();
         for (offset, event) in chunk.iter().enumerate() {
             match *event {
@@ -89,19 +100,25 @@ pub fn replay(
                     })?;
                     live[slot as usize] = Some(buffer);
                     requested_now += size;
-                    peak_requested = peak_requested.max(requested_now);
+                    high = high.max(requested_now);
                 }
                 TraceEvent::Free { slot } => {
                     if let Some(buffer) = live[slot as usize].take() {
                         requested_now -= buffer.size();
+                        low = low.min(requested_now);
                         drop(buffer);
                     }
                 }
             }
         }
+        peak_requested = peak_requested.max(high);
         busy += started.elapsed();
         let done = ((chunk_index + 1) * stride).min(total) as u64;
-        let point = timeline_point(manager, device, done);
+        let mut point = timeline_point(manager, device, done);
+        point.requested_low = low;
+        point.requested_high = high;
+        peak_in_use = peak_in_use.max(point.in_use_high);
+        peak_reserved = peak_reserved.max(point.reserved_high);
         if let (Some(start), Some(now)) = (used_at_start, device_used(manager, device)) {
             let gained = now.saturating_sub(start);
             max_gap = max_gap.max(gained.abs_diff(point.reserved));
@@ -114,14 +131,13 @@ pub fn replay(
     manager.empty_cache();
     let after = manager.device_stats(device).ok();
     let counters = at_end.as_ref().map(|s| s.counters).unwrap_or_default();
-    let peak_reserved = counters.peak_reserved_bytes;
     let report = ReplayReport {
         trace: trace.name.clone(),
         backend: manager.backend().kind().to_string(),
         strategy: format!("{:?}", manager.config().strategy).to_lowercase(),
         events: total as u64,
         peak_requested_bytes: peak_requested,
-        peak_in_use_bytes: counters.peak_in_use_bytes,
+        peak_in_use_bytes: peak_in_use,
         peak_reserved_bytes: peak_reserved,
         reserved_over_peak: if peak_requested == 0 {
             0.0
@@ -167,5 +183,60 @@ fn timeline_point(manager: &MemoryManager, device: usize, event: u64) -> Timelin
         requested: counters.requested_bytes,
         in_use: counters.in_use_bytes,
         reserved: counters.reserved_bytes,
+        requested_low: counters.requested_bytes,
+        requested_high: counters.requested_bytes,
+        in_use_high: counters.peak_in_use_bytes,
+        reserved_high: counters.peak_reserved_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::units::MIB;
+    use std::sync::Arc;
+
+    /// A spike inside one bucket: the timeline's highs reach the printed peaks although the
+    /// bucket ends long after the spike is freed.
+    #[test]
+    fn each_bucket_keeps_its_peak() {
+        let mut events = Vec::new();
+        // 30,000 events: about 20 per bucket; the 256 MiB spike lives for two events.
+        for i in 0..15_000u32 {
+            let size = if i == 7_001 { 256 * MIB } else { MIB };
+            events.push(TraceEvent::Alloc {
+                slot: 0,
+                size,
+                stream: 0,
+            });
+            events.push(TraceEvent::Free { slot: 0 });
+        }
+        let trace = Trace {
+            name: "spike".into(),
+            metadata: None,
+            events,
+            slots: 1,
+            peak_requested_bytes: 256 * MIB,
+        };
+        let sim = Arc::new(SimBackend::new(SimConfig::default()));
+        let manager = MemoryManager::new(sim, Default::default()).expect("manager");
+        let (report, timeline) = replay(&manager, 0, &trace, |_| {}).expect("replays");
+        let highest = |pick: fn(&TimelinePoint) -> u64| timeline.iter().map(pick).max();
+        assert_eq!(report.peak_requested_bytes, 256 * MIB);
+        assert_eq!(
+            highest(|p| p.requested_high),
+            Some(report.peak_requested_bytes)
+        );
+        assert_eq!(highest(|p| p.in_use_high), Some(report.peak_in_use_bytes));
+        assert_eq!(
+            highest(|p| p.reserved_high),
+            Some(report.peak_reserved_bytes)
+        );
+        assert!(report.peak_reserved_bytes >= 256 * MIB);
+        assert!(
+            timeline.iter().map(|p| p.requested).max() < Some(256 * MIB),
+            "the end-of-bucket values alone miss the spike (what the plot drew before)"
+        );
     }
 }

@@ -214,7 +214,11 @@ fn the_dockerfile_builds_a_slim_non_root_image_that_checks_its_health() {
         .1;
     let check = json_array(check);
     assert_eq!(check[..2], ["/usr/local/bin/gpumem", "healthcheck"]);
-    assert_eq!(flag_value(&check, "--url"), None, "the URL follows GPUMEM_LISTEN");
+    assert_eq!(
+        flag_value(&check, "--url"),
+        None,
+        "the URL follows GPUMEM_LISTEN"
+    );
     assert_flags_parse(&check[1..]);
 
     // The image's command, run here (GPUMEM_LISTEN as a flag): it serves the probes, and the
