@@ -305,10 +305,7 @@ fn add_collected(
     let on_device = processes
         .iter()
         .flat_map(|p| &p.devices)
-        .filter(|d| match &d.uuid {
-            Some(uuid) => *uuid == device.uuid,
-            None => d.gpu as usize == device.index,
-        });
+        .filter(|d| d.is(device));
     let (mut reserved, mut in_use) = (0u64, 0u64);
     for published in on_device {
         let held = published

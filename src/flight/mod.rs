@@ -290,10 +290,7 @@ impl FlightRecorder {
             return;
         };
         // The sidecar's own view of the device: join on the UUID, else on the index.
-        let device = snapshot.devices.iter().find(|d| match &published.uuid {
-            Some(uuid) => &d.uuid == uuid,
-            None => d.index == published.gpu as usize,
-        });
+        let device = snapshot.devices.iter().find(|d| published.is(d));
         let (other_processes, note, mut record_dev, history) = match device {
             Some(d) => {
                 let (others, note) = holders(d, sidecar, Some(process.pid));
@@ -505,11 +502,7 @@ fn holders(
         .collect();
     for process in sidecar.processes.iter().filter(|p| Some(p.pid) != except) {
         for published in &process.devices {
-            let same = match &published.uuid {
-                Some(uuid) => *uuid == device.uuid,
-                None => published.gpu as usize == device.index,
-            };
-            if same {
+            if published.is(device) {
                 others.push(OtherProcess {
                     pid: process.pid,
                     process: process.process.clone(),

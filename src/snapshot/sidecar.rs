@@ -126,6 +126,17 @@ pub struct ProcessDevice {
     pub tags: Vec<ProcessTag>,
 }
 
+impl ProcessDevice {
+    /// Whether this published device is `device` of the sidecar's own readings: the same UUID,
+    /// or the same index when the writer gave none (CUDA and NVML may number devices apart).
+    pub fn is(&self, device: &super::DeviceSnapshot) -> bool {
+        match &self.uuid {
+            Some(uuid) => *uuid == device.uuid,
+            None => self.gpu as usize == device.index,
+        }
+    }
+}
+
 /// One tag of a published device: what its live allocations hold (`gpumem_tag_*{tag}`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessTag {

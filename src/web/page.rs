@@ -292,10 +292,7 @@ fn collected(
         .processes
         .iter()
         .flat_map(|p| &p.devices)
-        .filter(|d| match &d.uuid {
-            Some(uuid) => *uuid == device.uuid,
-            None => d.gpu as usize == device.index,
-        })
+        .filter(|d| d.is(device))
         .filter_map(value)
         .sum()
 }
