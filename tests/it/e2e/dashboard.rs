@@ -310,7 +310,9 @@ fn the_dashboard_and_the_alerts_use_only_metrics_the_demo_serves() {
                 "{}: the demo serves no {name}",
                 query.panel
             );
-            if per_gpu.contains(name) || sidecar {
+            // Every sidecar family but the count of exited processes is per GPU.
+            let sidecar_per_gpu = sidecar && name != "gpumem_collect_exited_processes";
+            if per_gpu.contains(name) || sidecar_per_gpu {
                 assert!(
                     selector_labels(&query.expr, at, name).contains("gpu=~\"$gpu\""),
                     "{}: {name} should be filtered by $gpu",
