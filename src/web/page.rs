@@ -360,11 +360,7 @@ impl DeviceView {
         if let Some(memory) = device.memory {
             // The one percentage on the page is the pressure's: used over usable memory.
             let note = match device.pressure {
-                Some(p) => format!(
-                    "{} of usable · {} total",
-                    format::percent(p.used_ratio),
-                    format::bytes(memory.total_bytes)
-                ),
+                Some(p) => format!("{} of usable", format::percent(p.used_ratio)),
                 None => format!("of {}", format::bytes(memory.total_bytes)),
             };
             tiles.insert(

@@ -161,7 +161,10 @@ fn metrics_have_the_exact_content_type_and_every_family() {
         .filter_map(|(_, labels, _)| labels.split("tag=\"").nth(1)?.split('"').next())
         .collect();
     assert!(!tags.is_empty(), "no gpumem_tag_live_bytes series");
-    assert!(tags.len() <= 11, "more tags than the top 10 and other: {tags:?}");
+    assert!(
+        tags.len() <= 11,
+        "more tags than the top 10 and other: {tags:?}"
+    );
     for (name, labels, _) in &series {
         assert!(types.contains_key(name.as_str()), "{name} has no TYPE line");
         let names: Vec<&str> = labels
