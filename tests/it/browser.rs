@@ -278,8 +278,8 @@ fn the_status_page_updates_its_chart_without_errors_in_chromium() {
         navigated["errorText"]
     );
 
-    // The page reloads itself every few seconds (to refresh the server-rendered numbers): a
-    // screenshot counts only if the document is still the one whose chart updated twice.
+    // The page updates itself in place (static/live.js); should it ever reload, a screenshot
+    // counts only if the document is still the one whose chart updated twice.
     let deadline = Instant::now() + Duration::from_secs(30);
     let (updates, window_shot, full_shot) = loop {
         let updates = page
