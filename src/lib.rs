@@ -19,6 +19,10 @@ pub mod units;
 #[cfg(feature = "exporter")]
 pub mod exporter;
 #[cfg(feature = "exporter")]
+pub mod flight;
+#[cfg(feature = "exporter")]
+pub mod nvml;
+#[cfg(feature = "exporter")]
 pub mod publish;
 #[cfg(any(feature = "exporter", feature = "config-file"))]
 pub mod safe_fs;
@@ -29,8 +33,6 @@ pub mod web;
 
 #[cfg(feature = "sidecar")]
 pub mod collect;
-#[cfg(feature = "sidecar")]
-pub mod nvml;
 
 #[cfg(feature = "cli")]
 mod bench;

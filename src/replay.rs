@@ -64,13 +64,19 @@ pub fn replay_config(base: MemoryConfig, device: usize) -> MemoryConfig {
     }
 }
 
-/// Requested, in-use and reserved bytes after event `index`, for the plot.
+/// Requested, in-use and reserved bytes after event `event`, and their range over the bucket of
+/// events that ends there, for the plot: with the highs, the plotted peaks are the printed ones.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TimelinePoint {
     pub event: u64,
     pub requested: u64,
     pub in_use: u64,
     pub reserved: u64,
+    pub requested_low: u64,
+    pub requested_high: u64,
+    /// The allocator's peaks over the bucket (reset at its start).
+    pub in_use_high: u64,
+    pub reserved_high: u64,
 }
 
 /// Why a replay stopped.
@@ -95,15 +101,27 @@ trait Replayed {
     type Buffer;
     fn alloc(&mut self, size: u64) -> Result<Self::Buffer, AllocError>;
     fn free(&mut self, buffer: Self::Buffer);
-    /// (in use, reserved) bytes now.
-    fn held(&self) -> (u64, u64);
+    /// Starts a bucket: the highs [`held`](Self::held) reports count from here.
+    fn reset_peaks(&mut self);
+    /// Bytes in use and reserved now, and their highs since the last reset.
+    fn held(&self) -> Held;
     /// Bytes the device says are used (by every process), when it can tell.
     fn device_used(&self) -> Option<u64>;
+}
+
+/// What an allocator holds: now, and at most since its peaks were reset.
+struct Held {
+    in_use: u64,
+    reserved: u64,
+    in_use_high: u64,
+    reserved_high: u64,
 }
 
 /// What the replay loop saw.
 struct Played {
     requested_peak: u64,
+    in_use_peak: u64,
+    reserved_peak: u64,
     busy: Duration,
     max_gap: u64,
     timeline: Vec<TimelinePoint>,
@@ -121,6 +139,8 @@ fn play<R: Replayed>(
     let stride = total.div_ceil(TIMELINE_POINTS).max(1);
     let mut played = Played {
         requested_peak: 0,
+        in_use_peak: 0,
+        reserved_peak: 0,
         busy: Duration::ZERO,
         max_gap: 0,
         timeline: Vec::with_capacity(TIMELINE_POINTS + 1),
@@ -128,6 +148,9 @@ fn play<R: Replayed>(
     let mut requested_now: u64 = 0;
     let used_at_start = target.device_used();
     for (chunk_index, chunk) in trace.events.chunks(stride).enumerate() {
+        // Outside the timed part: each bucket's highs are its own.
+        target.reset_peaks();
+        let (mut low, mut high) = (requested_now, requested_now);
         let started = Instant::now();
         for (offset, event) in chunk.iter().enumerate() {
             match *event {
@@ -140,11 +163,12 @@ fn play<R: Replayed>(
                     })?;
                     live[slot as usize] = Some((buffer, size));
                     requested_now += size;
-                    played.requested_peak = played.requested_peak.max(requested_now);
+                    high = high.max(requested_now);
                 }
                 TraceEvent::Free { slot } => {
                     if let Some((buffer, size)) = live[slot as usize].take() {
                         requested_now -= size;
+                        low = low.min(requested_now);
                         target.free(buffer);
                     }
                 }
@@ -152,16 +176,23 @@ fn play<R: Replayed>(
         }
         played.busy += started.elapsed();
         let done = ((chunk_index + 1) * stride).min(total) as u64;
-        let (in_use, reserved) = target.held();
+        let held = target.held();
         if let (Some(start), Some(now)) = (used_at_start, target.device_used()) {
             let gained = now.saturating_sub(start);
-            played.max_gap = played.max_gap.max(gained.abs_diff(reserved));
+            played.max_gap = played.max_gap.max(gained.abs_diff(held.reserved));
         }
+        played.requested_peak = played.requested_peak.max(high);
+        played.in_use_peak = played.in_use_peak.max(held.in_use_high);
+        played.reserved_peak = played.reserved_peak.max(held.reserved_high);
         played.timeline.push(TimelinePoint {
             event: done,
             requested: requested_now,
-            in_use,
-            reserved,
+            in_use: held.in_use,
+            reserved: held.reserved,
+            requested_low: low,
+            requested_high: high,
+            in_use_high: held.in_use_high,
+            reserved_high: held.reserved_high,
         });
         progress(done);
     }
@@ -201,13 +232,21 @@ impl Replayed for Managed<'_> {
     fn free(&mut self, buffer: DeviceBuffer) {
         drop(buffer);
     }
-    fn held(&self) -> (u64, u64) {
+    fn reset_peaks(&mut self) {
+        self.manager.reset_peaks();
+    }
+    fn held(&self) -> Held {
         let counters = self
             .manager
             .device_stats(self.device)
             .map(|s| s.counters)
             .unwrap_or_default();
-        (counters.in_use_bytes, counters.reserved_bytes)
+        Held {
+            in_use: counters.in_use_bytes,
+            reserved: counters.reserved_bytes,
+            in_use_high: counters.peak_in_use_bytes,
+            reserved_high: counters.peak_reserved_bytes,
+        }
     }
     fn device_used(&self) -> Option<u64> {
         let backend = self.manager.backend();
@@ -242,9 +281,9 @@ pub fn replay(
         strategy: format!("{:?}", config.strategy).to_lowercase(),
         events: trace.events.len() as u64,
         peak_requested_bytes: played.requested_peak,
-        peak_in_use_bytes: counters.peak_in_use_bytes,
-        peak_reserved_bytes: counters.peak_reserved_bytes,
-        reserved_over_peak: ratio(counters.peak_reserved_bytes, played.requested_peak),
+        peak_in_use_bytes: played.in_use_peak,
+        peak_reserved_bytes: played.reserved_peak,
+        reserved_over_peak: ratio(played.reserved_peak, played.requested_peak),
         driver_allocs: counters.driver_allocs,
         driver_frees: after
             .as_ref()
@@ -272,6 +311,7 @@ struct DriverPool<'a> {
     allocs: u64,
     frees: u64,
     in_use: u64,
+    in_use_high: u64,
 }
 
 impl Replayed for DriverPool<'_> {
@@ -280,6 +320,7 @@ impl Replayed for DriverPool<'_> {
         let ptr = self.cuda.alloc_stream_ordered(self.device, size)?;
         self.allocs += 1;
         self.in_use += size;
+        self.in_use_high = self.in_use_high.max(self.in_use);
         Ok((ptr, size))
     }
     fn free(&mut self, (ptr, size): (DevicePtr, u64)) {
@@ -291,12 +332,23 @@ impl Replayed for DriverPool<'_> {
             Err(error) => tracing::warn!(%error, "cuMemFreeAsync failed during a replay"),
         }
     }
-    fn held(&self) -> (u64, u64) {
-        let reserved = self
+    fn reset_peaks(&mut self) {
+        self.in_use_high = self.in_use;
+        if let Err(error) = self.cuda.reset_stream_ordered_peak(self.device) {
+            tracing::warn!(%error, "resetting the driver pool's high-water mark failed");
+        }
+    }
+    fn held(&self) -> Held {
+        let (reserved, reserved_high) = self
             .cuda
             .stream_ordered_reserved(self.device)
-            .map_or(0, |(now, _)| now);
-        (self.in_use, reserved)
+            .unwrap_or((0, 0));
+        Held {
+            in_use: self.in_use,
+            reserved,
+            in_use_high: self.in_use_high,
+            reserved_high,
+        }
     }
     fn device_used(&self) -> Option<u64> {
         use crate::backend::DeviceBackend;
@@ -326,13 +378,13 @@ pub fn replay_driver_pool(
         allocs: 0,
         frees: 0,
         in_use: 0,
+        in_use_high: 0,
     };
     let played = play(&mut target, trace, &mut progress);
-    let peak = cuda.stream_ordered_reserved(device).map(|(_, high)| high);
     let trimmed = cuda.trim_stream_ordered_pool(device);
     let played = played?;
-    let peak = peak.map_err(baseline)?;
     trimmed.map_err(baseline)?;
+    let peak = played.reserved_peak;
     let after = cuda.stream_ordered_reserved(device).map_err(baseline)?.0;
     let report = ReplayReport {
         trace: trace.name.clone(),
@@ -340,7 +392,7 @@ pub fn replay_driver_pool(
         strategy: "driver-pool".to_string(),
         events: trace.events.len() as u64,
         peak_requested_bytes: played.requested_peak,
-        peak_in_use_bytes: played.requested_peak,
+        peak_in_use_bytes: played.in_use_peak,
         peak_reserved_bytes: peak,
         reserved_over_peak: ratio(peak, played.requested_peak),
         driver_allocs: target.allocs,
@@ -360,4 +412,55 @@ pub fn replay_driver_pool(
         pages_released: 0,
     };
     Ok((report, played.timeline))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::units::MIB;
+    use std::sync::Arc;
+
+    /// A spike inside one bucket: the timeline's highs reach the printed peaks although the
+    /// bucket ends long after the spike is freed.
+    #[test]
+    fn each_bucket_keeps_its_peak() {
+        let mut events = Vec::new();
+        // 30,000 events: about 20 per bucket; the 256 MiB spike lives for two events.
+        for i in 0..15_000u32 {
+            let size = if i == 7_001 { 256 * MIB } else { MIB };
+            events.push(TraceEvent::Alloc {
+                slot: 0,
+                size,
+                stream: 0,
+            });
+            events.push(TraceEvent::Free { slot: 0 });
+        }
+        let trace = Trace {
+            name: "spike".into(),
+            metadata: None,
+            events,
+            slots: 1,
+            peak_requested_bytes: 256 * MIB,
+        };
+        let sim = Arc::new(SimBackend::new(SimConfig::default()));
+        let manager = MemoryManager::new(sim, Default::default()).expect("manager");
+        let (report, timeline) = replay(&manager, 0, &trace, |_| {}).expect("replays");
+        let highest = |pick: fn(&TimelinePoint) -> u64| timeline.iter().map(pick).max();
+        assert_eq!(report.peak_requested_bytes, 256 * MIB);
+        assert_eq!(
+            highest(|p| p.requested_high),
+            Some(report.peak_requested_bytes)
+        );
+        assert_eq!(highest(|p| p.in_use_high), Some(report.peak_in_use_bytes));
+        assert_eq!(
+            highest(|p| p.reserved_high),
+            Some(report.peak_reserved_bytes)
+        );
+        assert!(report.peak_reserved_bytes >= 256 * MIB);
+        assert!(
+            timeline.iter().map(|p| p.requested).max() < Some(256 * MIB),
+            "the end-of-bucket values alone miss the spike (what the plot drew before)"
+        );
+    }
 }

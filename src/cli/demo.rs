@@ -38,6 +38,9 @@ pub(super) struct DemoArgs {
     publish_dir: Option<std::path::PathBuf>,
 
     #[command(flatten)]
+    flight: super::flight::FlightFlags,
+
+    #[command(flatten)]
     common: CommonArgs,
 }
 
@@ -55,6 +58,7 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         Some(text) => Some(flag_duration("--duration", text)?),
         None => None,
     };
+    let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
     let spike_at = match &args.spike_at {
         Some(text) => Some(flag_duration("--spike-at", text)?),
         None => None,
@@ -77,6 +81,9 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         })?;
     }
     let leak_age = memory.leak_age;
+    let flight = args
+        .flight
+        .settings(args.publish_dir.as_ref().map(|dir| dir.join("oom")))?;
 
     let (opened, devices) = args.common.open_checked(&memory, given)?;
     let (backend, sim): (Arc<dyn DeviceBackend>, _) = match opened.backend.kind() {
@@ -96,6 +103,9 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         leak_age,
         spike_at,
         publish_dir: args.publish_dir,
+        top_tags,
+        runbook_url: args.exporter.runbook_url.clone(),
+        flight,
         memory,
         allowed_hosts: args.exporter.allowed_hosts.clone(),
     };

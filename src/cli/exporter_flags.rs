@@ -27,7 +27,20 @@ pub(super) struct ExporterFlags {
         value_name = "NAMES"
     )]
     pub allowed_hosts: Vec<String>,
+
+    /// How many tags per device get their own `gpumem_tag_*{tag}` series (the largest by bytes);
+    /// the rest are summed as tag="other", so the number of series stays fixed (1 to 100).
+    #[arg(long, env = "GPUMEM_TOP_TAGS", default_value_t = 10)]
+    pub top_tags: usize,
+
+    /// Where the status page's hints link to: the URL of docs/runbook.md wherever you host it
+    /// (section anchors are appended). Default: the copy this gpumem serves at /runbook.
+    #[arg(long, env = "GPUMEM_RUNBOOK_URL", value_name = "URL")]
+    pub runbook_url: Option<String>,
 }
+
+/// More tags than this per device would make `/metrics` large for little insight.
+const MAX_TOP_TAGS: usize = 100;
 
 impl ExporterFlags {
     /// The address and interval, or one line naming the flag that is wrong.
@@ -35,6 +48,18 @@ impl ExporterFlags {
         let listen = parse_listen(&self.listen).map_err(|e| format!("--listen: {e}"))?;
         let interval = parse_interval(&self.interval).map_err(|e| format!("--interval: {e}"))?;
         Ok((listen, interval))
+    }
+
+    /// `--top-tags`, checked.
+    pub(super) fn top_tags(&self) -> Result<usize, String> {
+        if (1..=MAX_TOP_TAGS).contains(&self.top_tags) {
+            Ok(self.top_tags)
+        } else {
+            Err(format!(
+                "--top-tags: {} is out of range (1 to {MAX_TOP_TAGS})",
+                self.top_tags
+            ))
+        }
     }
 }
 
@@ -48,8 +73,15 @@ mod tests {
             listen: listen.to_string(),
             interval: interval.to_string(),
             allowed_hosts: Vec::new(),
+            top_tags: 10,
+            runbook_url: None,
         };
         assert!(flags("127.0.0.1:0", "1s").validate().is_ok());
+        let none = ExporterFlags {
+            top_tags: 0,
+            ..flags("127.0.0.1:0", "1s")
+        };
+        assert!(none.top_tags().unwrap_err().starts_with("--top-tags:"));
         assert!(flags("localhost", "1s")
             .validate()
             .unwrap_err()

@@ -6,6 +6,7 @@ mod demo;
 mod devices;
 mod estimate;
 mod exporter_flags;
+mod flight;
 mod healthcheck;
 mod replay;
 mod serve;
@@ -295,8 +296,13 @@ fn init_logging() {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUMEM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: in a container log or a file, escape codes are
+    // noise that breaks grep and log pipelines (NO_COLOR turns it off on a terminal too).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal: in a file or a log collector they are noise.
         .with_ansi(std::io::stderr().is_terminal())

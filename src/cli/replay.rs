@@ -341,15 +341,17 @@ fn write_plot(
     timeline: &[TimelinePoint],
     inputs: &[PathBuf],
 ) -> Result<(), CliError> {
-    let series_of = |pick: fn(&TimelinePoint) -> u64| -> Vec<(f64, f64)> {
+    // Each bucket draws its low, its high and where it ended, so the plotted peaks are the
+    // printed ones (the plot's own downsampling keeps each bucket's extremes as well).
+    let series_of = |pick: fn(&TimelinePoint) -> [u64; 3]| -> Vec<(f64, f64)> {
         timeline
             .iter()
-            .map(|p| (p.event as f64, pick(p) as f64))
+            .flat_map(|p| pick(p).map(|v| (p.event as f64, v as f64)))
             .collect()
     };
-    let requested = series_of(|p| p.requested);
-    let in_use = series_of(|p| p.in_use);
-    let reserved = series_of(|p| p.reserved);
+    let requested = series_of(|p| [p.requested_low, p.requested_high, p.requested]);
+    let in_use = series_of(|p| [p.in_use.min(p.in_use_high), p.in_use_high, p.in_use]);
+    let reserved = series_of(|p| [p.reserved.min(p.reserved_high), p.reserved_high, p.reserved]);
     let title = format!(
         "{}: reserved/peak {:.3} ({} strategy, {} backend)",
         report.trace, report.reserved_over_peak, report.strategy, report.backend

@@ -47,6 +47,19 @@ pub(super) struct ServeArgs {
     #[arg(long, env = "GPUMEM_NVML_LIBRARY", value_name = "PATH")]
     nvml_library: Option<String>,
 
+    /// How long a process that stopped publishing (exited, killed, stale) stays on the page
+    /// and in /api/v1/snapshot as "exited", with its last numbers (e.g. 15m, 1h).
+    #[arg(
+        long,
+        env = "GPUMEM_EXITED_RETENTION",
+        default_value = "15m",
+        value_name = "DURATION"
+    )]
+    exited_retention: String,
+
+    #[command(flatten)]
+    flight: super::flight::FlightFlags,
+
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -54,6 +67,12 @@ pub(super) struct ServeArgs {
 pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before a library is loaded or a port bound.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
+    let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
+    let runbook_url = args
+        .exporter
+        .runbook_url
+        .clone()
+        .unwrap_or_else(|| crate::web::DEFAULT_RUNBOOK.to_string());
     let collect = match &args.collect_dir {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
@@ -66,6 +85,11 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
         None => None,
     };
     let config = args.common.memory_config()?;
+    let exited_retention = crate::units::parse_duration(&args.exited_retention)
+        .map_err(|e| CliError::usage(format!("--exited-retention: {e}")))?;
+    let mut flight = args.flight.settings(None)?;
+    // Engines publishing into the collect directory write their records under oom/ there.
+    flight.read_dir = args.collect_dir.as_ref().map(|dir| dir.join("oom"));
     let source = match args.common.backend {
         BackendChoice::Auto => DeviceSource::Nvml {
             library: args.nvml_library.clone(),
@@ -87,6 +111,7 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
     }
 
     let mut sidecar = Sidecar::open(source, collect);
+    sidecar.keep_exited_for(exited_retention);
     match sidecar.device_count() {
         Some(count) => sidecar.select_devices(args.common.device_selection(&config, given, count)?),
         None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(
@@ -103,6 +128,9 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
             .source(Box::new(sidecar))
             .listen(listen)
             .interval(interval)
+            .top_tags(top_tags)
+            .runbook_url(runbook_url)
+            .flight(flight)
             .leak_age(config.leak_age)
             .allowed_hosts(&args.exporter.allowed_hosts)
             .pressure_thresholds(config.pressure)

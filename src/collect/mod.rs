@@ -3,6 +3,7 @@
 //! per-process memory into the snapshots `gpumem serve` exports.
 
 mod collector;
+pub mod exited;
 pub mod read;
 mod sidecar;
 

@@ -22,6 +22,10 @@ pub const MAX_TEXT: usize = 128;
 /// How much of a file's own text a rejection quotes: log lines and the page stay short
 /// whatever the file holds (a wrong-typed 3 MB string is quoted in serde's message).
 const MAX_DETAIL: usize = 240;
+/// Tags per device and the length of a tag: the sidecar exports only the largest few of them
+/// (`gpumem_tag_*`), but a file must not make it hold or sort thousands.
+pub const MAX_TAGS: usize = 64;
+pub const MAX_TAG_NAME: usize = 64;
 
 /// Every reason a file can be skipped for (metric label values): the [`Rejection`] kinds, plus
 /// the collector's own `duplicate_pid`, `too_many_files` and `over_budget`.
@@ -228,6 +232,7 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
                 device.pools.len()
             ));
         }
+        validate_tags(gpu, &device.tags)?;
         let mut names: Vec<&str> = Vec::with_capacity(device.pools.len());
         for pool in &device.pools {
             let name = pool.pool.as_str();
@@ -255,6 +260,34 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// A device's tags: few, short, printable, each once (they become `tag` label values).
+fn validate_tags(gpu: u32, tags: &[crate::snapshot::ProcessTag]) -> Result<(), String> {
+    if tags.len() > MAX_TAGS {
+        return Err(format!(
+            "gpu {gpu}: {} tags; at most {MAX_TAGS}",
+            tags.len()
+        ));
+    }
+    let mut seen: Vec<&str> = Vec::with_capacity(tags.len());
+    for tag in tags {
+        let name = tag.tag.as_str();
+        if name.is_empty()
+            || name.chars().count() > MAX_TAG_NAME
+            || name.chars().any(char::is_control)
+        {
+            return Err(format!(
+                "gpu {gpu}: tag \"{}\" must be 1 to {MAX_TAG_NAME} printable characters",
+                name.escape_debug()
+            ));
+        }
+        if seen.contains(&name) {
+            return Err(format!("gpu {gpu}: tag \"{name}\" is listed twice"));
+        }
+        seen.push(name);
     }
     Ok(())
 }
@@ -314,6 +347,24 @@ mod tests {
             file.process.len(),
             crate::publish::process::MAX_PROCESS_NAME
         );
+    }
+
+    #[test]
+    fn tags_are_optional_and_bounded() {
+        let file = parse(GOOD.as_bytes()).expect("a version-1 file without tags");
+        assert!(file.devices[0].tags.is_empty());
+        let tagged = GOOD.replace(
+            "\"pools\":[",
+            "\"tags\":[{\"tag\":\"kv_cache\",\"live_bytes\":512}],\"pools\":[",
+        );
+        let file = parse(tagged.as_bytes()).expect("tags parse");
+        assert_eq!(file.devices[0].tags[0].live_bytes, Some(512));
+        let twice = tagged.replace(
+            "[{\"tag\":\"kv_cache\",",
+            "[{\"tag\":\"kv_cache\"},{\"tag\":\"kv_cache\",",
+        );
+        assert_eq!(reason(&twice), "invalid");
+        assert_eq!(reason(&tagged.replace("kv_cache", "")), "invalid");
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub struct Sidecar {
     selection: Option<Vec<usize>>,
     pids: PidMapper,
     collector: Option<Collector>,
+    exited: Option<super::exited::ExitedTracker>,
 }
 
 impl Sidecar {
@@ -74,7 +75,18 @@ impl Sidecar {
             backend,
             selection: None,
             pids: PidMapper::new(),
+            exited: collect.as_ref().map(|c| {
+                super::exited::ExitedTracker::new(c.dir.clone(), super::exited::DEFAULT_RETENTION)
+            }),
             collector: collect.map(Collector::new),
+        }
+    }
+
+    /// How long a process that stopped publishing stays listed as exited (default 15 min).
+    pub fn keep_exited_for(&mut self, retention: std::time::Duration) {
+        if let Some(collector) = &self.collector {
+            let dir = collector.settings().dir.clone();
+            self.exited = Some(super::exited::ExitedTracker::new(dir, retention));
         }
     }
 
@@ -242,6 +254,7 @@ impl SnapshotSource for Sidecar {
             },
         };
         let mut processes = Vec::new();
+        let mut exited = Vec::new();
         let mut collect = None;
         if let Some(collector) = &mut self.collector {
             let collected = collector.scan();
@@ -252,7 +265,17 @@ impl SnapshotSource for Sidecar {
             ));
             problems.extend(collected.problem);
             processes = collected.processes;
+            for process in &mut processes {
+                bound_tags(process, settings.tags_listed);
+            }
+            if let Some(tracker) = &mut self.exited {
+                exited = tracker.update(&processes, timestamp_seconds);
+            }
             collect = Some(collected.status);
+        }
+        let mut devices = devices;
+        for device in &mut devices {
+            add_collected(device, &processes, settings);
         }
         Snapshot {
             devices,
@@ -262,9 +285,66 @@ impl SnapshotSource for Sidecar {
                 gpu_processes,
                 processes,
                 collect,
+                exited,
             }),
             ..crate::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
         }
+    }
+}
+
+/// Counts what the collected processes hold on `device` (joined on the UUID, else the index)
+/// as the device's in-use and reserved bytes, so the page's bar and chart show them next to
+/// everyone else's memory. Device memory read from another source than the processes' own (a
+/// simulated device, or NVML a moment before they grew) may say less is used than they hold:
+/// then used is raised to what they hold, so the bar, the pressure and the process table agree.
+fn add_collected(
+    device: &mut DeviceSnapshot,
+    processes: &[crate::snapshot::CollectedProcess],
+    settings: &CaptureSettings,
+) {
+    let on_device = processes
+        .iter()
+        .flat_map(|p| &p.devices)
+        .filter(|d| d.is(device));
+    let (mut reserved, mut in_use) = (0u64, 0u64);
+    for published in on_device {
+        let held = published
+            .reserved_bytes
+            .or(published.in_use_bytes)
+            .unwrap_or(0);
+        reserved = reserved.saturating_add(held);
+        in_use = in_use.saturating_add(published.in_use_bytes.unwrap_or(held).min(held));
+    }
+    device.stats.pools.reserved_bytes = reserved;
+    device.stats.pools.in_use_bytes = in_use;
+    let Some(memory) = &mut device.memory else {
+        return;
+    };
+    if memory.used_bytes < reserved {
+        memory.used_bytes = reserved.min(memory.total_bytes);
+        memory.free_bytes = memory.total_bytes - memory.used_bytes;
+    }
+    memory.used_by_this_process_bytes = reserved.min(memory.used_bytes);
+    memory.used_by_others_bytes = memory.used_bytes - memory.used_by_this_process_bytes;
+    device.pressure = Some(Pressure::measure(
+        &settings.pressure,
+        memory.used_bytes,
+        memory.total_bytes,
+    ));
+}
+
+/// Keeps each collected device's largest `keep` tags and folds the rest into `other`, so the
+/// `tag` label stays bounded however many tags a writer publishes.
+fn bound_tags(process: &mut crate::snapshot::CollectedProcess, keep: usize) {
+    for device in &mut process.devices {
+        if device.tags.len() <= keep {
+            continue;
+        }
+        let groups = crate::publish::format::tag_groups(&device.tags);
+        device.tags = crate::snapshot::fold_smallest(groups, keep)
+            .iter()
+            .map(crate::publish::format::published_tag)
+            .collect();
     }
 }
 
@@ -365,10 +445,8 @@ fn device_snapshot(
         index,
         total_bytes: memory.map_or(0, |m| m.total_bytes),
         memory,
-        pressure: memory.map(|m| Pressure {
-            level: settings.pressure.classify(m.used_bytes, m.total_bytes),
-            used_ratio: settings.pressure.used_ratio(m.used_bytes, m.total_bytes),
-        }),
+        pressure: memory
+            .map(|m| Pressure::measure(&settings.pressure, m.used_bytes, m.total_bytes)),
         ..DeviceSnapshot::default()
     }
 }

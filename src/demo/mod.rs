@@ -42,6 +42,12 @@ pub(crate) struct DemoSettings {
     pub spike_at: Option<Duration>,
     /// Also publish snapshots into this directory, for `gpumem serve --collect-dir`.
     pub publish_dir: Option<PathBuf>,
+    /// Tags per device listed by name in snapshots and `/metrics`; the rest are `other`.
+    pub top_tags: usize,
+    /// Where the page's hints link to (default `/runbook`).
+    pub runbook_url: Option<String>,
+    /// The OOM flight recorder (run by the exporter; the publisher's records would repeat it).
+    pub flight: crate::flight::FlightSettings,
     /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
     pub memory: ManagerConfig,
     /// Host names allowed besides IP addresses and localhost (`--allowed-hosts`).
@@ -103,6 +109,7 @@ async fn serve(
                 .leak_age(settings.leak_age)
                 .long_lived_tags(long_lived.iter().copied())
                 .process_name("gpumem-demo")
+                .top_tags(settings.top_tags)
                 .spawn()?,
         ),
         None => None,
@@ -113,6 +120,14 @@ async fn serve(
         .interval(settings.interval)
         .leak_age(settings.leak_age)
         .long_lived_tags(long_lived.iter().copied())
+        .top_tags(settings.top_tags)
+        .runbook_url(
+            settings
+                .runbook_url
+                .clone()
+                .unwrap_or_else(|| crate::web::DEFAULT_RUNBOOK.to_string()),
+        )
+        .flight(settings.flight.clone())
         .routes(spike::routes(Arc::clone(&spike)))
         .allowed_hosts(&settings.allowed_hosts)
         .spawn()?;

@@ -22,6 +22,7 @@ mod address;
 
 pub use address::{parse_interval, parse_listen, reachable_addr, DEFAULT_LISTEN};
 
+use crate::flight::FlightSettings;
 use crate::manager::pressure::PressureThresholds;
 use crate::manager::MemoryManager;
 use crate::sampler::{self, Sample, Sampler, SnapshotSource, MIN_INTERVAL};
@@ -74,6 +75,8 @@ pub struct ExporterBuilder {
     routes: Option<Router>,
     source: Option<Box<dyn SnapshotSource>>,
     allowed_hosts: web::host::AllowedHosts,
+    flight: FlightSettings,
+    runbook_url: Option<String>,
 }
 
 impl Default for ExporterBuilder {
@@ -87,6 +90,8 @@ impl Default for ExporterBuilder {
             routes: None,
             source: None,
             allowed_hosts: web::host::AllowedHosts::default(),
+            flight: FlightSettings::default(),
+            runbook_url: None,
         }
     }
 }
@@ -122,9 +127,29 @@ impl ExporterBuilder {
         self
     }
 
+    /// How many tags per device are listed by name (default 10); the rest are summed as `other`.
+    pub fn top_tags(mut self, count: usize) -> Self {
+        self.capture.tags_listed = count.max(1);
+        self
+    }
+
     /// Where the pressure levels start (default: the manager's `pressure` thresholds).
     pub fn pressure_thresholds(mut self, thresholds: PressureThresholds) -> Self {
         self.pressure = Some(thresholds);
+        self
+    }
+
+    /// Where the OOM flight recorder writes its records and how many it keeps (default: in
+    /// memory only, shown at `/api/v1/oom` and on the page).
+    pub fn flight(mut self, settings: FlightSettings) -> Self {
+        self.flight = settings;
+        self
+    }
+
+    /// Where the status page's hints link to (docs/runbook.md hosted somewhere); default: the
+    /// copy every gpumem serves at `/runbook`.
+    pub fn runbook_url(mut self, url: impl Into<String>) -> Self {
+        self.runbook_url = Some(url.into());
         self
     }
 
@@ -170,13 +195,18 @@ impl ExporterBuilder {
         listener.set_nonblocking(true).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
 
-        let mut sampler = match self.source {
+        let sampler = match self.source {
             Some(source) => Sampler::with_source(source, self.capture),
             None => Sampler::new(self.managers, self.capture),
         };
+        let mut sampler = sampler.with_flight(self.flight);
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
-        let state = WebState::new(latest, sampler.history(), interval);
+        let mut state =
+            WebState::new(latest, sampler.history(), interval).with_flight(sampler.flight_log());
+        if let Some(url) = &self.runbook_url {
+            state = state.with_runbook(url);
+        }
         let app = web::router(state, self.routes, self.allowed_hosts);
         let (stop, stopped) = watch::channel(false);
         let work = run(listener, app, sampler, publish, stopped);

@@ -11,6 +11,7 @@ mod config_file;
 pub mod fallback;
 mod handles;
 pub mod leaks;
+pub mod ooms;
 pub mod placement;
 pub mod pressure;
 mod tag;
@@ -27,6 +28,7 @@ pub use config_file::{
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
+pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
@@ -78,6 +80,8 @@ pub(crate) struct DeviceEvents {
     pub host_fallback_bytes: AtomicU64,
     /// Most pages under live blocks seen at a cache check, this window and the last.
     pub live_pages_peak: [AtomicUsize; 2],
+    /// The latest refusals, for the flight recorder.
+    pub recent_ooms: ooms::OomLog,
 }
 
 /// Everything the manager keeps for one device.
@@ -448,11 +452,16 @@ impl MemoryManager {
             self.release_cached_on(managed, cache::Unmapped::Kept, |bytes, _| bytes < excess);
             outcome = pool.alloc(kind, size, align, &live, may_map);
         }
-        if let Err(ArenaError::Backend(BackendError::OutOfMemory { .. }) | ArenaError::OverLimit) =
-            outcome
+        if let Err(
+            ArenaError::Backend(BackendError::OutOfMemory { .. })
+            | ArenaError::OverLimit
+            | ArenaError::BelowMinFree,
+        ) = outcome
         {
-            // Cached pages of every pool on the device, and the pages kept in its reserve,
-            // may be what stands in the way.
+            // Cached pages of every pool on the device, and the pages kept in its reserve, may be
+            // what stands in the way. At critical pressure too: giving idle pages back raises free
+            // memory, which may be all the minimum-free rule wants (without this, retries stayed
+            // 0 while pages sat idle).
             managed.events.retries.fetch_add(1, Relaxed);
             self.release_cached_on(managed, cache::Unmapped::Released, |_, _| true);
             outcome = pool.alloc(kind, size, align, &live, may_map);
@@ -463,7 +472,7 @@ impl MemoryManager {
                 managed.pages.miss_ns.record(took);
             }
         }
-        outcome.map_err(|error| self.explain_failure(managed, live.requested, error))
+        outcome.map_err(|error| self.explain_failure(managed, &live, kind, error))
     }
 
     /// The limits on mapping `bytes` more: the pool cap, and at critical pressure the minimum
@@ -496,17 +505,22 @@ impl MemoryManager {
         match managed.direct.alloc(size, live) {
             Ok(ptr) => Ok((ptr, Origin::Direct(Arc::clone(&managed.direct)))),
             Err(error) => {
-                Err(self.explain_failure(managed, live.requested, ArenaError::Backend(error)))
+                let error = ArenaError::Backend(error);
+                Err(self.explain_failure(managed, &live, PoolKind::Direct, error))
             }
         }
     }
 
+    /// The error a refused request gets; counts it and records it for the flight recorder.
+    #[cold]
     fn explain_failure(
         &self,
         managed: &ManagedDevice,
-        requested: u64,
+        live: &LiveInfo,
+        pool: PoolKind,
         error: ArenaError,
     ) -> AllocError {
+        let requested = live.requested;
         let reserved = managed.reserve.reserved_bytes.load(Relaxed);
         let info = || self.shared.backend.mem_info(managed.index).ok();
         let error = match error {
@@ -538,8 +552,32 @@ impl MemoryManager {
             },
             ArenaError::Backend(other) => return AllocError::Backend(other),
         };
-        managed.events.ooms.fetch_add(1, Relaxed);
+        let seq = managed.events.ooms.fetch_add(1, Relaxed) + 1;
+        let kind = match &error {
+            AllocError::PoolLimit { .. } => "pool_limit",
+            AllocError::PressureCritical { .. } => "pressure_critical",
+            _ => "out_of_memory",
+        };
+        managed.events.recent_ooms.record(ooms::OomEvent {
+            seq,
+            timestamp_seconds: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            requested_bytes: requested,
+            tag: Tag::from_id(live.tag).map(Tag::name),
+            pool: pool.name().to_string(),
+            kind: kind.to_string(),
+            message: error.to_string(),
+        });
         error
+    }
+
+    /// The latest out-of-memory refusals on `device`, oldest first (at most
+    /// [`ooms::KEPT_PER_DEVICE`]).
+    pub fn recent_ooms(&self, device: usize) -> Vec<ooms::OomEvent> {
+        self.device(device)
+            .map(|d| d.events.recent_ooms.recent())
+            .unwrap_or_default()
     }
 
     /// Frees a buffer now (the same as dropping it, but reports a driver error).

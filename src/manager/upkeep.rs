@@ -12,7 +12,10 @@ use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 /// Fragmentation above this is worth a warning (the status page and alerts use it too).
-pub(super) const FRAGMENTATION_WARNING: f64 = 0.30;
+pub const FRAGMENTATION_WARNING: f64 = 0.30;
+/// A warned pool is "back to normal" only under this: without the gap a pool hovering around
+/// 30 % logged a warning and a recovery every few seconds (73 lines in 10 minutes).
+pub const FRAGMENTATION_CLEAR: f64 = 0.20;
 
 impl MemoryManager {
     /// One round of upkeep; returns the bytes given back to the driver.
@@ -84,7 +87,8 @@ impl MemoryManager {
         released
     }
 
-    /// Logs once when a pool's fragmentation crosses the warning line, and once when it drops back.
+    /// Logs once when a pool's fragmentation crosses the warning line, and once when it drops back
+    /// under the (lower) clearing line.
     fn log_fragmentation(&self) {
         for managed in &self.shared().devices {
             let worst = [PoolKind::Small, PoolKind::Large]
@@ -101,21 +105,29 @@ impl MemoryManager {
                     fragmentation(largest, cached)
                 })
                 .fold(0.0, f64::max);
-            let above = worst > FRAGMENTATION_WARNING;
-            if managed.pressure.fragmented.swap(above, Relaxed) != above {
-                if above {
-                    tracing::warn!(
-                        device = managed.index,
-                        fragmentation = worst,
-                        "pool fragmentation above 30%"
-                    );
-                } else {
-                    tracing::info!(
-                        device = managed.index,
-                        fragmentation = worst,
-                        "pool fragmentation back under 30%"
-                    );
-                }
+            let was_above = managed.pressure.fragmented.load(Relaxed);
+            let above = if was_above {
+                worst >= FRAGMENTATION_CLEAR
+            } else {
+                worst > FRAGMENTATION_WARNING
+            };
+            if above == was_above {
+                continue;
+            }
+            managed.pressure.fragmented.store(above, Relaxed);
+            let percent = (worst * 100.0).round();
+            if above {
+                tracing::warn!(
+                    "GPU {}: pool fragmentation at {percent:.0}% (above {:.0}%): large requests may miss the cache",
+                    managed.index,
+                    FRAGMENTATION_WARNING * 100.0
+                );
+            } else {
+                tracing::info!(
+                    "GPU {}: pool fragmentation back to {percent:.0}% (under {:.0}%)",
+                    managed.index,
+                    FRAGMENTATION_CLEAR * 100.0
+                );
             }
         }
     }

@@ -2,7 +2,9 @@
 //! Kept small and flat on purpose, so that a Python engine can write the same file from
 //! `torch.cuda.memory_stats()` in a dozen lines.
 
-use crate::snapshot::{DeviceSnapshot, PoolSnapshot, ProcessDevice, ProcessPool, Snapshot};
+use crate::snapshot::{
+    DeviceSnapshot, PoolSnapshot, ProcessDevice, ProcessPool, ProcessTag, Snapshot, TagGroup,
+};
 use serde::{Deserialize, Serialize};
 
 /// The value of the `format` field: says what the file is before anything else is trusted.
@@ -100,11 +102,38 @@ fn device(d: &DeviceSnapshot) -> ProcessDevice {
         leak_suspect_allocations: Some(d.live.leak_suspect_count),
         leak_suspect_bytes: Some(d.live.leak_suspect_bytes),
         oldest_allocation_age_seconds: Some(d.live.oldest_age_seconds),
-        pools: d.pools.iter().map(pool).collect(),
+        pools: d.pools.iter().map(published_pool).collect(),
+        tags: d.by_tag.iter().map(published_tag).collect(),
     }
 }
 
-fn pool(p: &PoolSnapshot) -> ProcessPool {
+/// A tag group as the publish format writes it.
+pub fn published_tag(g: &TagGroup) -> ProcessTag {
+    ProcessTag {
+        tag: g.tag.clone(),
+        live_bytes: Some(g.bytes),
+        live_allocations: Some(g.count),
+        leak_suspect_bytes: Some(g.leak_suspect_bytes),
+        leak_suspect_allocations: Some(g.leak_suspect_count),
+    }
+}
+
+/// A published device's tags as groups (unknown numbers count as 0), e.g. to fold them.
+pub fn tag_groups(tags: &[ProcessTag]) -> Vec<TagGroup> {
+    tags.iter()
+        .map(|t| TagGroup {
+            tag: t.tag.clone(),
+            count: t.live_allocations.unwrap_or(0),
+            bytes: t.live_bytes.unwrap_or(0),
+            oldest_age_seconds: 0.0,
+            leak_suspect_count: t.leak_suspect_allocations.unwrap_or(0),
+            leak_suspect_bytes: t.leak_suspect_bytes.unwrap_or(0),
+        })
+        .collect()
+}
+
+/// A pool as the publish format writes it.
+pub fn published_pool(p: &PoolSnapshot) -> ProcessPool {
     ProcessPool {
         pool: p.pool.clone(),
         reserved_bytes: Some(p.reserved_bytes),

@@ -52,6 +52,8 @@ pub struct PublisherBuilder {
     leak_age: Option<Duration>,
     long_lived_tags: Option<Vec<String>>,
     process_name: Option<String>,
+    top_tags: Option<usize>,
+    flight: Option<crate::flight::FlightSettings>,
 }
 
 impl PublisherBuilder {
@@ -86,6 +88,19 @@ impl PublisherBuilder {
         self
     }
 
+    /// How many tags per device are published by name (default 10); the rest as `other`.
+    pub fn top_tags(mut self, count: usize) -> Self {
+        self.top_tags = Some(count.max(1));
+        self
+    }
+
+    /// Runs the OOM flight recorder on the publisher's samples (for an engine without an
+    /// exporter; with one, let the exporter record, or every record is written twice).
+    pub fn flight(mut self, settings: crate::flight::FlightSettings) -> Self {
+        self.flight = Some(settings);
+        self
+    }
+
     /// The `process` label (default: the process name, as `ps` shows it).
     pub fn process_name(mut self, name: impl Into<String>) -> Self {
         self.process_name = Some(name.into());
@@ -111,6 +126,9 @@ impl PublisherBuilder {
         if let Some(tags) = self.long_lived_tags {
             capture.long_lived_tags = tags;
         }
+        if let Some(count) = self.top_tags {
+            capture.tags_listed = count;
+        }
         let dir = self.dir.unwrap_or_else(default_dir);
         let mut identity = current_identity();
         if let Some(name) = self.process_name {
@@ -122,7 +140,10 @@ impl PublisherBuilder {
         };
         std::fs::create_dir_all(&dir).map_err(dir_error)?;
         let mut worker = Worker {
-            sampler: Sampler::new(self.managers, capture),
+            sampler: match self.flight {
+                Some(flight) => Sampler::new(self.managers, capture).with_flight(flight),
+                None => Sampler::new(self.managers, capture),
+            },
             file: file_name(identity.pid),
             dir: dir.clone(),
             identity,

@@ -7,6 +7,7 @@ mod history;
 
 pub use history::{DevicePoint, History, HistoryPoint, HistoryReply};
 
+use crate::flight::{FlightLog, FlightRecorder, FlightSettings};
 use crate::manager::MemoryManager;
 use crate::snapshot::Snapshot;
 use crate::snapshot::{capture, unix_now, CaptureSettings, SamplerHealth};
@@ -57,6 +58,10 @@ pub struct Sampler {
     history: Arc<History>,
     last_history_point: Option<Instant>,
     latest: Option<Arc<Sample>>,
+    /// Writes a record for every OOM and rise to critical pressure the samples show; one per
+    /// process is enough (the exporter's, or the publisher's when there is no exporter).
+    recorder: Option<FlightRecorder>,
+    flight_log: Arc<FlightLog>,
 }
 
 impl Sampler {
@@ -79,7 +84,22 @@ impl Sampler {
             history,
             last_history_point: None,
             latest: None,
+            recorder: None,
+            flight_log: Arc::default(),
         }
+    }
+
+    /// Records OOMs and critical pressure as `settings` say (without this call, not at all).
+    pub fn with_flight(mut self, settings: FlightSettings) -> Self {
+        let recorder = FlightRecorder::new(settings);
+        self.flight_log = recorder.log();
+        self.recorder = Some(recorder);
+        self
+    }
+
+    /// The flight recorder's latest records (for `/api/v1/oom` and the page).
+    pub fn flight_log(&self) -> Arc<FlightLog> {
+        Arc::clone(&self.flight_log)
     }
 
     pub fn history(&self) -> Arc<History> {
@@ -117,6 +137,9 @@ impl Sampler {
         if due {
             self.history.record(&sample);
             self.last_history_point = Some(sample.taken_at);
+        }
+        if let Some(recorder) = &mut self.recorder {
+            recorder.observe(&sample.snapshot, &self.history);
         }
         self.latest = Some(Arc::clone(&sample));
         sample

@@ -80,6 +80,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                     }
                 },
             };
+            device.recent_ooms.extend(manager.recent_ooms(index));
             match manager.device_stats(index) {
                 Ok(stats) => add_stats(&mut device.stats, &stats),
                 Err(error) => problems.push(format!(
@@ -113,16 +114,20 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                         used_by_this_process_bytes: ours,
                         used_by_others_bytes: used - ours,
                     });
-                    device.pressure = Some(Pressure {
-                        level: settings.pressure.classify(used, info.total),
-                        used_ratio: settings.pressure.used_ratio(used, info.total),
-                    });
+                    device.pressure = Some(Pressure::measure(&settings.pressure, used, info.total));
                 }
                 Err(error) => problems.push(format!(
                     "device {index}: could not read free memory: {error}"
                 )),
             }
         }
+        // Several managers may share a device: keep the newest refusals of them all.
+        let ooms = &mut device.recent_ooms;
+        ooms.sort_by(|a, b| a.timestamp_seconds.total_cmp(&b.timestamp_seconds));
+        let excess = ooms
+            .len()
+            .saturating_sub(crate::manager::ooms::KEPT_PER_DEVICE);
+        ooms.drain(..excess);
         let accumulator = accumulators
             .remove(index)
             .unwrap_or_else(|| LiveAccumulator::new(settings));
@@ -264,10 +269,14 @@ impl LiveAccumulator {
         if settings.long_lived_tags.iter().any(|t| t == tag) {
             return;
         }
-        self.oldest_age = self.oldest_age.max(age);
         if age >= settings.leak_age {
+            if let Some(group) = self.tags.get_mut(tag) {
+                group.leak_suspect_count += 1;
+                group.leak_suspect_bytes += bytes;
+            }
             add_to_group(&mut self.leaks, tag, bytes, age);
         }
+        self.oldest_age = self.oldest_age.max(age);
         // Allocations arrive oldest first from each manager; keeping the first few is enough
         // for one manager, and `finish` re-sorts in case several were merged.
         if self.oldest.len() < settings.oldest_listed {
@@ -316,22 +325,35 @@ fn add_to_group(groups: &mut HashMap<String, TagGroup>, tag: &str, bytes: u64, a
 /// The `keep` groups with the most bytes, then the rest folded into one `other` group, so a
 /// program with thousands of distinct tags still yields a small snapshot.
 fn largest_groups(groups: HashMap<String, TagGroup>, keep: usize) -> Vec<TagGroup> {
-    let mut sorted: Vec<TagGroup> = groups.into_values().collect();
-    sorted.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.tag.cmp(&b.tag)));
-    if sorted.len() > keep {
-        let rest = sorted.split_off(keep);
-        let mut other = TagGroup {
-            tag: OTHER_TAGS.to_string(),
-            ..TagGroup::default()
-        };
-        for group in rest {
-            other.count += group.count;
-            other.bytes += group.bytes;
-            other.oldest_age_seconds = other.oldest_age_seconds.max(group.oldest_age_seconds);
-        }
-        sorted.push(other);
+    fold_smallest(groups.into_values().collect(), keep)
+}
+
+/// `groups` sorted by bytes (most first), the groups beyond the first `keep` folded into one
+/// `other` group (merged with an `other` already present). Bounds the tags a snapshot lists and
+/// the `tag` label values `/metrics` exports, in-process and for collected processes alike.
+pub fn fold_smallest(mut groups: Vec<TagGroup>, keep: usize) -> Vec<TagGroup> {
+    groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.tag.cmp(&b.tag)));
+    if groups.len() <= keep {
+        return groups;
     }
-    sorted
+    let mut kept = Vec::with_capacity(keep + 1);
+    let mut other = TagGroup {
+        tag: OTHER_TAGS.to_string(),
+        ..TagGroup::default()
+    };
+    for group in groups {
+        if kept.len() < keep && group.tag != OTHER_TAGS {
+            kept.push(group);
+            continue;
+        }
+        other.count += group.count;
+        other.bytes += group.bytes;
+        other.leak_suspect_count += group.leak_suspect_count;
+        other.leak_suspect_bytes += group.leak_suspect_bytes;
+        other.oldest_age_seconds = other.oldest_age_seconds.max(group.oldest_age_seconds);
+    }
+    kept.push(other);
+    kept
 }
 
 #[cfg(test)]
@@ -400,6 +422,7 @@ mod tests {
                 count: 1,
                 bytes,
                 oldest_age_seconds: bytes as f64,
+                ..TagGroup::default()
             },
         )
     }

@@ -10,10 +10,10 @@ mod sidecar;
 
 #[cfg(feature = "sidecar")]
 pub(crate) use capture::begun;
-pub use capture::{capture, CaptureSettings};
+pub use capture::{capture, fold_smallest, CaptureSettings};
 pub use sidecar::{
-    CollectStatus, CollectedProcess, GpuProcess, ProcessDevice, ProcessPool, ReasonCount,
-    SidecarSnapshot, SourceStatus,
+    CollectStatus, CollectedProcess, ExitedProcess, GpuProcess, ProcessDevice, ProcessPool,
+    ProcessTag, ReasonCount, SidecarSnapshot, SourceStatus,
 };
 
 use crate::pool::CounterValues;
@@ -68,6 +68,9 @@ pub struct DeviceSnapshot {
     pub oldest_allocations: Vec<AllocationSummary>,
     /// Live bytes per tag, most bytes first (the largest few tags, then `other`).
     pub by_tag: Vec<TagGroup>,
+    /// The latest out-of-memory refusals, oldest first (what was asked for, tag, why).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_ooms: Vec<crate::manager::ooms::OomEvent>,
 }
 
 /// Device memory as the driver reports it, split by who holds it.
@@ -88,6 +91,20 @@ pub struct Pressure {
     pub level: crate::manager::pressure::PressureLevel,
     /// Used over usable bytes; the levels are thresholds on it.
     pub used_ratio: f64,
+}
+
+impl Pressure {
+    /// The pressure of a device with `used` of `total` bytes taken, by `thresholds`.
+    pub fn measure(
+        thresholds: &crate::manager::pressure::PressureThresholds,
+        used: u64,
+        total: u64,
+    ) -> Pressure {
+        Pressure {
+            level: thresholds.classify(used, total),
+            used_ratio: thresholds.used_ratio(used, total),
+        }
+    }
 }
 
 /// Counters of one device, all pools added up.
@@ -169,6 +186,11 @@ pub struct TagGroup {
     pub count: u64,
     pub bytes: u64,
     pub oldest_age_seconds: f64,
+    /// Of these, the leak suspects (older than the leak age, tag not long-lived).
+    #[serde(default)]
+    pub leak_suspect_count: u64,
+    #[serde(default)]
+    pub leak_suspect_bytes: u64,
 }
 
 /// One live allocation, as the page lists it.

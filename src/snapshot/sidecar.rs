@@ -17,6 +17,23 @@ pub struct SidecarSnapshot {
     pub processes: Vec<CollectedProcess>,
     /// How reading the collect directory went; `None` without `--collect-dir`.
     pub collect: Option<CollectStatus>,
+    /// Processes that stopped publishing lately (newest first), with their last snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exited: Vec<ExitedProcess>,
+}
+
+/// A collected process that dropped out, kept for `--exited-retention` (15 min by default).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExitedProcess {
+    /// Its last collected snapshot (peaks, OOM count, pools, tags).
+    pub last: CollectedProcess,
+    /// When the sidecar noticed, in seconds since the Unix epoch.
+    pub exited_at_seconds: f64,
+    /// `exited` (its pid is gone), `stale` (it stopped publishing), `stopped` (it removed its
+    /// file, as a clean shutdown does).
+    pub reason: String,
+    /// Whether the sidecar removed the file it left behind.
+    pub file_removed: bool,
 }
 
 impl SidecarSnapshot {
@@ -112,6 +129,32 @@ pub struct ProcessDevice {
     pub oldest_allocation_age_seconds: Option<f64>,
     #[serde(default)]
     pub pools: Vec<ProcessPool>,
+    /// Live memory by tag (the largest tags, then `other`): added within version 1, so older
+    /// writers leave it out and older readers ignore it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<ProcessTag>,
+}
+
+impl ProcessDevice {
+    /// Whether this published device is `device` of the sidecar's own readings: the same UUID,
+    /// or the same index when the writer gave none (CUDA and NVML may number devices apart).
+    pub fn is(&self, device: &super::DeviceSnapshot) -> bool {
+        match &self.uuid {
+            Some(uuid) => *uuid == device.uuid,
+            None => self.gpu as usize == device.index,
+        }
+    }
+}
+
+/// One tag of a published device: what its live allocations hold (`gpumem_tag_*{tag}`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessTag {
+    /// The tag (`kv_cache`), `untagged`, or `other` for the tags beyond the largest few.
+    pub tag: String,
+    pub live_bytes: Option<u64>,
+    pub live_allocations: Option<u64>,
+    pub leak_suspect_bytes: Option<u64>,
+    pub leak_suspect_allocations: Option<u64>,
 }
 
 /// One pool of a published device.

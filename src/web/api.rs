@@ -1,4 +1,5 @@
-//! The JSON API and the health check: `/api/v1/snapshot`, `/api/v1/history`, `/healthz`.
+//! The JSON API and the health check: `/api/v1/snapshot`, `/api/v1/history`, `/api/v1/oom`,
+//! `/healthz`.
 
 use super::WebState;
 use crate::units::format_duration;
@@ -18,6 +19,21 @@ pub(super) async fn snapshot(State(state): State<WebState>) -> Response {
 pub(super) struct HistoryQuery {
     /// Only points taken after this Unix time: lets the chart fetch what is new.
     since: Option<f64>,
+}
+
+/// The flight recorder's latest records, newest first, and where they are written.
+pub(super) async fn oom(State(state): State<WebState>) -> Response {
+    #[derive(serde::Serialize)]
+    struct Reply<'a> {
+        dir: Option<&'a str>,
+        records: Vec<&'a crate::flight::FlightRecord>,
+    }
+    let latest = state.flight.latest();
+    Json(Reply {
+        dir: state.flight.dir.as_deref(),
+        records: latest.iter().map(AsRef::as_ref).collect(),
+    })
+    .into_response()
 }
 
 pub(super) async fn history(

@@ -18,6 +18,11 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
         include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/static/chart.js")),
     ),
     (
+        "live.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/static/live.js")),
+    ),
+    (
         "favicon.svg",
         "image/svg+xml",
         include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/static/favicon.svg")),

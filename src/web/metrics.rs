@@ -1,10 +1,12 @@
 //! `/metrics`: a `prometheus` [`Collector`] that turns one snapshot into metric families, and the
 //! text rendering of them. Every family is declared once in the tables below (name, help, type,
 //! labels), which is also where the metrics contract is read from. Labels are bounded: `gpu`,
-//! `uuid`, `pool`, `state`, `band` and the build's `version` — never ids or tags. The sidecar's
-//! series (collected processes, NVML, `source`) are in `sidecar`.
+//! `uuid`, `pool`, `state`, `band`, the build's `version`, and `tag` for the largest few tags
+//! only (`tags`) — never ids. The sidecar's series (collected processes, NVML, `source`) are
+//! in `sidecar`.
 
 mod sidecar;
+mod tags;
 
 use crate::manager::pressure::PressureLevel;
 use crate::snapshot::{DeviceSnapshot, PoolSnapshot, Snapshot};
@@ -151,7 +153,7 @@ const BUILD_INFO: Def = def(
     "Always 1; the labels say which gpumem version is running and on which backend (cuda or sim; for the sidecar, where device memory comes from: nvml, cuda, sim or none).",
 );
 const UP: Def = def("gpumem_up", GAUGE, &[],
-    "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0. The sidecar adds one per source (source=nvml, cuda, sim, collect): 1 while it works.");
+    "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0. The sidecar labels that one source=\"sampler\" and adds one per source (source=nvml, cuda, sim, collect): 1 while it works.");
 const SAMPLE_DURATION: Def = def(
     "gpumem_sample_duration_seconds",
     GAUGE,
@@ -211,6 +213,7 @@ pub(crate) fn all_defs() -> impl Iterator<Item = &'static Def> {
         .chain(DEVICE_METRICS.iter().map(|(d, _)| d))
         .chain(POOL_METRICS.iter().map(|(d, _)| d))
         .chain(sidecar::DEFS.iter().copied())
+        .chain(tags::TAG_METRICS.iter().map(|(d, _, _)| d))
 }
 
 /// The metrics of one snapshot, as a `prometheus` collector.
@@ -310,7 +313,13 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
             1.0,
         )],
     );
-    let mut up = single(&UP, f64::from(u8::from(health.latest_ok && fresh)));
+    // One label set per target: the sidecar labels its overall sample `source="sampler"` next
+    // to its per-source series, instead of mixing an unlabelled series into the family.
+    let sampled = f64::from(u8::from(health.latest_ok && fresh));
+    let mut up = match snapshot.sidecar {
+        Some(_) => vec![sample(GAUGE, &[("source", "sampler")], sampled)],
+        None => single(&UP, sampled),
+    };
     up.extend(sidecar::up_samples(snapshot));
     out.add(&UP, up);
     out.add(
@@ -390,6 +399,7 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
         samples.extend(sidecar::process_pool_samples(snapshot, def));
         out.add(def, samples);
     }
+    tags::add_families(snapshot, &mut out);
     sidecar::add_families(snapshot, &mut out);
     out.0
 }

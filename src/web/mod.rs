@@ -2,20 +2,24 @@
 //! snapshots only — never an allocator lock, never the driver — so a scrape cannot slow the
 //! allocator down, and a stuck driver cannot hang a scrape.
 //!
-//! Routes: `/metrics`, `/` (status page), `/api/v1/snapshot`, `/api/v1/history`, `/healthz`,
+//! Routes: `/metrics`, `/` (status page), `/api/v1/snapshot`, `/api/v1/history`, `/api/v1/oom`
+//! (the flight recorder's latest records), `/healthz`,
 //! `/static/{file}`; anything else is 404, a known path with the wrong method is 405.
 
 mod api;
 mod assets;
+mod compress;
 pub(crate) mod format;
 pub(crate) mod host;
 pub mod metrics;
 pub mod page;
+pub mod runbook;
 pub mod runtime;
 mod server;
 
 pub use server::{serve, serve_with_header_timeout};
 
+use crate::flight::FlightLog;
 use crate::sampler::{History, Sample};
 use askama::Template;
 use axum::extract::State;
@@ -33,7 +37,14 @@ pub struct WebState {
     latest: watch::Receiver<Arc<Sample>>,
     history: Arc<History>,
     interval: Duration,
+    /// The OOM flight recorder's latest records (`/api/v1/oom`, the page).
+    flight: Arc<FlightLog>,
+    /// Where the page's hints link to: the runbook, `/runbook` unless configured.
+    runbook: Arc<str>,
 }
+
+/// The runbook every gpumem serves itself (docs/runbook.md).
+pub const DEFAULT_RUNBOOK: &str = "/runbook";
 
 impl WebState {
     pub fn new(
@@ -45,7 +56,21 @@ impl WebState {
             latest,
             history,
             interval,
+            flight: Arc::default(),
+            runbook: Arc::from(DEFAULT_RUNBOOK),
         }
+    }
+
+    /// Links the page's hints to this runbook URL instead of `/runbook`.
+    pub fn with_runbook(mut self, url: &str) -> Self {
+        self.runbook = Arc::from(url.trim_end_matches('#'));
+        self
+    }
+
+    /// Serves the records of this flight recorder.
+    pub fn with_flight(mut self, flight: Arc<FlightLog>) -> Self {
+        self.flight = flight;
+        self
     }
 
     /// The latest sample; cloning the `Arc` releases the channel's lock at once.
@@ -62,7 +87,9 @@ pub fn router(state: WebState, extra: Option<Router>, hosts: host::AllowedHosts)
         .route("/metrics", get(metrics_text))
         .route("/api/v1/snapshot", get(api::snapshot))
         .route("/api/v1/history", get(api::history))
+        .route("/api/v1/oom", get(api::oom))
         .route("/healthz", get(api::healthz))
+        .route("/runbook", get(runbook::serve))
         .route("/static/{file}", get(assets::serve))
         .with_state(state);
     let app = match extra {
@@ -74,6 +101,7 @@ pub fn router(state: WebState, extra: Option<Router>, hosts: host::AllowedHosts)
             hosts,
             host::check_host,
         ))
+        .layer(axum::middleware::from_fn(compress::gzip))
 }
 
 async fn metrics_text(State(state): State<WebState>) -> Response {
@@ -92,7 +120,10 @@ async fn metrics_text(State(state): State<WebState>) -> Response {
 async fn index(State(state): State<WebState>) -> Response {
     let sample = state.latest();
     let fresh = !sample.is_stale(state.interval);
-    match page::IndexPage::new(&sample.snapshot, fresh).render() {
+    let page = page::IndexPage::new(&sample.snapshot, fresh)
+        .with_hints(&sample.snapshot, fresh, &state.runbook)
+        .with_oom_records(&state.flight.latest());
+    match page.render() {
         Ok(html) => ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response(),
         Err(error) => internal_error(format!("could not render the page: {error}")),
     }
@@ -102,7 +133,7 @@ async fn not_found(uri: Uri) -> Response {
     (
         StatusCode::NOT_FOUND,
         format!(
-            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /healthz\n",
+            "not found: {}\nendpoints: / /metrics /api/v1/snapshot /api/v1/history /api/v1/oom /healthz /runbook\n",
             uri.path()
         ),
     )

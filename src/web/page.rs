@@ -7,6 +7,7 @@ mod sidecar;
 pub(crate) use sidecar::SidecarView;
 
 use super::format;
+use crate::manager::PressureLevel;
 use crate::snapshot::{DeviceSnapshot, Snapshot};
 use askama::Template;
 
@@ -28,7 +29,35 @@ pub struct IndexPage {
     pub(crate) devices: Vec<DeviceView>,
     /// The sidecar's sources and processes (`gpumem serve`); `None` in-process.
     pub(crate) sidecar: Option<SidecarView>,
+    /// What needs attention and where the runbook says what to do, most urgent first.
+    pub(crate) hints: Vec<Hint>,
+    /// The OOM flight recorder's latest records, newest first.
+    pub(crate) oom_records: Vec<OomRow>,
 }
+
+/// "Memory pressure is critical on GPU 0: …" and the runbook section that says what to do.
+pub(crate) struct Hint {
+    /// `critical` or `warn`: the colour.
+    pub(crate) class: &'static str,
+    pub(crate) text: String,
+    pub(crate) link: String,
+}
+
+/// One flight record, as the page lists it.
+pub(crate) struct OomRow {
+    pub(crate) time: String,
+    pub(crate) trigger: &'static str,
+    pub(crate) summary: String,
+    pub(crate) file: String,
+}
+
+/// The runbook's section for each state (docs/runbook.md; anchors are the alerts' names).
+const RUNBOOK_PRESSURE_HIGH: &str = "gpumempressurehigh";
+const RUNBOOK_PRESSURE_CRITICAL: &str = "gpumempressurecritical";
+const RUNBOOK_LEAKS: &str = "gpumemleaksuspectsgrowing";
+const RUNBOOK_FRAGMENTED: &str = "gpumempoolfragmented";
+const RUNBOOK_OOM: &str = "gpumemoutofmemory";
+const RUNBOOK_SAMPLING: &str = "gpumemsamplingfailing";
 
 pub(crate) struct DeviceView {
     pub index: usize,
@@ -73,6 +102,8 @@ pub(crate) struct BarSegment {
     pub value: String,
     /// Width as a CSS percentage, e.g. "12.50".
     pub width: String,
+    /// The bytes behind it (a `data-bytes` attribute, for scripts and tests).
+    pub bytes: u64,
 }
 
 /// A headline number.
@@ -141,8 +172,129 @@ impl IndexPage {
                 .map(|d| DeviceView::new(d, snapshot.sidecar.is_none()))
                 .collect(),
             sidecar: snapshot.sidecar.as_ref().map(SidecarView::new),
+            hints: Vec::new(),
+            oom_records: Vec::new(),
+        }
+        .with_hints(snapshot, fresh, crate::web::DEFAULT_RUNBOOK)
+    }
+
+    /// Says what needs attention, linking `runbook` (a URL of docs/runbook.md) sections.
+    pub fn with_hints(mut self, snapshot: &Snapshot, fresh: bool, runbook: &str) -> Self {
+        self.hints = hints(snapshot, fresh, runbook);
+        self
+    }
+
+    /// Lists the flight recorder's records.
+    pub fn with_oom_records(
+        mut self,
+        records: &[std::sync::Arc<crate::flight::FlightRecord>],
+    ) -> Self {
+        self.oom_records = records
+            .iter()
+            .map(|r| OomRow {
+                time: format::clock_utc(r.timestamp_seconds),
+                trigger: match r.trigger {
+                    crate::flight::Trigger::Oom => "OOM",
+                    crate::flight::Trigger::CriticalPressure => "critical",
+                },
+                summary: r.summary.clone(),
+                file: r
+                    .file
+                    .clone()
+                    .unwrap_or_else(|| "in memory only".to_string()),
+            })
+            .collect();
+        self
+    }
+}
+
+/// The page's hints for `snapshot`: one per state that needs attention, most urgent first.
+fn hints(snapshot: &Snapshot, fresh: bool, runbook: &str) -> Vec<Hint> {
+    let link = |anchor: &str| format!("{runbook}#{anchor}");
+    let mut hints = Vec::new();
+    let mut hint = |class, text: String, anchor| {
+        hints.push(Hint {
+            class,
+            text,
+            link: link(anchor),
+        })
+    };
+    if !snapshot.health.latest_ok || !fresh {
+        hint(
+            "warn",
+            "Sampling is failing or stalled: the numbers below are old. /healthz says why."
+                .to_string(),
+            RUNBOOK_SAMPLING,
+        );
+    }
+    for device in &snapshot.devices {
+        let gpu = device.index;
+        if let Some(p) = device.pressure {
+            let pct = format::percent(p.used_ratio);
+            match p.level {
+                PressureLevel::Critical => hint(
+                    "critical",
+                    format!("GPU {gpu} is at critical memory pressure ({pct} of usable): allocations are about to fail. Find who holds the memory and free it or lower the load."),
+                    RUNBOOK_PRESSURE_CRITICAL,
+                ),
+                PressureLevel::High => hint(
+                    "warn",
+                    format!("GPU {gpu} is at high memory pressure ({pct} of usable): caches are trimmed and larger batches may not fit."),
+                    RUNBOOK_PRESSURE_HIGH,
+                ),
+                _ => {}
+            }
+        }
+        let ooms = device.stats.ooms + collected(snapshot, device, |d| d.ooms_total);
+        if ooms > 0 {
+            hint(
+                "critical",
+                format!("GPU {gpu}: {} allocation(s) refused with out-of-memory. The flight records below say what was asked for and who held the memory.", format::count(ooms)),
+                RUNBOOK_OOM,
+            );
+        }
+        let leaks =
+            device.live.leak_suspect_bytes + collected(snapshot, device, |d| d.leak_suspect_bytes);
+        if leaks > 0 {
+            hint(
+                "warn",
+                format!("GPU {gpu}: {} held by leak suspects (allocations older than {}). If it keeps growing, something allocates and never frees.", format::bytes(leaks), format::age(snapshot.leak_age_seconds)),
+                RUNBOOK_LEAKS,
+            );
+        }
+        let fragmented = device
+            .pools
+            .iter()
+            .map(|p| p.fragmentation_ratio)
+            .fold(0.0, f64::max);
+        if fragmented > crate::manager::FRAGMENTATION_WARNING {
+            hint(
+                "warn",
+                format!("GPU {gpu}: a pool's cached memory is {} splinters; large requests may miss although memory is cached.", format::percent(fragmented)),
+                RUNBOOK_FRAGMENTED,
+            );
         }
     }
+    hints.sort_by_key(|h| h.class != "critical");
+    hints
+}
+
+/// A published number summed over the collected processes on `device` (sidecar only).
+fn collected(
+    snapshot: &Snapshot,
+    device: &DeviceSnapshot,
+    value: fn(&crate::snapshot::ProcessDevice) -> Option<u64>,
+) -> u64 {
+    let Some(sidecar) = &snapshot.sidecar else {
+        return 0;
+    };
+    sidecar
+        .processes
+        .iter()
+        .flat_map(|p| &p.devices)
+        .filter(|d| d.is(device))
+        .filter_map(value)
+        .sum()
 }
 
 impl DeviceView {
@@ -152,7 +304,7 @@ impl DeviceView {
             Some(p) => (
                 p.level.name(),
                 format!(
-                    "{} pressure · {}",
+                    "{} pressure · {} of usable",
                     p.level.name(),
                     format::percent(p.used_ratio)
                 ),
@@ -206,18 +358,20 @@ impl DeviceView {
             tiles.clear();
         }
         if let Some(memory) = device.memory {
-            let used_ratio = memory.used_bytes as f64 / memory.total_bytes.max(1) as f64;
+            // The one percentage on the page is the pressure's: used over usable memory.
+            let note = match device.pressure {
+                Some(p) => format!("{} of usable", format::percent(p.used_ratio)),
+                None => format!("of {}", format::bytes(memory.total_bytes)),
+            };
             tiles.insert(
                 tiles.len().min(2),
                 Tile {
                     label: "Device used",
                     value: format::bytes(memory.used_bytes),
-                    note: format!(
-                        "{} of {}",
-                        format::percent(used_ratio),
-                        format::bytes(memory.total_bytes)
-                    ),
-                    warn: false,
+                    note,
+                    warn: device
+                        .pressure
+                        .is_some_and(|p| p.level >= PressureLevel::High),
                 },
             );
         }
@@ -282,14 +436,23 @@ fn memory_bar(device: &DeviceSnapshot, own_pools: bool) -> Vec<BarSegment> {
         label,
         value: format::bytes(bytes),
         width: width(bytes),
+        bytes,
     };
     let mut bar = Vec::new();
     if own_pools {
         bar.push(segment("in-use", "In use (this process)", in_use));
         bar.push(segment("cached", "Cached by pools", cached));
+    } else if stats.pools.reserved_bytes > 0 {
+        // The sidecar: what the collected processes hold, as their own tables say.
+        bar.push(segment("in-use", "In use (published processes)", in_use));
+        bar.push(segment("cached", "Cached by their pools", cached));
     }
     if let (Some(others), Some(free)) = (others, free) {
-        let label = if own_pools { "Used by others" } else { "Used" };
+        let label = if own_pools || stats.pools.reserved_bytes > 0 {
+            "Used by others"
+        } else {
+            "Used"
+        };
         bar.push(segment("others", label, others));
         bar.push(segment("free", "Free", free));
     }

@@ -314,3 +314,38 @@ fn placement_across_real_gpus() {
         assert!(m.backend().mem_info(device).unwrap().used() >= stats.counters.reserved_bytes);
     }
 }
+
+/// At critical pressure a mapping that would eat into `min_free_bytes` first gives back the
+/// idle pages other pools cache, then tries again (counted in `oom_retries`); only when that
+/// is not enough is it refused, and the refusal is recorded with its size, tag and reason.
+#[test]
+fn critical_pressure_releases_cached_pages_and_retries_before_refusing() {
+    let sim = sims(&[10 * GIB]);
+    let config = MemoryConfig {
+        trim_on_high_pressure: false,
+        release_idle_after: None,
+        ..MemoryConfig::default()
+    };
+    let m = MemoryManager::new(sim.clone(), config).unwrap();
+    let other_stream = AllocOptions::default().on_stream(gpumem::backend::StreamId(7));
+    drop(m.alloc(0, 2 * GIB, &other_stream).unwrap());
+    let cached = m.device_stats(0).unwrap().counters.reserved_bytes;
+    assert!(cached >= 2 * GIB, "the freed buffer stays cached");
+    // Leave 1 GiB free: critical, and 1 GiB more would go below min_free (512 MiB).
+    sim.set_used_by_others(0, 10 * GIB - cached - GIB).unwrap();
+    m.update_pressure();
+    assert_eq!(m.pressure(0), Some(PressureLevel::Critical));
+    let tag = AllocOptions::tagged(Tag::new("kv_cache"));
+    let served = m.alloc(0, GIB, &tag).expect("the cached pages made room");
+    let stats = m.device_stats(0).unwrap();
+    assert_eq!((stats.oom_retries, stats.ooms), (1, 0));
+    drop(served);
+    let refused = m.alloc(0, 3 * GIB, &tag).unwrap_err();
+    assert!(refused.is_out_of_memory(), "{refused}");
+    let recorded = m.recent_ooms(0);
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].seq, 1);
+    assert_eq!(recorded[0].requested_bytes, 3 * GIB);
+    assert_eq!(recorded[0].tag.as_deref(), Some("kv_cache"));
+    assert_eq!(recorded[0].message, refused.to_string());
+}

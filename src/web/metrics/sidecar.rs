@@ -106,8 +106,12 @@ const SNAPSHOT_AGE: Def = def(
     "Age of each collected process's latest published snapshot when it was read.",
 );
 
+const EXITED: Def = def("gpumem_collect_exited_processes", GAUGE, &[],
+    "Processes that stopped publishing (exited, killed or stale) within the exited retention (--exited-retention, 15 minutes by default); their last numbers are on the page and in /api/v1/snapshot.");
+
 /// The families only the sidecar has.
 pub(super) const DEFS: &[&Def] = &[
+    &EXITED,
     &PROCESS_MEMORY,
     &COLLECT_PROCESSES,
     &COLLECT_FILES,
@@ -240,6 +244,7 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         single(&COLLECT_PROCESSES, sidecar.processes.len() as f64),
     );
     out.add(&COLLECT_FILES, single(&COLLECT_FILES, collect.files as f64));
+    out.add(&EXITED, single(&EXITED, sidecar.exited.len() as f64));
     out.add(
         &COLLECT_REJECTED,
         by_reason(&COLLECT_REJECTED, &collect.rejected),
@@ -290,13 +295,14 @@ mod tests {
     fn every_published_field_is_exported_under_its_own_name() {
         let device = ProcessDevice {
             pools: vec![ProcessPool::default()],
+            tags: vec![crate::snapshot::ProcessTag::default()],
             ..ProcessDevice::default()
         };
         let json = serde_json::to_value(&device).expect("serialises");
         let declared: Vec<&str> = all_defs().map(|d| d.name).collect();
         let fields = json.as_object().expect("an object");
         for key in fields.keys() {
-            if ["gpu", "uuid", "name", "pools"].contains(&key.as_str()) {
+            if ["gpu", "uuid", "name", "pools", "tags"].contains(&key.as_str()) {
                 continue;
             }
             let name = format!("gpumem_{key}");
@@ -309,7 +315,7 @@ mod tests {
                 "{name} undeclared"
             );
         }
-        assert_eq!(PROCESS_DEVICE.len(), fields.len() - 4);
+        assert_eq!(PROCESS_DEVICE.len(), fields.len() - 5);
         let pool = json["pools"][0].as_object().expect("a pool");
         for key in pool.keys().filter(|k| *k != "pool") {
             let name = format!("gpumem_pool_{key}");
@@ -323,6 +329,11 @@ mod tests {
             );
         }
         assert_eq!(PROCESS_POOL.len(), pool.len() - 1);
+        let tag = json["tags"][0].as_object().expect("a tag");
+        for key in tag.keys().filter(|k| *k != "tag") {
+            let name = format!("gpumem_tag_{key}");
+            assert!(declared.contains(&name.as_str()), "{name} undeclared");
+        }
         for def in DEFS {
             assert!(declared.contains(&def.name));
         }

@@ -12,6 +12,23 @@ pub(crate) struct SidecarView {
     pub collect_summary: String,
     pub processes: Vec<ProcessRow>,
     pub gpu_processes: Vec<GpuProcessRow>,
+    /// Processes that stopped publishing lately, one row per device, newest first.
+    pub exited: Vec<ExitedRow>,
+}
+
+/// One device of an exited process, with its last numbers.
+pub(crate) struct ExitedRow {
+    pub process: String,
+    pub pid: u32,
+    pub gpu: u32,
+    /// `exited`, `stale` or `stopped`.
+    pub reason: String,
+    pub reserved: String,
+    pub peak_reserved: String,
+    pub ooms: String,
+    pub ooms_warn: bool,
+    pub leaks: String,
+    pub gone_for: String,
 }
 
 pub(crate) struct SourceRow {
@@ -25,7 +42,11 @@ pub(crate) struct ProcessRow {
     pub process: String,
     pub pid: u32,
     pub gpu: u32,
+    /// The device's UUID (joins the row to its device section).
+    pub uuid: String,
     pub reserved: String,
+    /// Raw, for scripts and tests (`data-reserved-bytes`); 0 when unknown.
+    pub reserved_bytes: u64,
     pub in_use: String,
     pub peak_reserved: String,
     pub live: String,
@@ -60,6 +81,25 @@ impl SidecarView {
             collect_summary: sidecar.collect.as_ref().map(summary).unwrap_or_default(),
             processes: sidecar.processes.iter().flat_map(process_rows).collect(),
             gpu_processes: sidecar.gpu_processes.iter().map(gpu_process_row).collect(),
+            exited: sidecar
+                .exited
+                .iter()
+                .flat_map(|e| {
+                    let gone_for = format::age(crate::snapshot::unix_now() - e.exited_at_seconds);
+                    e.last.devices.iter().map(move |d| ExitedRow {
+                        process: e.last.process.clone(),
+                        pid: e.last.pid,
+                        gpu: d.gpu,
+                        reason: e.reason.clone(),
+                        reserved: optional_bytes(d.reserved_bytes),
+                        peak_reserved: optional_bytes(d.reserved_peak_bytes),
+                        ooms: optional_count(d.ooms_total),
+                        ooms_warn: d.ooms_total.is_some_and(|n| n > 0),
+                        leaks: optional_bytes(d.leak_suspect_bytes),
+                        gone_for: gone_for.clone(),
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -99,7 +139,9 @@ fn process_rows(process: &CollectedProcess) -> Vec<ProcessRow> {
             process: process.process.clone(),
             pid: process.pid,
             gpu: d.gpu,
+            uuid: d.uuid.clone().unwrap_or_default(),
             reserved: optional_bytes(d.reserved_bytes),
+            reserved_bytes: d.reserved_bytes.unwrap_or(0),
             in_use: optional_bytes(d.in_use_bytes),
             peak_reserved: optional_bytes(d.reserved_peak_bytes),
             live: optional_count(d.live_allocations),

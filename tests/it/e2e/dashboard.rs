@@ -12,7 +12,10 @@ pub(super) const DASHBOARD_FILE: &str = "grafana/dashboard.json";
 
 /// Metrics only the sidecar (`gpumem serve`) publishes. A demo serves none of them, so the
 /// end-to-end test checks that their queries are valid PromQL rather than that they return data.
-pub(super) const SIDECAR_METRICS: &[&str] = &["gpumem_process_used_bytes"];
+pub(super) const SIDECAR_METRICS: &[&str] = &[
+    "gpumem_process_used_bytes",
+    "gpumem_collect_exited_processes",
+];
 
 pub(super) fn load() -> Value {
     serde_json::from_str(&read_repo_file(DASHBOARD_FILE))
@@ -169,11 +172,13 @@ pub(super) fn metric_names(expr: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether a query reads a metric only the sidecar publishes.
+/// Whether a query reads a metric only the sidecar publishes, or only the series of collected
+/// processes (selected by `process!=""`).
 pub(super) fn uses_sidecar_metrics(expr: &str) -> bool {
-    metric_names(expr)
-        .iter()
-        .any(|name| SIDECAR_METRICS.contains(&name.as_str()))
+    expr.contains("process!=\"\"")
+        || metric_names(expr)
+            .iter()
+            .any(|name| SIDECAR_METRICS.contains(&name.as_str()))
 }
 
 /// Metric families of a metrics text, and those of them labelled by `gpu`.
@@ -305,7 +310,9 @@ fn the_dashboard_and_the_alerts_use_only_metrics_the_demo_serves() {
                 "{}: the demo serves no {name}",
                 query.panel
             );
-            if per_gpu.contains(name) || sidecar {
+            // Every sidecar family but the count of exited processes is per GPU.
+            let sidecar_per_gpu = sidecar && name != "gpumem_collect_exited_processes";
+            if per_gpu.contains(name) || sidecar_per_gpu {
                 assert!(
                     selector_labels(&query.expr, at, name).contains("gpu=~\"$gpu\""),
                     "{}: {name} should be filtered by $gpu",

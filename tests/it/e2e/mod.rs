@@ -4,6 +4,7 @@
 //! dashboard query returns data; a forced pressure spike fires the pressure alerts).
 
 mod dashboard;
+mod oom;
 mod prometheus;
 mod rules;
 
@@ -19,7 +20,8 @@ fn read_repo_file(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// The `/metrics` text of a running `gpumem demo`, once it has every family (pools included).
+/// The `/metrics` text of a running `gpumem demo`, once it has every family (pools and tags
+/// included).
 fn demo_metrics() -> String {
     let demo = crate::support::Running::sim_demo("60s");
     let mut text = String::new();
@@ -28,6 +30,7 @@ fn demo_metrics() -> String {
         text = crate::web::get(demo.addr, "/metrics").body;
         text.contains("\ngpumem_pool_hits_total{")
             && text.contains("\ngpumem_last_sample_timestamp_seconds ")
+            && text.contains("\ngpumem_tag_live_bytes{")
     });
     assert!(
         ready,

@@ -196,15 +196,15 @@ fn every_alert_has_a_severity_annotations_and_a_runbook_section() {
                 rule.name
             );
         }
+        // Absolute: the external label `gpumem_runbook_url` when set, else the instance's own
+        // copy at /runbook; the section anchor is the same either way.
         let url = rule
             .annotations
             .get("runbook_url")
             .map_or("", String::as_str);
-        let anchor = url.strip_prefix(&format!("{RUNBOOK}#")).unwrap_or_else(|| {
-            panic!(
-                "{}: runbook_url should be {RUNBOOK}#..., is {url:?}",
-                rule.name
-            )
+        let base = "{{ with $externalLabels.gpumem_runbook_url }}{{ . }}{{ else }}http://{{ $labels.instance }}/runbook{{ end }}#";
+        let anchor = url.strip_prefix(base).unwrap_or_else(|| {
+            panic!("{}: runbook_url should be {base}..., is {url:?}", rule.name)
         });
         assert!(
             anchors.contains(anchor),
@@ -218,6 +218,32 @@ fn every_alert_has_a_severity_annotations_and_a_runbook_section() {
             rule.name
         );
     }
+}
+
+/// The example inhibit rule silences High while Critical fires for the same GPU, and names
+/// alerts that exist.
+#[test]
+fn the_inhibit_example_silences_high_under_critical() {
+    let doc = load_yaml("grafana/alertmanager-example.yml");
+    let rules = doc["inhibit_rules"].as_vec().expect("inhibit_rules");
+    let names: BTreeSet<String> = alert_rules().into_iter().map(|r| r.name).collect();
+    let rule = &rules[0];
+    let matcher = |key: &str| rule[key][0].as_str().unwrap_or("").replace(' ', "");
+    assert_eq!(
+        matcher("source_matchers"),
+        "alertname=GpumemPressureCritical"
+    );
+    assert_eq!(matcher("target_matchers"), "alertname=GpumemPressureHigh");
+    for name in ["GpumemPressureCritical", "GpumemPressureHigh"] {
+        assert!(names.contains(name), "{name} is not an alert");
+    }
+    let equal: Vec<&str> = rule["equal"]
+        .as_vec()
+        .expect("equal")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(equal, ["instance", "gpu"], "only the same GPU is silenced");
 }
 
 #[test]

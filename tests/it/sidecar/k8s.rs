@@ -102,11 +102,14 @@ fn the_kubernetes_example_runs_the_sidecar_next_to_the_engine() {
             .is_some_and(|p| p.iter().any(|p| p["containerPort"].as_i64() == Some(PORT))),
         "the sidecar must declare port {PORT}"
     );
-    for probe in ["readinessProbe", "livenessProbe"] {
-        let get = &sidecar[probe]["httpGet"];
-        assert_eq!(get["path"].as_str(), Some("/healthz"), "{probe}");
-        assert_eq!(resolve_port(sidecar, &get["port"]), PORT, "{probe}");
-    }
+    let get = &sidecar["livenessProbe"]["httpGet"];
+    assert_eq!(get["path"].as_str(), Some("/healthz"), "livenessProbe");
+    assert_eq!(resolve_port(sidecar, &get["port"]), PORT, "livenessProbe");
+    // A sidecar's readiness is the pod's: it must not take the engine out of its Service.
+    assert!(
+        sidecar["readinessProbe"].is_badvalue(),
+        "the sidecar must not have a readinessProbe"
+    );
     for bound in ["requests", "limits"] {
         let resources = &sidecar["resources"][bound];
         assert!(
@@ -116,6 +119,13 @@ fn the_kubernetes_example_runs_the_sidecar_next_to_the_engine() {
     }
     let security = &sidecar["securityContext"];
     assert_eq!(security["runAsNonRoot"].as_bool(), Some(true));
+    // The pod's fsGroup is the sidecar's group: the shared volume is always readable to it.
+    let pod_security = &deployment["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!(
+        pod_security["fsGroup"].as_i64(),
+        security["runAsGroup"].as_i64(),
+        "fsGroup should be the sidecar's group"
+    );
     assert_eq!(security["readOnlyRootFilesystem"].as_bool(), Some(true));
 
     // The shared emptyDir: mounted where the sidecar collects and where the engine publishes.

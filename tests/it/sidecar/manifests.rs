@@ -198,7 +198,12 @@ fn the_dockerfile_builds_a_slim_non_root_image_that_checks_its_health() {
 
     let command = json_array(all("CMD").last().expect("a CMD"));
     assert_eq!(command[0], "serve");
-    assert_eq!(flag_value(&command, "--listen"), Some("0.0.0.0:9400"));
+    assert!(env.contains("GPUMEM_LISTEN=0.0.0.0:9400"), "{env}");
+    assert_eq!(
+        flag_value(&command, "--listen"),
+        None,
+        "the address comes from GPUMEM_LISTEN, so the health check can follow it"
+    );
     assert_eq!(flag_value(&command, "--collect-dir"), Some(PUBLISH_DIR));
     assert_flags_parse(&command);
 
@@ -209,19 +214,24 @@ fn the_dockerfile_builds_a_slim_non_root_image_that_checks_its_health() {
         .1;
     let check = json_array(check);
     assert_eq!(check[..2], ["/usr/local/bin/gpumem", "healthcheck"]);
-    let url = flag_value(&check, "--url").expect("--url");
-    assert_eq!(url, "http://127.0.0.1:9400/healthz");
+    assert_eq!(
+        flag_value(&check, "--url"),
+        None,
+        "the URL follows GPUMEM_LISTEN"
+    );
     assert_flags_parse(&check[1..]);
 
-    // The image's command, run here: it serves the probes, and the health check passes on it.
+    // The image's command, run here (GPUMEM_LISTEN as a flag): it serves the probes, and the
+    // health check, told the address only through GPUMEM_LISTEN, passes on it.
     let dir = TempDir::new("docker-cmd");
-    let running = assert_serves_probes(&command, &dir);
-    let local_url = url.replace(":9400", &format!(":{}", running.addr.port()));
-    let mut check_args = check[1..].to_vec();
-    if let Some(at) = check_args.iter().position(|a| a == url) {
-        check_args[at] = local_url;
-    }
-    let output = gpumem(&[]).args(&check_args).output().expect("runs");
+    let mut listening = command.clone();
+    listening.extend(["--listen".to_string(), "0.0.0.0:9400".to_string()]);
+    let running = assert_serves_probes(&listening, &dir);
+    let output = gpumem(&[])
+        .args(&check[1..])
+        .env("GPUMEM_LISTEN", format!("0.0.0.0:{}", running.addr.port()))
+        .output()
+        .expect("runs");
     assert!(
         output.status.success(),
         "the HEALTHCHECK fails against the image's own command: {}",

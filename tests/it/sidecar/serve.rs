@@ -213,7 +213,7 @@ fn without_nvml_serve_keeps_serving_and_says_why() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("\ngpumem_up 1\n"),
+        metrics.contains("\ngpumem_up{source=\"sampler\"} 1\n"),
         "sampling itself works: {metrics}"
     );
     assert!(metrics.contains("backend=\"none\""), "{metrics}");

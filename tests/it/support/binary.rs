@@ -30,9 +30,14 @@ impl Running {
     /// Starts `gpumem <args>` and waits (up to 30 s) for its first line, which must be
     /// "gpumem <command>: open http://ADDR/".
     pub(crate) fn start(args: &[&str]) -> Running {
+        Self::start_with_stderr(args, Stdio::inherit())
+    }
+
+    /// [`start`](Self::start), its log (stderr) going to `stderr` (a file the test reads).
+    pub(crate) fn start_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Running {
         let mut child = gpumem(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("the gpumem binary starts");
         let stdout = child.stdout.take().expect("stdout");

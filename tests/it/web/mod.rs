@@ -154,6 +154,17 @@ fn metrics_have_the_exact_content_type_and_every_family() {
         assert_eq!(types.get(name), Some(kind), "{name} should be a {kind}");
     }
     let series = samples(&reply.body);
+    // The largest tags by name (10 unless --top-tags says otherwise), the rest as "other".
+    let tags: std::collections::BTreeSet<&str> = series
+        .iter()
+        .filter(|(name, _, _)| name == "gpumem_tag_live_bytes")
+        .filter_map(|(_, labels, _)| labels.split("tag=\"").nth(1)?.split('"').next())
+        .collect();
+    assert!(!tags.is_empty(), "no gpumem_tag_live_bytes series");
+    assert!(
+        tags.len() <= 11,
+        "more tags than the top 10 and other: {tags:?}"
+    );
     for (name, labels, _) in &series {
         assert!(types.contains_key(name.as_str()), "{name} has no TYPE line");
         let names: Vec<&str> = labels
@@ -162,8 +173,13 @@ fn metrics_have_the_exact_content_type_and_every_family() {
             .map(|(n, _)| n)
             .collect();
         assert!(
-            !names.iter().any(|n| ["tag", "id", "ptr"].contains(n)),
+            !names.iter().any(|n| ["id", "ptr"].contains(n)),
             "unbounded label on {name}: {labels}"
+        );
+        // Tags only on the tag families, where they are bounded (checked below).
+        assert!(
+            !names.contains(&"tag") || name.starts_with("gpumem_tag_"),
+            "a tag label on {name}: {labels}"
         );
         if DEVICE_FAMILIES.iter().any(|(n, _)| n == name) {
             assert!(
