@@ -29,7 +29,7 @@ use crate::pool::{
     ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, Placed, Pool, PoolKind,
     PoolSettings, MIN_BLOCK,
 };
-use crate::units::align_up;
+use crate::units::{align_up, Bytes};
 use buffer::{Origin, PooledBlock};
 use parking_lot::{Mutex, RwLock};
 use pressure::PressureState;
@@ -211,6 +211,7 @@ impl MemoryManager {
                 _upkeep_stop: upkeep_interval.map(|_| stop),
             }),
         };
+        manager.log_devices();
         manager.preallocate()?;
         if let Some(interval) = upkeep_interval {
             upkeep::spawn(&manager, interval, stopped)
@@ -251,6 +252,27 @@ impl MemoryManager {
             .shards(backend, StreamId::DEFAULT, shard_count)
             .into_boxed_slice();
         Ok(device)
+    }
+
+    /// One line per managed device as the manager starts: total, usable (total minus the
+    /// pressure reserve) and free memory, and the cap on the pools — the figures every later
+    /// pressure level and OOM message is measured against.
+    fn log_devices(&self) {
+        let thresholds = &self.shared.config.pressure;
+        for managed in &self.shared.devices {
+            let total = managed.properties.total_memory_bytes;
+            let free = self.shared.backend.mem_info(managed.index).map(|i| i.free);
+            let free = free.map_or_else(|e| format!("unknown ({e})"), |f| Bytes(f).to_string());
+            tracing::info!(
+                "managing GPU {} ({}): {} total, {} usable, {} free; pools capped at {}",
+                managed.index,
+                managed.properties.name,
+                Bytes(total),
+                Bytes(thresholds.usable(total)),
+                free,
+                Bytes(managed.pool_cap)
+            );
+        }
     }
 
     /// `preallocate_bytes`: map that much per device now, so the first requests hit.

@@ -1,0 +1,87 @@
+//! What users of the designs gpumem grew from expect to find, in the shape they know it:
+//! `reset_stats()`, a startup line per device, buffers allocated elsewhere counted by
+//! `track_external`, and a workspace that shrinks and grows with pressure.
+
+use crate::support::gpumem;
+use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::manager::MemoryConfig;
+use gpumem::units::{GIB, MIB};
+use gpumem::{AllocOptions, MemoryManager};
+use std::sync::Arc;
+
+fn sim(total: u64) -> Arc<SimBackend> {
+    Arc::new(SimBackend::new(SimConfig {
+        devices: vec![SimDeviceSpec {
+            name: "sim".to_string(),
+            total_bytes: total,
+            used_by_others: 0,
+        }],
+        granularity: 2 * MIB,
+    }))
+}
+
+#[test]
+fn reset_stats_zeroes_counts_and_peaks_but_keeps_what_is_held() {
+    let m = MemoryManager::new(sim(8 * GIB), MemoryConfig::default()).unwrap();
+    let held = m.alloc(0, 64 * MIB, &AllocOptions::default()).unwrap();
+    drop(m.alloc(0, 256 * MIB, &AllocOptions::default()).unwrap());
+    let _ = m.alloc(0, 100 * GIB, &AllocOptions::default());
+    let before = m.device_stats(0).unwrap();
+    assert_eq!(before.counters.allocations, 2);
+    assert!(before.counters.peak_requested_bytes >= 320 * MIB);
+    m.reset_stats();
+    let after = m.device_stats(0).unwrap();
+    let c = &after.counters;
+    assert_eq!(
+        (
+            c.allocations,
+            c.frees,
+            c.requests,
+            c.hits,
+            c.driver_allocs,
+            c.driver_frees
+        ),
+        (0, 0, 0, 0, 0, 0)
+    );
+    assert_eq!(after.ooms, 0);
+    assert_eq!(
+        c.live_allocations, 1,
+        "live buffers are state, not statistics"
+    );
+    assert_eq!(c.requested_bytes, 64 * MIB);
+    assert_eq!(c.peak_requested_bytes, 64 * MIB, "peaks restart from now");
+    assert_eq!(c.reserved_bytes, before.counters.reserved_bytes);
+    drop(held);
+    drop(m.alloc(0, MIB, &AllocOptions::default()).unwrap());
+    let c = m.device_stats(0).unwrap().counters;
+    assert_eq!((c.allocations, c.frees, c.requests), (1, 2, 1));
+}
+
+#[test]
+fn each_device_gets_a_startup_line_with_total_usable_and_free() {
+    let out = gpumem(&[
+        "demo",
+        "--backend",
+        "sim",
+        "--sim-devices",
+        "2",
+        "--sim-memory",
+        "24GiB",
+        "--duration",
+        "1s",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .env("GPUMEM_LOG", "info")
+    .output()
+    .expect("gpumem runs");
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    for device in 0..2 {
+        let line = format!(
+            "managing GPU {device} (Simulated H100): 24.00 GiB total, 22.00 GiB usable, \
+             24.00 GiB free; pools capped at 21.60 GiB"
+        );
+        assert_eq!(log.matches(&line).count(), 1, "{line:?} in\n{log}");
+    }
+}
