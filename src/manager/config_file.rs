@@ -303,10 +303,13 @@ mod tests {
     use crate::units::{GIB, MIB};
 
     fn from_file(text: &str) -> Result<MemoryConfig, ConfigError> {
+        // A file per call: tests run in parallel threads, and the clock alone can repeat.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
-            "gpumem-config-{}-{}",
+            "gpumem-config-{}-{}-{}",
             std::process::id(),
-            crate::clock::now()
+            crate::clock::now(),
+            CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("gpumem.toml");
@@ -378,7 +381,7 @@ mod tests {
         .unwrap();
         assert!(!config.track_allocations);
         assert_eq!(config.max_cached_bytes, Some(16 * 2 * MIB));
-        assert_eq!(config.max_pool_bytes, Some(7_000_000_000));
+        assert_eq!(config.max_pool_bytes, Some(7 * GIB));
         assert!(config.cpu_fallback);
         let err = from_file("enable_memory_tracking = \"sometimes\"\n").unwrap_err();
         assert!(err.to_string().contains("enable_memory_tracking"), "{err}");
