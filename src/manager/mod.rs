@@ -7,6 +7,7 @@ mod buffer;
 mod cache;
 pub mod config;
 mod config_file;
+pub mod external;
 pub mod fallback;
 mod handles;
 pub mod leaks;
@@ -19,6 +20,7 @@ pub mod views;
 pub use buffer::{AllocOptions, DeviceBuffer};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
 pub use config_file::{load_config, parse_config_str, ConfigSources, KEYS as CONFIG_KEYS};
+pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
@@ -165,6 +167,7 @@ pub(crate) struct Shared {
     window_started: Mutex<Instant>,
     pressure_callbacks: RwLock<Vec<pressure::Callback>>,
     pub(crate) origins: leaks::OriginTable,
+    pub(crate) external: external::ExternalTable,
     affinity: Mutex<HashMap<String, usize>>,
     /// Dropped with the manager, which wakes the upkeep thread so it can exit.
     _upkeep_stop: Option<std::sync::mpsc::Sender<()>>,
@@ -207,6 +210,7 @@ impl MemoryManager {
                 window_started: Mutex::new(Instant::now()),
                 pressure_callbacks: RwLock::new(Vec::new()),
                 origins: leaks::OriginTable::default(),
+                external: external::ExternalTable::default(),
                 affinity: Mutex::new(HashMap::new()),
                 _upkeep_stop: upkeep_interval.map(|_| stop),
             }),

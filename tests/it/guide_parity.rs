@@ -3,6 +3,7 @@
 //! `track_external`, and a workspace that shrinks and grows with pressure.
 
 use crate::support::gpumem;
+use crate::web::{eventually, get, value_of};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::manager::MemoryConfig;
 use gpumem::units::{GIB, MIB};
@@ -84,4 +85,84 @@ fn each_device_gets_a_startup_line_with_total_usable_and_free() {
         );
         assert_eq!(log.matches(&line).count(), 1, "{line:?} in\n{log}");
     }
+}
+
+#[test]
+fn outside_buffers_and_backtraces_show_in_json_metrics_and_the_page() {
+    let config = MemoryConfig {
+        capture_backtraces: true,
+        ..MemoryConfig::default()
+    };
+    let m = MemoryManager::new(sim(8 * GIB), config).unwrap();
+    let tag = AllocOptions::tagged(gpumem::Tag::new("kv_cache"));
+    let buffer = m.alloc(0, 3 * MIB, &tag).unwrap();
+    m.track_external(0, 0x7f00_0000_0000, 256 * MIB, "nccl")
+        .unwrap();
+    m.track_external(0, 0x7f00_1000_0000, 64 * MIB, "cublas_workspace")
+        .unwrap();
+    m.track_external(0, 0x7f00_2000_0000, 64 * MIB, "nccl")
+        .unwrap();
+    let exporter = gpumem::Exporter::builder()
+        .manager(m.clone())
+        .listen(([127, 0, 0, 1], 0))
+        .interval(std::time::Duration::from_millis(100))
+        .spawn()
+        .expect("exporter starts");
+    let addr = exporter.local_addr();
+
+    let snapshot: serde_json::Value =
+        serde_json::from_str(&get(addr, "/api/v1/snapshot").body).expect("JSON");
+    let device = &snapshot["devices"][0];
+    assert_eq!(device["external"]["count"], 3);
+    assert_eq!(device["external"]["bytes"], 384 * MIB);
+    assert_eq!(device["external"]["by_tag"][0]["tag"], "nccl");
+    assert_eq!(device["external"]["by_tag"][0]["bytes"], 320 * MIB);
+    assert_eq!(
+        device["stats"]["reserved_bytes"],
+        4 * MIB,
+        "outside buffers are not pool memory"
+    );
+    let oldest = &device["oldest_allocations"][0];
+    assert_eq!(oldest["id"], buffer.id());
+    assert_eq!(oldest["tag"], "kv_cache");
+    let thread = std::thread::current()
+        .name()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(oldest["thread"], thread.as_str());
+    let trace = oldest["backtrace"].as_str().expect("a backtrace");
+    assert!(
+        !trace.trim_start().starts_with("0: std::backtrace"),
+        "starts at the caller: {trace}"
+    );
+    assert!(trace.lines().count() >= 1);
+
+    let metrics = get(addr, "/metrics").body;
+    assert_eq!(
+        value_of(&metrics, "gpumem_external_bytes", "gpu=\"0\""),
+        Some((384 * MIB) as f64)
+    );
+    assert_eq!(
+        value_of(&metrics, "gpumem_external_buffers", "gpu=\"0\""),
+        Some(3.0)
+    );
+
+    let page = get(addr, "/").body;
+    for needle in [
+        "Outside buffers",
+        "3 buffers, 384.00 MiB",
+        "cublas_workspace",
+        &format!("{:#x}", buffer.id()),
+        "where allocated",
+        &format!("thread {thread}"),
+    ] {
+        assert!(page.contains(needle), "the page lacks {needle:?}");
+    }
+
+    m.untrack_external(0, 0x7f00_0000_0000).unwrap();
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        let metrics = get(addr, "/metrics").body;
+        value_of(&metrics, "gpumem_external_bytes", "gpu=\"0\"") == Some((128 * MIB) as f64)
+    }));
+    drop(buffer);
 }
