@@ -16,6 +16,7 @@ pub mod pressure;
 mod tag;
 mod upkeep;
 pub mod views;
+pub mod workspace;
 
 pub use buffer::{AllocOptions, DeviceBuffer};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
@@ -24,6 +25,7 @@ pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
+pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};

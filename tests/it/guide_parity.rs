@@ -166,3 +166,37 @@ fn outside_buffers_and_backtraces_show_in_json_metrics_and_the_page() {
     }));
     drop(buffer);
 }
+
+#[test]
+fn the_demo_workspace_shrinks_at_a_pressure_spike_and_says_so() {
+    let out = gpumem(&[
+        "demo",
+        "--backend",
+        "sim",
+        "--sim-memory",
+        "16GiB",
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "200ms",
+        "--spike-at",
+        "1s",
+        "--duration",
+        "5s",
+    ])
+    .env("GPUMEM_LOG", "info")
+    .output()
+    .expect("gpumem runs");
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("workspace on GPU 0: batch 128 (95.06 MiB) for a 4096x11008 int4 layer"),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "workspace on GPU 0: batch 128 -> 1 (95.06 MiB -> 86.07 MiB) at critical pressure"
+        ),
+        "{log}"
+    );
+}
