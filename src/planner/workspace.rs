@@ -77,7 +77,8 @@ pub fn workspace_size(layer: &LinearLayer, batch: u64) -> u64 {
         .saturating_add(batch.saturating_mul(layer.bytes_per_row()))
 }
 
-/// The most rows per call worth planning for on a device of `total_bytes`.
+/// The most rows per call worth planning for on a device of `total_bytes` (docs/workspace.md
+/// says why these classes and not the design's 24 / 8 / 4 GB ones).
 ///
 /// Past a few hundred rows a linear layer is compute-bound: a bigger batch adds latency and
 /// memory but no throughput, and smaller GPUs (fewer SMs) saturate earlier. Classes go by the
@@ -222,6 +223,22 @@ mod tests {
             ..LLAMA7B_UP_INT4
         };
         assert_eq!(fp32_acts.dequant_bytes(), 4096 * 11008 * 4);
+    }
+
+    #[test]
+    fn the_documented_caps_are_the_code() {
+        let doc = include_str!("../../docs/workspace.md");
+        let rows: Vec<(u64, u64)> = doc
+            .lines()
+            .filter_map(|line| line.strip_prefix("| >= "))
+            .map(|rest| {
+                let cells: Vec<&str> = rest.split('|').map(str::trim).collect();
+                let gib = cells[0].trim_end_matches(" GiB").parse::<u64>().unwrap();
+                (gib * GIB, cells[1].parse().unwrap())
+            })
+            .collect();
+        let code: Vec<(u64, u64)> = BATCH_CAP_CLASSES.iter().map(|&(t, c, _)| (t, c)).collect();
+        assert_eq!(rows, code);
     }
 
     #[test]

@@ -398,3 +398,30 @@ fn bitnet_ternary_types_are_accepted_at_their_real_bits() {
         "kv-dtype tl2 is a ternary weight layout",
     );
 }
+
+/// Every `gpumem estimate` example in docs/workspace.md: "From `gpumem estimate ...`:" and the
+/// text block after it, whose every line the command must print today.
+#[test]
+fn the_examples_in_the_workspace_doc_are_what_the_build_prints() {
+    let doc = include_str!("../../docs/workspace.md");
+    let mut checked = 0;
+    for (at, _) in doc.match_indices("`gpumem estimate ") {
+        let command = &doc[at + 1..];
+        let command = &command[..command.find('`').expect("closing backtick")];
+        let after = &doc[at..];
+        let Some(block) = after.strip_prefix(&format!("`{command}`:\n\n```text\n")) else {
+            continue;
+        };
+        let block = &block[..block.find("```").expect("end of block")];
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let printed = success_text(&args);
+        for line in block.lines() {
+            assert!(
+                printed.contains(line),
+                "{command} no longer prints {line:?}:\n{printed}"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "both examples were found");
+}
