@@ -273,18 +273,8 @@ fn llama_70b_on_two_simulated_devices_gives_a_split() {
     assert_eq!(pp[0]["layers"], serde_json::json!([0, 40]));
     assert_eq!(pp[1]["device"], 1);
     // Three 48 GiB devices: 64 heads do not divide by 3, so only the pipeline split is possible.
-    let v = json(&gpumem(&[
-        "estimate",
-        "--model",
-        "llama-70b",
-        "--backend",
-        "sim",
-        "--sim-devices",
-        "3",
-        "--sim-memory",
-        "48GiB",
-        "--json",
-    ]));
+    let three = ["--sim-devices", "3", "--sim-memory", "48GiB", "--json"];
+    let v = json(&gpumem(&[&args[..5], &three].concat()));
     assert_eq!(v["split"]["tensor_parallel"]["fits"], false);
     assert!(v["split"]["tensor_parallel"]["error"]
         .as_str()
@@ -306,21 +296,23 @@ fn the_workspace_is_printed_with_bytes_batch_and_why() {
         ),
         "{text}"
     );
-    // 16 GiB with int4 weights and a batch of 4: the 10-20 GiB class caps it at 128.
-    let v = json(&gpumem(&[
-        "estimate",
-        "--model",
-        "llama-7b",
-        "--dtype",
-        "int4",
-        "--batch",
-        "4",
-        "--backend",
-        "sim",
-        "--sim-memory",
-        "16GiB",
-        "--json",
-    ]));
+    // Llama-2-7B's workspace with int4 weights on a simulated device of `memory`.
+    let int4_on = |memory: &str, extra: &[&str]| {
+        let base = [
+            "estimate",
+            "--model",
+            "llama-7b",
+            "--dtype",
+            "int4",
+            "--backend",
+            "sim",
+        ];
+        json(&gpumem(
+            &[&base[..], &["--sim-memory", memory, "--json"], extra].concat(),
+        ))
+    };
+    // 16 GiB with a batch of 4: the 10-20 GiB class caps it at 128.
+    let v = int4_on("16GiB", &["--batch", "4"]);
     let ws = &v["devices"][0]["workspace"];
     assert_eq!(ws["batch"], 128);
     assert_eq!(ws["cap"], 128);
@@ -328,18 +320,7 @@ fn the_workspace_is_printed_with_bytes_batch_and_why() {
     assert!(ws["reason"].as_str().unwrap().contains("10 to 20 GiB"));
     // A 7.06 GiB device leaves 147 MiB after weights and KV cache: after the 86 MiB dequant
     // buffer, 60 % of it holds 16 rows, so memory, not the class (64), limits the batch.
-    let v = json(&gpumem(&[
-        "estimate",
-        "--model",
-        "llama-7b",
-        "--dtype",
-        "int4",
-        "--backend",
-        "sim",
-        "--sim-memory",
-        "7577693998",
-        "--json",
-    ]));
+    let v = int4_on("7577693998", &[]);
     let ws = &v["devices"][0]["workspace"];
     assert_eq!(ws["batch"], 16, "{ws}");
     assert_eq!(ws["cap"], 64, "{ws}");

@@ -2,28 +2,28 @@
 //! `reset_stats()`, a startup line per device, buffers allocated elsewhere counted by
 //! `track_external`, and a workspace that shrinks and grows with pressure.
 
+use crate::allocator::small_sim;
 use crate::support::gpumem;
 use crate::web::{eventually, get, value_of};
-use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::manager::MemoryConfig;
 use gpumem::units::{GIB, MIB};
 use gpumem::{AllocOptions, MemoryManager};
-use std::sync::Arc;
 
-fn sim(total: u64) -> Arc<SimBackend> {
-    Arc::new(SimBackend::new(SimConfig {
-        devices: vec![SimDeviceSpec {
-            name: "sim".to_string(),
-            total_bytes: total,
-            used_by_others: 0,
-        }],
-        granularity: 2 * MIB,
-    }))
+/// Runs `gpumem demo ARGS` on a simulated device to its end; returns what it logged at info.
+fn demo_log(args: &[&str]) -> String {
+    let mut command = vec!["demo", "--backend", "sim", "--listen", "127.0.0.1:0"];
+    command.extend_from_slice(args);
+    let out = gpumem(&command)
+        .env("GPUMEM_LOG", "info")
+        .output()
+        .expect("gpumem runs");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
 fn reset_stats_zeroes_counts_and_peaks_but_keeps_what_is_held() {
-    let m = MemoryManager::new(sim(8 * GIB), MemoryConfig::default()).unwrap();
+    let m = MemoryManager::new(small_sim(8 * GIB), MemoryConfig::default()).unwrap();
     let held = m.alloc(0, 64 * MIB, &AllocOptions::default()).unwrap();
     drop(m.alloc(0, 256 * MIB, &AllocOptions::default()).unwrap());
     let _ = m.alloc(0, 100 * GIB, &AllocOptions::default());
@@ -60,24 +60,14 @@ fn reset_stats_zeroes_counts_and_peaks_but_keeps_what_is_held() {
 
 #[test]
 fn each_device_gets_a_startup_line_with_total_usable_and_free() {
-    let out = gpumem(&[
-        "demo",
-        "--backend",
-        "sim",
+    let log = demo_log(&[
         "--sim-devices",
         "2",
         "--sim-memory",
         "24GiB",
         "--duration",
         "1s",
-        "--listen",
-        "127.0.0.1:0",
-    ])
-    .env("GPUMEM_LOG", "info")
-    .output()
-    .expect("gpumem runs");
-    assert!(out.status.success());
-    let log = String::from_utf8_lossy(&out.stderr);
+    ]);
     for device in 0..2 {
         let line = format!(
             "managing GPU {device} (Simulated H100): 24.00 GiB total, 22.00 GiB usable, \
@@ -93,7 +83,7 @@ fn outside_buffers_and_backtraces_show_in_json_metrics_and_the_page() {
         capture_backtraces: true,
         ..MemoryConfig::default()
     };
-    let m = MemoryManager::new(sim(8 * GIB), config).unwrap();
+    let m = MemoryManager::new(small_sim(8 * GIB), config).unwrap();
     let tag = AllocOptions::tagged(gpumem::Tag::new("kv_cache"));
     let buffer = m.alloc(0, 3 * MIB, &tag).unwrap();
     m.track_external(0, 0x7f00_0000_0000, 256 * MIB, "nccl")
@@ -169,26 +159,16 @@ fn outside_buffers_and_backtraces_show_in_json_metrics_and_the_page() {
 
 #[test]
 fn the_demo_workspace_shrinks_at_a_pressure_spike_and_says_so() {
-    let out = gpumem(&[
-        "demo",
-        "--backend",
-        "sim",
+    let log = demo_log(&[
         "--sim-memory",
         "16GiB",
-        "--listen",
-        "127.0.0.1:0",
         "--interval",
         "200ms",
         "--spike-at",
         "1s",
         "--duration",
         "5s",
-    ])
-    .env("GPUMEM_LOG", "info")
-    .output()
-    .expect("gpumem runs");
-    assert!(out.status.success());
-    let log = String::from_utf8_lossy(&out.stderr);
+    ]);
     assert!(
         log.contains("workspace on GPU 0: batch 128 (95.06 MiB) for a 4096x11008 int4 layer"),
         "{log}"
