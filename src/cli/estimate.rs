@@ -1,11 +1,17 @@
 //! `gpumem estimate`: the memory a model needs at inference (weights, KV cache, activations) and,
-//! for each device, whether it fits, the largest batch that does, and which device to use.
+//! for each device, whether it fits, the largest batch that does, the workspace it would give a
+//! quantized linear layer, and which device to use — or, when it fits on none alone, how it
+//! splits across the selected devices (`split`).
+
+#[path = "estimate_split.rs"]
+mod split;
 
 use super::{CliError, CommonArgs, Given};
 use crate::backend::DeviceBackend;
 use crate::planner::{
     estimate_inference_memory, max_batch_that_fits, optimal_batch_size, preset, select_device_for,
     DeviceMemory, Dtype, InferenceEstimate, LinearLayer, ModelShape, Placement, Preset, Workload,
+    WorkspacePlan,
 };
 use crate::units::Bytes;
 use clap::Args;
@@ -17,7 +23,11 @@ use serde::Serialize;
     A device's usable memory is its free memory minus a reserve for the driver, the context and \
     library workspaces (600 MiB + 10 % of the device, at most 2 GiB). The exit status is 0 \
     whether or not the model fits (the output says so; JSON has \"recommended_device\": null); \
-    2 for bad input."
+    2 for bad input. The workspace lines give the scratch memory the largest linear layer gets on \
+    each device: the largest power-of-two batch within 60 % of what weights and KV cache leave, \
+    capped by the device's class (docs/workspace.md). When the model fits on no single device and \
+    two or more are selected (--sim-devices N, --devices 0,1), it shows each device's share \
+    under tensor and pipeline parallelism."
 )]
 pub(super) struct EstimateArgs {
     /// Model shape preset: llama-7b, llama-13b, llama-70b, llama3-8b, llama3-70b, mistral-7b.
@@ -100,7 +110,8 @@ pub(super) struct EstimateArgs {
     )]
     batch: i64,
 
-    /// Storage of the weights (int8/int4: quantized linears, the rest fp16).
+    /// Storage of the weights (int8/int4: quantized linears, the rest fp16; i2s/tl1/tl2: BitNet
+    /// ternary layouts at 2, 2 and 1.67 bits per weight).
     #[arg(long, env = "GPUMEM_DTYPE", value_enum, default_value = "fp16")]
     dtype: Dtype,
 
@@ -209,8 +220,56 @@ struct DeviceFit {
     /// Rows per call the workspace rule allows the largest linear layer, in what is left after
     /// weights and KV cache (null when not even one row fits).
     linear_batch: Option<u64>,
+    /// The workspace behind `linear_batch`: bytes, batch and why (null with it).
+    workspace: Option<Workspace>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mem_info_error: Option<String>,
+}
+
+/// The scratch memory the workspace rule gives the model's largest linear layer on one device.
+#[derive(Serialize)]
+struct Workspace {
+    /// `hidden x max(hidden, intermediate)` at the weights' bits.
+    layer: String,
+    batch: u64,
+    /// The device class's cap on the batch.
+    cap: u64,
+    workspace_bytes: u64,
+    /// Usable memory left after weights and KV cache.
+    available_bytes: u64,
+    /// 60 % of `available_bytes`: what the workspace may take.
+    budget_bytes: u64,
+    /// Why the batch is what it is: the class cap, or the memory.
+    reason: String,
+}
+
+impl Workspace {
+    fn new(layer: &LinearLayer, plan: &WorkspacePlan, total: u64, available: u64) -> Self {
+        let reason = if plan.capped_by_class() {
+            format!(
+                "the cap for {} (more rows add no throughput)",
+                crate::planner::batch_cap_class(total)
+            )
+        } else {
+            format!(
+                "{} rows would not fit in 60 % of the {} left after weights and KV cache",
+                plan.batch * 2,
+                Bytes(available)
+            )
+        };
+        Workspace {
+            layer: format!(
+                "{}x{} {}-bit",
+                layer.in_features, layer.out_features, layer.weight_bits
+            ),
+            batch: plan.batch,
+            cap: plan.cap,
+            workspace_bytes: plan.workspace_bytes,
+            available_bytes: available,
+            budget_bytes: plan.budget_bytes,
+            reason,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -223,6 +282,9 @@ struct Report {
     estimate: InferenceEstimate,
     devices: Vec<DeviceFit>,
     recommended_device: Option<Placement>,
+    /// How the model splits across the selected devices when it fits on none alone (null when
+    /// it fits on one, or fewer than two devices could be asked).
+    split: Option<split::SplitReport>,
     /// One line: where it goes, or why it fits nowhere.
     verdict: String,
 }
@@ -242,6 +304,7 @@ pub(super) fn run(args: EstimateArgs, given: &Given) -> Result<(), CliError> {
         devices.push(fit);
         memories.extend(memory);
     }
+    let mut split = None;
     let (recommended_device, verdict) = match select_device_for(estimate.total_bytes, &memories) {
         Ok(p) => {
             let name = devices.iter().find(|d| d.index == p.index).map(|d| &d.name);
@@ -253,7 +316,14 @@ pub(super) fn run(args: EstimateArgs, given: &Given) -> Result<(), CliError> {
             );
             (Some(p), line)
         }
-        Err(e) => (None, format!("does not fit: {e}")),
+        Err(e) => {
+            split = split::plan(&settings.shape, &settings.workload, &memories);
+            let verdict = match &split {
+                Some(plan) => format!("does not fit on one device; {}", plan.summary()),
+                None => format!("does not fit: {e}"),
+            };
+            (None, verdict)
+        }
     };
     let report = Report {
         model: settings.preset.map(|p| p.name),
@@ -264,6 +334,7 @@ pub(super) fn run(args: EstimateArgs, given: &Given) -> Result<(), CliError> {
         estimate,
         devices,
         recommended_device,
+        split,
         verdict,
     };
     if args.json {
@@ -312,6 +383,7 @@ fn device_fit(
         fits: false,
         max_batch: 0,
         linear_batch: None,
+        workspace: None,
         mem_info_error: None,
     };
     let info = match backend.mem_info(index) {
@@ -341,9 +413,15 @@ fn device_fit(
     fit.fits = estimate.total_bytes <= usable;
     fit.max_batch =
         max_batch_that_fits(shape, workload, usable).map_err(|e| CliError::usage(e.to_string()))?;
-    fit.linear_batch = optimal_batch_size(&largest_linear, info.total, after_model)
-        .ok()
-        .map(|plan| plan.batch);
+    if let Ok(plan) = optimal_batch_size(&largest_linear, info.total, after_model) {
+        fit.linear_batch = Some(plan.batch);
+        fit.workspace = Some(Workspace::new(
+            &largest_linear,
+            &plan,
+            info.total,
+            after_model,
+        ));
+    }
     Ok((fit, Some(memory)))
 }
 
@@ -415,6 +493,30 @@ fn render(report: &Report) -> String {
         if let Some(error) = &d.mem_info_error {
             out.push_str(&format!("     memory info unavailable: {error}\n"));
         }
+    }
+    out.push('\n');
+    for d in &report.devices {
+        match &d.workspace {
+            Some(w) => out.push_str(&format!(
+                "workspace    GPU {}: {} ({} bytes) for batch {} of the {} layer: {}\n",
+                d.index,
+                Bytes(w.workspace_bytes),
+                w.workspace_bytes,
+                w.batch,
+                w.layer,
+                w.reason
+            )),
+            None if d.mem_info_error.is_none() => out.push_str(&format!(
+                "workspace    GPU {}: none (not one row of the largest linear layer fits in 60 % \
+                 of what weights and KV cache leave)\n",
+                d.index
+            )),
+            None => {}
+        }
+    }
+    if let Some(plan) = &report.split {
+        out.push('\n');
+        out.push_str(&plan.render());
     }
     out.push_str(&format!("\n{}\n", report.verdict));
     out

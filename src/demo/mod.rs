@@ -1,7 +1,8 @@
 //! `gpumem demo`: a real `MemoryManager` under a synthetic inference workload (see
 //! `workload`), with pressure swinging up and down (see `pressure`), served by the exporter
-//! like any embedding program would. Runs until Ctrl-C, SIGTERM or the optional duration ends,
-//! then stops the workload, lets in-flight requests finish and returns.
+//! like any embedding program would, and a runtime workspace per device that shrinks and grows
+//! with that pressure (logged on every resize). Runs until Ctrl-C, SIGTERM or the optional
+//! duration ends, then stops the workload, lets in-flight requests finish and returns.
 
 mod pressure;
 mod spike;
@@ -26,6 +27,17 @@ use workload::{Budget, DeviceWorkload, Rng};
 
 /// One step of the workload.
 const TICK: Duration = Duration::from_millis(50);
+
+/// How often the workspaces re-plan (the sampler updates pressure once per interval).
+const WORKSPACE_EVERY: Duration = Duration::from_secs(1);
+
+/// The layer the demo's workspaces serve: Llama-2-7B's MLP up projection with int4 weights.
+const WORKSPACE_LAYER: crate::planner::LinearLayer = crate::planner::LinearLayer {
+    in_features: 4096,
+    out_features: 11008,
+    weight_bits: 4,
+    activation_bytes: 2,
+};
 
 /// What the demo was asked to do, validated.
 #[derive(Clone, Debug)]
@@ -199,6 +211,44 @@ pub(crate) async fn interrupted() {
     }
 }
 
+/// One workspace per device, sized for the memory of now; a device without room gets none.
+fn start_workspaces(manager: &MemoryManager) -> Vec<crate::manager::Workspace> {
+    let mut workspaces = Vec::new();
+    for device in manager.device_indices() {
+        match manager.workspace(device, WORKSPACE_LAYER) {
+            Ok(workspace) => {
+                tracing::info!(
+                    "workspace on GPU {device}: batch {} ({}) for a 4096x11008 int4 layer",
+                    workspace.batch(),
+                    crate::units::Bytes(workspace.bytes())
+                );
+                workspaces.push(workspace);
+            }
+            Err(error) => tracing::warn!(device, %error, "no workspace"),
+        }
+    }
+    workspaces
+}
+
+/// Re-plans each workspace for the pressure of now; one log line per resize.
+fn adapt_workspaces(workspaces: &mut [crate::manager::Workspace]) {
+    for workspace in workspaces {
+        match workspace.adapt() {
+            Ok(Some(change)) => tracing::info!(
+                "workspace on GPU {}: batch {} -> {} ({} -> {}) at {} pressure",
+                change.device,
+                change.from_batch,
+                change.to_batch,
+                crate::units::Bytes(change.from_bytes),
+                crate::units::Bytes(change.to_bytes),
+                change.pressure
+            ),
+            Ok(None) => {}
+            Err(error) => tracing::debug!(device = workspace.device(), %error, "workspace kept"),
+        }
+    }
+}
+
 /// The workload thread: ticks every device until `stop` is set.
 fn run_workload(
     manager: MemoryManager,
@@ -231,6 +281,8 @@ fn run_workload(
             PressureSwing::new(source, device, total, free),
         ));
     }
+    let mut workspaces = start_workspaces(&manager);
+    let mut workspaces_adapted = Instant::now();
     let mut spiked = false;
     while !stop.load(Ordering::Relaxed) {
         let tick_started = Instant::now();
@@ -245,6 +297,12 @@ fn run_workload(
         for (workload, pressure) in &mut devices {
             pressure.apply(&manager, elapsed, spike_on);
             workload.tick(&manager, elapsed, &mut rng);
+        }
+        if workspaces_adapted.elapsed() >= WORKSPACE_EVERY {
+            workspaces_adapted = Instant::now();
+            // The level of now, not of the sampler's last look, so the log line says why.
+            manager.update_pressure();
+            adapt_workspaces(&mut workspaces);
         }
         std::thread::sleep(TICK.saturating_sub(tick_started.elapsed()));
     }

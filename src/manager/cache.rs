@@ -195,6 +195,25 @@ impl MemoryManager {
         }
     }
 
+    /// Restarts the statistics: every peak from the current values, and the counts of events
+    /// (requests, hits, allocations, frees, driver calls, OOMs, retries, host fallbacks) from
+    /// zero — for measuring one phase of a program. What is held now (bytes in use and
+    /// reserved, live allocations, external buffers) is state, not statistics, and stays.
+    /// Prometheus reads the counters' drop as a counter reset, which `rate()` handles.
+    pub fn reset_stats(&self) {
+        self.reset_peaks();
+        for managed in &self.shared().devices {
+            for pool in managed.pools() {
+                pool.reset_counts();
+            }
+            managed.direct.reset_counts();
+            let events = &managed.events;
+            for count in [&events.ooms, &events.retries, &events.cpu_fallbacks] {
+                count.store(0, Relaxed);
+            }
+        }
+    }
+
     /// Starts a new window for the live-page peak that sizes the cache: a burst long past
     /// stops pinning memory one window later.
     pub(super) fn roll_peak_window(&self) {

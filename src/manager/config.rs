@@ -9,6 +9,10 @@ use crate::units::{GIB, KIB, MIB};
 use serde::Serialize;
 use std::time::Duration;
 
+/// What one of the configuration guide's "cached buffers" (`max_cached_buffers`) stands for: one
+/// page at the granularity of the CUDA and simulated backends.
+pub const CACHED_BUFFER_BYTES: u64 = 2 * MIB;
+
 /// Pooled (the caching allocator) or direct (every request to the driver: the baseline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -51,8 +55,8 @@ pub struct MemoryConfig {
     pub cleanup_interval: Option<Duration>,
     /// Upkeep returns pages idle for longer than this; `None` keeps them.
     pub release_idle_after: Option<Duration>,
-    /// A cap on idle (cached, unused) bytes per device (the seed documents' `max_cached_buffers`:
-    /// gpumem caches pages, not buffers).
+    /// A cap on idle (cached, unused) bytes per device (the guide's `max_cached_buffers = N` sets
+    /// it to N pages of [`CACHED_BUFFER_BYTES`]: gpumem caches pages, not buffers).
     pub max_cached_bytes: Option<u64>,
     /// Map this much per device up front and keep at least this much cached
     /// (`CUDA_MEMORY_POOL_SIZE`).

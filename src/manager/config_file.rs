@@ -53,6 +53,9 @@ pub const KEYS: &[&str] = &[
     "pressure.high",
     "pressure.critical",
     "pressure.reserve",
+    // Aliases: the names the configuration guide gpumem grew from uses (docs/configuration.md).
+    "enable_memory_tracking",
+    "max_cached_buffers",
 ];
 
 /// A value as written: TOML keeps its type, the environment gives text.
@@ -192,6 +195,14 @@ fn apply(config: &mut MemoryConfig, key: &str, raw: &Raw) -> Result<(), ConfigEr
         "pressure.high" => config.pressure.high = raw.number(key)?,
         "pressure.critical" => config.pressure.critical = raw.number(key)?,
         "pressure.reserve" => config.pressure.reserve_bytes = Some(raw.bytes(key)?),
+        // The guide's names. Tracking here means allocation ages (ids, sizes and tags are always
+        // kept); gpumem caches 2 MiB pages rather than whole buffers, so N buffers cap the idle
+        // cache at N pages.
+        "enable_memory_tracking" => config.track_allocations = raw.boolean(key)?,
+        "max_cached_buffers" => {
+            let pages = raw.count(key)? as u64;
+            config.max_cached_bytes = Some(pages.saturating_mul(super::config::CACHED_BUFFER_BYTES))
+        }
         other => {
             return Err(ConfigError::new(
                 other,
@@ -329,10 +340,13 @@ mod tests {
     use crate::units::{GIB, MIB};
 
     fn from_file(text: &str) -> Result<MemoryConfig, ConfigError> {
+        // A file per call: tests run in parallel threads, and the clock alone can repeat.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
-            "gpumem-config-{}-{}",
+            "gpumem-config-{}-{}-{}",
             std::process::id(),
-            crate::clock::now()
+            crate::clock::now(),
+            CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("gpumem.toml");
@@ -396,6 +410,23 @@ mod tests {
     }
 
     #[test]
+    fn a_guide_style_file_with_the_guides_key_names_loads() {
+        let config = from_file(
+            "preset = \"production\"\nenable_memory_tracking = false\nmax_cached_buffers = 16\n\
+             max_pool_size = \"7GB\"\ncpu_fallback = true\n",
+        )
+        .unwrap();
+        assert!(!config.track_allocations);
+        assert_eq!(config.max_cached_bytes, Some(16 * 2 * MIB));
+        assert_eq!(config.max_pool_bytes, Some(7 * GIB));
+        assert!(config.cpu_fallback);
+        let err = from_file("enable_memory_tracking = \"sometimes\"\n").unwrap_err();
+        assert!(err.to_string().contains("enable_memory_tracking"), "{err}");
+        let err = from_file("max_cached_buffers = -1\n").unwrap_err();
+        assert!(err.to_string().contains("max_cached_buffers"), "{err}");
+    }
+
+    #[test]
     fn a_missing_file_is_an_error_naming_it() {
         let err = load_config(&ConfigSources {
             file: Some("/no/such/gpumem.toml".into()),
@@ -419,6 +450,11 @@ mod tests {
         assert_eq!(config.pressure.critical, 0.97);
         assert_eq!(config.preallocate_bytes, 2 * GIB);
         assert_eq!(config.release_idle_after, Some(Duration::ZERO));
+        let err = from_env(&[("GPUMEM_MAX_CACHED_BUFFERS", "many")]).unwrap_err();
+        assert!(
+            err.to_string().contains("GPUMEM_MAX_CACHED_BUFFERS"),
+            "{err}"
+        );
         let err = from_env(&[("GPUMEM_SMALL_MAX_BYTES", "1TiB")]).unwrap_err();
         assert!(err.to_string().contains("small_max_bytes"), "{err}");
         let err = from_env(&[("GPUMEM_GPU_MEMORY_FRACTION", "-1")]).unwrap_err();

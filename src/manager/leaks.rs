@@ -19,6 +19,45 @@ pub struct AllocationOrigin {
     pub backtrace: Arc<Backtrace>,
 }
 
+impl AllocationOrigin {
+    /// The backtrace from the caller of the allocator on: frames inside the backtrace machinery
+    /// and gpumem's manager are dropped, and at most `max_frames` kept — enough to find the line
+    /// that allocated, small enough to ship in every snapshot.
+    pub fn caller_frames(&self, max_frames: usize) -> String {
+        let text = self.backtrace.to_string();
+        let mut frames: Vec<String> = Vec::new();
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            let starts_frame = trimmed
+                .split_once(": ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            match frames.last_mut() {
+                Some(frame) if !starts_frame => {
+                    frame.push('\n');
+                    frame.push_str(line);
+                }
+                _ => frames.push(line.to_string()),
+            }
+        }
+        let internal = |frame: &str| {
+            let symbol = frame
+                .trim_start()
+                .split_once(": ")
+                .map_or("", |(_, symbol)| symbol);
+            ["std::backtrace", "gpumem::manager::", "<gpumem::manager::"]
+                .iter()
+                .any(|prefix| symbol.starts_with(prefix))
+        };
+        let first_outside = frames.iter().position(|f| !internal(f)).unwrap_or(0);
+        frames
+            .into_iter()
+            .skip(first_outside)
+            .take(max_frames)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
 /// Origins of live allocations by id, filled only when `capture_backtraces` is on.
 #[derive(Clone, Debug, Default)]
 pub struct OriginTable(Arc<Mutex<HashMap<u64, AllocationOrigin>>>);

@@ -8,6 +8,7 @@ mod cache;
 pub mod config;
 #[cfg(feature = "config-file")]
 mod config_file;
+pub mod external;
 pub mod fallback;
 mod handles;
 pub mod leaks;
@@ -17,6 +18,7 @@ pub mod pressure;
 mod tag;
 mod upkeep;
 pub mod views;
+pub mod workspace;
 
 pub use buffer::{AllocOptions, DeviceBuffer};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
@@ -25,10 +27,12 @@ pub use config_file::{
     env_names as config_env_names, load_config, load_config_over, parse_config_str, ConfigSources,
     KEYS as CONFIG_KEYS,
 };
+pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
+pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
@@ -36,7 +40,7 @@ use crate::pool::{
     ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Placed, Pool,
     PoolKind, PoolSettings, MIN_BLOCK,
 };
-use crate::units::align_up;
+use crate::units::{align_up, Bytes};
 use buffer::{Origin, PooledBlock};
 use parking_lot::{Mutex, RwLock};
 use pressure::PressureState;
@@ -163,6 +167,7 @@ pub(crate) struct Shared {
     window_started: Mutex<Instant>,
     pressure_callbacks: RwLock<Vec<pressure::Callback>>,
     pub(crate) origins: leaks::OriginTable,
+    pub(crate) external: external::ExternalTable,
     affinity: Mutex<HashMap<String, usize>>,
     /// Dropped with the manager, which wakes the upkeep thread so it can exit.
     _upkeep_stop: Option<std::sync::mpsc::Sender<()>>,
@@ -205,10 +210,12 @@ impl MemoryManager {
                 window_started: Mutex::new(Instant::now()),
                 pressure_callbacks: RwLock::new(Vec::new()),
                 origins: leaks::OriginTable::default(),
+                external: external::ExternalTable::default(),
                 affinity: Mutex::new(HashMap::new()),
                 _upkeep_stop: upkeep_interval.map(|_| stop),
             }),
         };
+        manager.log_devices();
         manager.preallocate()?;
         if let Some(interval) = upkeep_interval {
             upkeep::spawn(&manager, interval, stopped)
@@ -255,6 +262,27 @@ impl MemoryManager {
             .shards(StreamId::DEFAULT, shard_count)
             .into_boxed_slice();
         Ok(device)
+    }
+
+    /// One line per managed device as the manager starts: total, usable (total minus the
+    /// pressure reserve) and free memory, and the cap on the pools — the figures every later
+    /// pressure level and OOM message is measured against.
+    fn log_devices(&self) {
+        let thresholds = &self.shared.config.pressure;
+        for managed in &self.shared.devices {
+            let total = managed.properties.total_memory_bytes;
+            let free = self.shared.backend.mem_info(managed.index).map(|i| i.free);
+            let free = free.map_or_else(|e| format!("unknown ({e})"), |f| Bytes(f).to_string());
+            tracing::info!(
+                "managing GPU {} ({}): {} total, {} usable, {} free; pools capped at {}",
+                managed.index,
+                managed.properties.name,
+                Bytes(total),
+                Bytes(thresholds.usable(total)),
+                free,
+                Bytes(managed.pool_cap)
+            );
+        }
     }
 
     /// `preallocate_bytes`: map that much per device now, so the first requests hit.

@@ -28,6 +28,11 @@
 //!                                                            input, gate, up, gate*up
 //! ```
 //!
+//! Ternary weights (BitNet b1.58: every weight is -1, 0 or +1) are stored in one of bitnet.cpp's
+//! layouts, at their real density: `i2s` 2 bits per weight, `tl1` 2, `tl2` 5/3 (see [`Dtype`]);
+//! each weight matrix adds one fp32 scale (kept in a 32-byte slot, as bitnet.cpp lays it out)
+//! instead of per-group scales, and the other parameters stay in fp16 as with int8/int4.
+//!
 //! `act_bytes` is 4 for fp32 weights and 2 otherwise (quantized models compute in fp16).
 //! Layers run one after another and inference keeps no activations for a backward pass, so the
 //! peak is one block's working set. The activation figure assumes a fused attention kernel
@@ -50,7 +55,22 @@ pub const MAX_BATCH: u64 = 1 << 20;
 /// Weights per quantization group (one scale and one zero point each), as GPTQ and AWQ use.
 pub const QUANT_GROUP: u64 = 128;
 
+/// Bytes each ternary weight matrix adds for its scale: one fp32 absmean scale, which bitnet.cpp
+/// keeps in a 32-byte slot after the packed weights (so the next tensor stays aligned).
+pub const TERNARY_SCALE_BYTES: u64 = 32;
+
 /// Storage type of weights or of the KV cache.
+///
+/// The ternary types are the weight layouts of BitNet b1.58 models in bitnet.cpp (Microsoft's
+/// inference framework for them), at their real bits per weight:
+/// - `i2s` (I2_S): each weight in 2 bits, four to a byte, with one scale per tensor — 2 bits.
+/// - `tl1` (TL1): every two weights packed into a 4-bit index into a 9-entry lookup table of
+///   their activations' sums (3^2 = 9 combinations fit in 16) — 4 bits per 2 weights, 2 bits.
+/// - `tl2` (TL2): every three weights packed into a 4-bit index plus a 1-bit sign (3^3 = 27
+///   combinations, folded to 14 by sign symmetry, fit in 16) — 5 bits per 3 weights, 1.67 bits.
+///
+/// A ternary weight carries log2(3) = 1.58 bits of information; TL2 comes closest to it. These
+/// are weight formats only: `Workload::validate` refuses them for the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
@@ -60,20 +80,49 @@ pub enum Dtype {
     Fp32,
     Int8,
     Int4,
+    /// bitnet.cpp's I2_S: 2 bits per ternary weight.
+    #[cfg_attr(feature = "cli", value(alias = "i2_s"))]
+    I2s,
+    /// bitnet.cpp's TL1: two ternary weights per 4-bit index, 2 bits per weight.
+    Tl1,
+    /// bitnet.cpp's TL2: three ternary weights per 5 bits, 1.67 bits per weight.
+    Tl2,
 }
 
 impl Dtype {
+    /// Bits of storage per element, rounded up to a whole bit (TL2's 5/3 counts as 2): what a
+    /// kernel's buffers are sized by. The exact density is [`bits_per_weight`](Self::bits_per_weight).
     pub fn bits(self) -> u32 {
+        let (bits, per) = self.bits_per_elements();
+        bits.div_ceil(per)
+    }
+
+    /// Exact storage density as (bits, elements): 5 bits per 3 weights for TL2.
+    pub fn bits_per_elements(self) -> (u32, u32) {
         match self {
-            Dtype::Fp32 => 32,
-            Dtype::Fp16 | Dtype::Bf16 => 16,
-            Dtype::Int8 => 8,
-            Dtype::Int4 => 4,
+            Dtype::Fp32 => (32, 1),
+            Dtype::Fp16 | Dtype::Bf16 => (16, 1),
+            Dtype::Int8 => (8, 1),
+            Dtype::Int4 => (4, 1),
+            Dtype::I2s | Dtype::Tl1 => (2, 1),
+            Dtype::Tl2 => (5, 3),
         }
     }
 
+    /// Bits per weight as a decimal, for reports (1.67 for TL2).
+    pub fn bits_per_weight(self) -> f64 {
+        let (bits, per) = self.bits_per_elements();
+        f64::from(bits) / f64::from(per)
+    }
+
+    /// Packed low-bit weights that kernels unpack (int8, int4 and the ternary layouts).
     pub fn is_quantized(self) -> bool {
-        matches!(self, Dtype::Int8 | Dtype::Int4)
+        matches!(self, Dtype::Int8 | Dtype::Int4) || self.is_ternary()
+    }
+
+    /// One of BitNet's ternary layouts (a per-tensor scale, no groups).
+    pub fn is_ternary(self) -> bool {
+        matches!(self, Dtype::I2s | Dtype::Tl1 | Dtype::Tl2)
     }
 
     /// Bytes per activation (and per unquantized parameter) when weights are stored as `self`.
@@ -92,6 +141,9 @@ impl Dtype {
             Dtype::Fp32 => "fp32",
             Dtype::Int8 => "int8",
             Dtype::Int4 => "int4",
+            Dtype::I2s => "i2s",
+            Dtype::Tl1 => "tl1",
+            Dtype::Tl2 => "tl2",
         }
     }
 }
@@ -138,6 +190,11 @@ pub enum ShapeError {
     HeadsDoNotDivideHidden { hidden: u64, heads: u64 },
     #[error("kv-heads ({kv_heads}) must divide heads ({heads}) evenly")]
     KvHeadsDoNotDivideHeads { heads: u64, kv_heads: u64 },
+    #[error(
+        "kv-dtype {} is a ternary weight layout; the KV cache is fp16, bf16, fp32, int8 or int4",
+        .0.name()
+    )]
+    TernaryKvCache(Dtype),
 }
 
 fn check(field: &'static str, value: u64, max: u64) -> Result<(), ShapeError> {
@@ -188,24 +245,19 @@ impl ModelShape {
     }
 
     /// Width of the k (and of the v) projection: `kv_heads * head_dim`.
-    fn kv_width(&self) -> u128 {
+    pub(super) fn kv_width(&self) -> u128 {
         u128::from(self.kv_heads) * u128::from(self.head_dim())
     }
 
     /// Parameter counts by the formula in the module docs. Saturating, so that a shape that
     /// was never validated gives a huge number rather than a panic.
     pub fn parameters(&self) -> ParameterCounts {
-        let (h, i, l, v) = (
+        let (h, l, v) = (
             u128::from(self.hidden),
-            u128::from(self.intermediate),
             u128::from(self.layers),
             u128::from(self.vocab),
         );
-        let kv = self.kv_width();
-        let per_layer_linear = product(&[2, h, h])
-            .saturating_add(product(&[2, h, kv]))
-            .saturating_add(product(&[3, h, i]));
-        let linear = product(&[l, per_layer_linear]);
+        let linear = product(&[l, linear_params_per_layer(self)]);
         let lm_head = if self.tied_embeddings {
             0
         } else {
@@ -223,7 +275,7 @@ impl ModelShape {
     }
 
     /// Activation elements one token holds at the peak of a layer (module docs).
-    fn peak_elements_per_token(&self) -> u128 {
+    pub(super) fn peak_elements_per_token(&self) -> u128 {
         let h = u128::from(self.hidden);
         let attention = 4 * h + 2 * self.kv_width();
         let mlp = 2 * h + 3 * u128::from(self.intermediate);
@@ -234,7 +286,11 @@ impl ModelShape {
 impl Workload {
     pub fn validate(&self) -> Result<(), ShapeError> {
         check("max-seq", self.max_seq, MAX_DIMENSION)?;
-        check("batch", self.batch, MAX_BATCH)
+        check("batch", self.batch, MAX_BATCH)?;
+        if self.kv_cache.is_ternary() {
+            return Err(ShapeError::TernaryKvCache(self.kv_cache));
+        }
+        Ok(())
     }
 }
 
@@ -295,16 +351,35 @@ pub fn max_batch_that_fits(
 
 fn weight_bytes(shape: &ModelShape, dtype: Dtype) -> u128 {
     let counts = shape.parameters();
-    let bits = u128::from(dtype.bits());
-    let mut linear_bits = u128::from(counts.linear) * bits;
-    if dtype.is_quantized() {
-        let groups = u128::from(counts.linear).div_ceil(u128::from(QUANT_GROUP));
-        linear_bits += groups * (16 + bits);
-    }
-    linear_bits.div_ceil(8) + u128::from(counts.other) * u128::from(dtype.activation_bytes())
+    linear_weight_bytes(u128::from(counts.linear), shape.layers, dtype)
+        + u128::from(counts.other) * u128::from(dtype.activation_bytes())
 }
 
-fn kv_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
+/// Bytes of `params` linear weights in `layers` layers (7 weight matrices each) stored as `dtype`:
+/// packed bits plus int8/int4 group scales and zero points, or one scale slot per ternary matrix.
+pub(super) fn linear_weight_bytes(params: u128, layers: u64, dtype: Dtype) -> u128 {
+    let (bits, per) = dtype.bits_per_elements();
+    let mut linear_bits = (params * u128::from(bits)).div_ceil(u128::from(per));
+    if matches!(dtype, Dtype::Int8 | Dtype::Int4) {
+        let groups = params.div_ceil(u128::from(QUANT_GROUP));
+        linear_bits += groups * (16 + u128::from(bits));
+    }
+    let mut bytes = linear_bits.div_ceil(8);
+    if dtype.is_ternary() {
+        bytes += u128::from(layers) * 7 * u128::from(TERNARY_SCALE_BYTES);
+    }
+    bytes
+}
+
+/// Linear parameters of one layer: q, o, k, v and the three MLP matrices.
+pub(super) fn linear_params_per_layer(shape: &ModelShape) -> u128 {
+    let (h, i) = (u128::from(shape.hidden), u128::from(shape.intermediate));
+    product(&[2, h, h])
+        .saturating_add(product(&[2, h, shape.kv_width()]))
+        .saturating_add(product(&[3, h, i]))
+}
+
+pub(super) fn kv_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
     let bits = 2
         * u128::from(shape.layers)
         * shape.kv_width()
@@ -313,7 +388,7 @@ fn kv_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
     bits.div_ceil(8)
 }
 
-fn activation_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
+pub(super) fn activation_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u128 {
     let act = u128::from(workload.weights.activation_bytes());
     let tokens = u128::from(workload.max_seq) * shape.peak_elements_per_token() * act;
     let logits = u128::from(shape.vocab) * 4;
@@ -321,7 +396,7 @@ fn activation_bytes_per_sequence(shape: &ModelShape, workload: &Workload) -> u12
 }
 
 /// The dequantized copy of the largest linear layer, which quantized kernels unpack into.
-fn fixed_activation_bytes(shape: &ModelShape, weights: Dtype) -> u128 {
+pub(super) fn fixed_activation_bytes(shape: &ModelShape, weights: Dtype) -> u128 {
     if !weights.is_quantized() {
         return 0;
     }
@@ -329,11 +404,11 @@ fn fixed_activation_bytes(shape: &ModelShape, weights: Dtype) -> u128 {
     h * h.max(u128::from(shape.intermediate)) * u128::from(weights.activation_bytes())
 }
 
-fn product(factors: &[u128]) -> u128 {
+pub(super) fn product(factors: &[u128]) -> u128 {
     factors.iter().fold(1, |acc, &f| acc.saturating_mul(f))
 }
 
-fn saturate(value: u128) -> u64 {
+pub(super) fn saturate(value: u128) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }
 

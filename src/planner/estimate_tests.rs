@@ -235,3 +235,37 @@ fn largest_batch_on_every_device_size() {
         1
     );
 }
+
+#[test]
+fn ternary_weights_are_stored_at_bitnet_cpp_densities() {
+    let counts = LLAMA2_7B.parameters();
+    let scales = 32 * 7 * 32;
+    for (dtype, bits, per) in [(Dtype::I2s, 2, 1), (Dtype::Tl1, 2, 1), (Dtype::Tl2, 5, 3)] {
+        let e = estimate_inference_memory(&LLAMA2_7B, &workload(4096, 1, dtype)).unwrap();
+        let packed = (counts.linear * bits).div_ceil(per).div_ceil(8);
+        assert_eq!(
+            e.weights_bytes,
+            packed + scales + counts.other * 2,
+            "{dtype:?}"
+        );
+        assert_eq!(dtype.bits_per_elements(), (bits as u32, per as u32));
+    }
+    // 6.48 G linear weights: 1.62 GB at 2 bits, 1.35 GB at 5/3.
+    let i2s = estimate_inference_memory(&LLAMA2_7B, &workload(4096, 1, Dtype::I2s)).unwrap();
+    let tl2 = estimate_inference_memory(&LLAMA2_7B, &workload(4096, 1, Dtype::Tl2)).unwrap();
+    assert_eq!(i2s.weights_bytes, 2_143_828_992);
+    assert_eq!(tl2.weights_bytes, 1_873_995_435);
+    assert_eq!(Dtype::Tl2.bits(), 2, "buffers round TL2 up to whole bits");
+    assert!((Dtype::Tl2.bits_per_weight() - 5.0 / 3.0).abs() < 1e-12);
+    // Ternary layouts describe weights, not a KV cache.
+    let w = Workload {
+        kv_cache: Dtype::Tl1,
+        ..workload(4096, 1, Dtype::Fp16)
+    };
+    assert_eq!(
+        estimate_inference_memory(&LLAMA2_7B, &w)
+            .unwrap_err()
+            .to_string(),
+        "kv-dtype tl1 is a ternary weight layout; the KV cache is fp16, bf16, fp32, int8 or int4"
+    );
+}

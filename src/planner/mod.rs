@@ -1,12 +1,14 @@
 //! The memory planner: pure functions that answer "how much memory will this need, and where does
 //! it fit?" — scratch space for quantized linear layers ([`workspace`]), the memory of a whole
-//! transformer at inference ([`estimate`]), well-known model shapes ([`presets`]) and the choice
-//! of device ([`select`]). Nothing here touches a device: callers pass in the figures a backend
+//! transformer at inference ([`estimate`]), well-known model shapes ([`presets`]), the choice
+//! of device ([`select`]) and how a model too large for one device splits across several
+//! ([`split`]). Nothing here touches a device: callers pass in the figures a backend
 //! reported, so every rule is tested on made-up devices from 2 GB to 141 GB.
 
 pub mod estimate;
 pub mod presets;
 pub mod select;
+pub mod split;
 pub mod workspace;
 
 pub use estimate::{
@@ -15,7 +17,10 @@ pub use estimate::{
 };
 pub use presets::{preset, Preset, UnknownPreset, PRESETS};
 pub use select::{select_device_for, DeviceMemory, NoDeviceFits, Placement, Shortfall};
-pub use workspace::{batch_cap, optimal_batch_size, workspace_size, LinearLayer, WorkspacePlan};
+pub use split::{pipeline_parallel, tensor_parallel, Share, Split, SplitError, SplitKind};
+pub use workspace::{
+    batch_cap, batch_cap_class, optimal_batch_size, workspace_size, LinearLayer, WorkspacePlan,
+};
 
 use crate::units::Bytes;
 use thiserror::Error;

@@ -77,7 +77,8 @@ pub fn workspace_size(layer: &LinearLayer, batch: u64) -> u64 {
         .saturating_add(batch.saturating_mul(layer.bytes_per_row()))
 }
 
-/// The most rows per call worth planning for on a device of `total_bytes`.
+/// The most rows per call worth planning for on a device of `total_bytes` (docs/workspace.md
+/// says why these classes and not the design's 24 / 8 / 4 GB ones).
 ///
 /// Past a few hundred rows a linear layer is compute-bound: a bigger batch adds latency and
 /// memory but no throughput, and smaller GPUs (fewer SMs) saturate earlier. Classes go by the
@@ -92,12 +93,28 @@ pub fn workspace_size(layer: &LinearLayer, batch: u64) -> u64 {
 /// | >= 10 GiB  | 128 | RTX 3080 (10 GB), 3060 (12 GB), T4/4080 (16 GB) |
 /// | below      | 64  | 8 GB and smaller cards, Jetsons            |
 pub fn batch_cap(total_bytes: u64) -> u64 {
-    match total_bytes {
-        t if t >= 60 * GIB => 512,
-        t if t >= 20 * GIB => 256,
-        t if t >= 10 * GIB => 128,
-        _ => 64,
-    }
+    batch_cap_row(total_bytes).1
+}
+
+/// The classes of [`batch_cap`]: (smallest total, cap, how a report names the class).
+pub const BATCH_CAP_CLASSES: [(u64, u64, &str); 4] = [
+    (60 * GIB, 512, "devices of 60 GiB and more"),
+    (20 * GIB, 256, "devices of 20 to 60 GiB"),
+    (10 * GIB, 128, "devices of 10 to 20 GiB"),
+    (0, 64, "devices under 10 GiB"),
+];
+
+fn batch_cap_row(total_bytes: u64) -> (u64, u64, &'static str) {
+    let last = BATCH_CAP_CLASSES[BATCH_CAP_CLASSES.len() - 1];
+    BATCH_CAP_CLASSES
+        .into_iter()
+        .find(|(smallest, _, _)| total_bytes >= *smallest)
+        .unwrap_or(last)
+}
+
+/// The device class [`batch_cap`] puts a device of `total_bytes` in, as a report names it.
+pub fn batch_cap_class(total_bytes: u64) -> &'static str {
+    batch_cap_row(total_bytes).2
 }
 
 /// The batch chosen for a layer on a device, and what it costs.
@@ -111,6 +128,13 @@ pub struct WorkspacePlan {
     pub workspace_bytes: u64,
     /// 60 % of the available memory: what the workspace may take.
     pub budget_bytes: u64,
+}
+
+impl WorkspacePlan {
+    /// Whether the class cap, not memory, set the batch.
+    pub fn capped_by_class(&self) -> bool {
+        self.batch == self.cap
+    }
 }
 
 /// The largest power-of-two batch whose workspace fits in 60 % of `available_bytes` (the
@@ -199,6 +223,22 @@ mod tests {
             ..LLAMA7B_UP_INT4
         };
         assert_eq!(fp32_acts.dequant_bytes(), 4096 * 11008 * 4);
+    }
+
+    #[test]
+    fn the_documented_caps_are_the_code() {
+        let doc = include_str!("../../docs/workspace.md");
+        let rows: Vec<(u64, u64)> = doc
+            .lines()
+            .filter_map(|line| line.strip_prefix("| >= "))
+            .map(|rest| {
+                let cells: Vec<&str> = rest.split('|').map(str::trim).collect();
+                let gib = cells[0].trim_end_matches(" GiB").parse::<u64>().unwrap();
+                (gib * GIB, cells[1].parse().unwrap())
+            })
+            .collect();
+        let code: Vec<(u64, u64)> = BATCH_CAP_CLASSES.iter().map(|&(t, c, _)| (t, c)).collect();
+        assert_eq!(rows, code);
     }
 
     #[test]

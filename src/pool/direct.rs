@@ -84,6 +84,12 @@ impl DirectPool {
         self.counters.reset_peaks();
     }
 
+    /// Event counts restart from zero (under the same lock).
+    pub fn reset_counts(&self) {
+        let _writers = self.live.lock();
+        self.counters.reset_counts();
+    }
+
     pub fn for_each_live(&self, mut visit: impl FnMut(DevicePtr, u64, LiveInfo)) {
         for (&ptr, &(size, live)) in self.live.lock().iter() {
             visit(ptr, size, live);

@@ -380,6 +380,14 @@ impl Pool {
             slot.counters.reset_peaks();
         }
     }
+
+    /// Event counts restart from zero ([`PoolCounters::reset_counts`]).
+    pub fn reset_counts(&self) {
+        for slot in [&self.small, &self.large] {
+            let _guard = slot.state.lock();
+            slot.counters.reset_counts();
+        }
+    }
 }
 
 impl Drop for Pool {

@@ -118,6 +118,23 @@ impl PoolCounters {
         }
     }
 
+    /// Counts of events (requests, hits, allocations, frees, driver calls and errors) restart
+    /// from zero; the state (bytes in use and reserved, live allocations, pages) is kept. Call
+    /// with the pool's lock held.
+    pub fn reset_counts(&self) {
+        for count in [
+            &self.allocations,
+            &self.frees,
+            &self.requests,
+            &self.hits,
+            &self.driver_allocs,
+            &self.driver_frees,
+            &self.driver_errors,
+        ] {
+            count.store(0, Relaxed);
+        }
+    }
+
     /// The counters now. Read while the owner writes, a value may already be raised and its
     /// peak not yet: each peak is at least its value as read.
     pub fn read(&self) -> CounterValues {

@@ -4,7 +4,7 @@
 
 use super::{
     unix_now, AgeBand, AllocationSummary, DeviceCounters, DeviceMemory, DeviceSnapshot,
-    LiveSummary, PoolSnapshot, Pressure, Snapshot, TagGroup,
+    ExternalSummary, LiveSummary, PoolSnapshot, Pressure, Snapshot, TagGroup,
 };
 use crate::manager::pressure::PressureThresholds;
 use crate::manager::views::{fragmentation, DeviceStats, LiveAllocation, PoolView};
@@ -97,7 +97,13 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
             accumulators
                 .entry(allocation.device)
                 .or_insert_with(|| LiveAccumulator::new(settings))
-                .add(&allocation, settings);
+                .add(&allocation, settings, manager);
+        }
+        for buffer in manager.external_buffers() {
+            accumulators
+                .entry(buffer.device)
+                .or_insert_with(|| LiveAccumulator::new(settings))
+                .add_external(&buffer);
         }
     }
 
@@ -231,7 +237,11 @@ struct LiveAccumulator {
     oldest: Vec<AllocationSummary>,
     leaks: HashMap<String, TagGroup>,
     tags: HashMap<String, TagGroup>,
+    external: HashMap<String, TagGroup>,
 }
+
+/// Frames of an allocation's backtrace a snapshot keeps.
+const BACKTRACE_FRAMES: usize = 16;
 
 impl LiveAccumulator {
     fn new(settings: &CaptureSettings) -> Self {
@@ -249,10 +259,20 @@ impl LiveAccumulator {
             oldest: Vec::with_capacity(settings.oldest_listed),
             leaks: HashMap::new(),
             tags: HashMap::new(),
+            external: HashMap::new(),
         }
     }
 
-    fn add(&mut self, allocation: &LiveAllocation, settings: &CaptureSettings) {
+    fn add_external(&mut self, buffer: &crate::manager::ExternalBuffer) {
+        add_to_group(&mut self.external, &buffer.tag, buffer.bytes, buffer.age);
+    }
+
+    fn add(
+        &mut self,
+        allocation: &LiveAllocation,
+        settings: &CaptureSettings,
+        manager: &MemoryManager,
+    ) {
         let bytes = allocation.requested_bytes;
         let age = allocation.age;
         self.count += 1;
@@ -280,11 +300,15 @@ impl LiveAccumulator {
         // Allocations arrive oldest first from each manager; keeping the first few is enough
         // for one manager, and `finish` re-sorts in case several were merged.
         if self.oldest.len() < settings.oldest_listed {
+            let origin = manager.origin_of(allocation.id);
             self.oldest.push(AllocationSummary {
+                id: allocation.id,
                 tag: tag.to_string(),
                 requested_bytes: bytes,
                 age_seconds: age.as_secs_f64(),
                 pool: allocation.pool.name().to_string(),
+                thread: origin.as_ref().map(|o| o.thread.clone()),
+                backtrace: origin.map(|o| o.caller_frames(BACKTRACE_FRAMES)),
             });
         }
     }
@@ -306,6 +330,11 @@ impl LiveAccumulator {
         device.leak_suspects = largest_groups(self.leaks, settings.tags_listed);
         device.oldest_allocations = self.oldest;
         device.by_tag = largest_groups(self.tags, settings.tags_listed);
+        device.external = ExternalSummary {
+            count: self.external.values().map(|g| g.count).sum(),
+            bytes: self.external.values().map(|g| g.bytes).sum(),
+            by_tag: largest_groups(self.external, settings.tags_listed),
+        };
     }
 }
 

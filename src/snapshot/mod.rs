@@ -71,6 +71,19 @@ pub struct DeviceSnapshot {
     /// The latest out-of-memory refusals, oldest first (what was asked for, tag, why).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_ooms: Vec<crate::manager::ooms::OomEvent>,
+    /// Buffers allocated outside gpumem and registered with `track_external` (NCCL, cuBLAS
+    /// workspaces, an engine's own `cuMemAlloc`): not part of any pool figure above.
+    #[serde(default)]
+    pub external: ExternalSummary,
+}
+
+/// The outside buffers registered on one device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExternalSummary {
+    pub count: u64,
+    pub bytes: u64,
+    /// By tag, most bytes first (the largest few tags, then `other`).
+    pub by_tag: Vec<TagGroup>,
 }
 
 /// Device memory as the driver reports it, split by who holds it.
@@ -196,10 +209,19 @@ pub struct TagGroup {
 /// One live allocation, as the page lists it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AllocationSummary {
+    /// The allocation's id (as `DeviceBuffer::id` and `MemoryManager::origin_of` know it).
+    #[serde(default)]
+    pub id: u64,
     pub tag: String,
     pub requested_bytes: u64,
     pub age_seconds: f64,
     pub pool: String,
+    /// The allocating thread, when `capture_backtraces` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    /// Where it was allocated (the caller's frames), when `capture_backtraces` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backtrace: Option<String>,
 }
 
 /// How the sampler has been doing, as of this snapshot.

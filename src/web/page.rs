@@ -81,6 +81,10 @@ pub(crate) struct DeviceView {
     pub leaks: Vec<GroupRow>,
     pub tags: Vec<GroupRow>,
     pub oldest: Vec<AllocationRow>,
+    /// Buffers allocated outside gpumem and registered with `track_external`, by tag.
+    pub external: Vec<GroupRow>,
+    /// "3 buffers, 1.50 GiB" (empty when none are registered).
+    pub external_total: String,
 }
 
 /// One device's row in the overview shown when there are several.
@@ -135,10 +139,13 @@ pub(crate) struct GroupRow {
 }
 
 pub(crate) struct AllocationRow {
+    pub(crate) id: String,
     pub tag: String,
     pub size: String,
     pub age: String,
     pub pool: String,
+    /// Thread and backtrace of the allocation, when `capture_backtraces` recorded them.
+    pub origin: Option<String>,
 }
 
 impl IndexPage {
@@ -406,12 +413,27 @@ impl DeviceView {
                 .oldest_allocations
                 .iter()
                 .map(|a| AllocationRow {
+                    id: format!("{:#x}", a.id),
                     tag: a.tag.clone(),
                     size: format::bytes(a.requested_bytes),
                     age: format::age(a.age_seconds),
                     pool: a.pool.clone(),
+                    origin: a.backtrace.as_ref().map(|trace| {
+                        let thread = a.thread.as_deref().unwrap_or("unknown thread");
+                        format!("thread {thread}\n{trace}")
+                    }),
                 })
                 .collect(),
+            external: device.external.by_tag.iter().map(group_row).collect(),
+            external_total: if device.external.count == 0 {
+                String::new()
+            } else {
+                format!(
+                    "{} buffers, {}",
+                    format::count(device.external.count),
+                    format::bytes(device.external.bytes)
+                )
+            },
         }
     }
 }

@@ -21,7 +21,7 @@ fn manager_on(backend: Arc<dyn DeviceBackend>) -> MemoryManager {
     MemoryManager::new(backend, config).unwrap()
 }
 
-fn small_sim(total: u64) -> Arc<SimBackend> {
+pub(crate) fn small_sim(total: u64) -> Arc<SimBackend> {
     Arc::new(SimBackend::new(SimConfig {
         devices: vec![SimDeviceSpec {
             name: "small".into(),

@@ -234,3 +234,175 @@ fn invalid_shapes_exit_2_with_one_line() {
         "missing --intermediate, --vocab, --heads, --kv-heads",
     );
 }
+
+#[test]
+fn llama_70b_on_two_simulated_devices_gives_a_split() {
+    let args = [
+        "estimate",
+        "--model",
+        "llama-70b",
+        "--backend",
+        "sim",
+        "--sim-devices",
+        "2",
+    ];
+    let text = success_text(&args);
+    for needle in [
+        "split across 2 devices (the model fits on none alone)",
+        "tensor-parallel fits",
+        "pipeline-parallel fits",
+        "0-39",
+        "40-79",
+        "does not fit on one device; split across 2 devices",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    let v = json(&gpumem(&[&args[..], &["--json"]].concat()));
+    assert!(v["recommended_device"].is_null());
+    let split = &v["split"];
+    assert_eq!(split["devices"], serde_json::json!([0, 1]));
+    let tp = &split["tensor_parallel"];
+    assert_eq!(tp["fits"], true);
+    let whole_weights = v["estimate"]["weights_bytes"].as_u64().unwrap();
+    for share in tp["shares"].as_array().unwrap() {
+        let weights = share["weights_bytes"].as_u64().unwrap();
+        assert!(weights > whole_weights / 2 && weights < whole_weights / 2 + (8 << 20));
+        assert!(share["total_bytes"].as_u64() <= share["usable_bytes"].as_u64());
+    }
+    let pp = split["pipeline_parallel"]["shares"].as_array().unwrap();
+    assert_eq!(pp[0]["layers"], serde_json::json!([0, 40]));
+    assert_eq!(pp[1]["device"], 1);
+    // Three 48 GiB devices: 64 heads do not divide by 3, so only the pipeline split is possible.
+    let three = ["--sim-devices", "3", "--sim-memory", "48GiB", "--json"];
+    let v = json(&gpumem(&[&args[..5], &three].concat()));
+    assert_eq!(v["split"]["tensor_parallel"]["fits"], false);
+    assert!(v["split"]["tensor_parallel"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("heads (64) divisible by 3"));
+    assert_eq!(v["split"]["pipeline_parallel"]["fits"], true);
+    // One device: nothing to split, the old answer.
+    let v = json(&gpumem(&[&LLAMA_70B_ON_24_GIB[..], &["--json"]].concat()));
+    assert!(v["split"].is_null());
+}
+
+#[test]
+fn the_workspace_is_printed_with_bytes_batch_and_why() {
+    let text = success_text(&["estimate", "--model", "llama-7b", "--backend", "sim"]);
+    assert!(
+        text.contains(
+            "workspace    GPU 0: 36.25 MiB (38010880 bytes) for batch 512 of the 4096x11008 \
+             16-bit layer: the cap for devices of 60 GiB and more"
+        ),
+        "{text}"
+    );
+    // Llama-2-7B's workspace with int4 weights on a simulated device of `memory`.
+    let int4_on = |memory: &str, extra: &[&str]| {
+        let base = [
+            "estimate",
+            "--model",
+            "llama-7b",
+            "--dtype",
+            "int4",
+            "--backend",
+            "sim",
+        ];
+        json(&gpumem(
+            &[&base[..], &["--sim-memory", memory, "--json"], extra].concat(),
+        ))
+    };
+    // 16 GiB with a batch of 4: the 10-20 GiB class caps it at 128.
+    let v = int4_on("16GiB", &["--batch", "4"]);
+    let ws = &v["devices"][0]["workspace"];
+    assert_eq!(ws["batch"], 128);
+    assert_eq!(ws["cap"], 128);
+    assert_eq!(ws["workspace_bytes"], 4096 * 11008 * 2 + 128 * 74_240);
+    assert!(ws["reason"].as_str().unwrap().contains("10 to 20 GiB"));
+    // A 7.06 GiB device leaves 147 MiB after weights and KV cache: after the 86 MiB dequant
+    // buffer, 60 % of it holds 16 rows, so memory, not the class (64), limits the batch.
+    let v = int4_on("7577693998", &[]);
+    let ws = &v["devices"][0]["workspace"];
+    assert_eq!(ws["batch"], 16, "{ws}");
+    assert_eq!(ws["cap"], 64, "{ws}");
+    assert_eq!(v["devices"][0]["linear_batch"], ws["batch"]);
+    assert!(
+        ws["reason"]
+            .as_str()
+            .unwrap()
+            .contains("would not fit in 60 %"),
+        "{ws}"
+    );
+    assert!(ws["workspace_bytes"].as_u64() <= ws["budget_bytes"].as_u64());
+}
+
+#[test]
+fn bitnet_ternary_types_are_accepted_at_their_real_bits() {
+    let weights = |dtype: &str| {
+        let v = json(&gpumem(&[
+            "estimate",
+            "--model",
+            "llama3-8b",
+            "--dtype",
+            dtype,
+            "--backend",
+            "sim",
+            "--json",
+        ]));
+        assert_eq!(v["workload"]["weights"], dtype.replace('_', ""));
+        v["estimate"]["weights_bytes"].as_u64().unwrap()
+    };
+    let (i2s, tl1, tl2, int4) = (
+        weights("i2s"),
+        weights("tl1"),
+        weights("tl2"),
+        weights("int4"),
+    );
+    assert_eq!(i2s, tl1, "both 2 bits per weight");
+    assert_eq!(weights("i2_s"), i2s, "bitnet.cpp's own spelling");
+    assert!(
+        tl2 < i2s && i2s < int4,
+        "tl2 {tl2} < i2s {i2s} < int4 {int4}"
+    );
+    // Llama 3 8B: 6.98 G linear weights; 2 bits versus 5/3 bits is 1/3 bit per weight.
+    let linear: u64 = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336);
+    assert!((i2s - tl2).abs_diff(linear / 24) <= 1);
+    assert_usage_error(
+        &[
+            "estimate",
+            "--model",
+            "llama-7b",
+            "--kv-dtype",
+            "tl2",
+            "--backend",
+            "sim",
+        ],
+        "kv-dtype tl2 is a ternary weight layout",
+    );
+}
+
+/// Every `gpumem estimate` example in docs/workspace.md: "From `gpumem estimate ...`:" and the
+/// text block after it, whose every line the command must print today.
+#[test]
+fn the_examples_in_the_workspace_doc_are_what_the_build_prints() {
+    let doc = include_str!("../../docs/workspace.md");
+    let mut checked = 0;
+    for (at, _) in doc.match_indices("`gpumem estimate ") {
+        let command = &doc[at + 1..];
+        let command = &command[..command.find('`').expect("closing backtick")];
+        let after = &doc[at..];
+        let Some(block) = after.strip_prefix(&format!("`{command}`:\n\n```text\n")) else {
+            continue;
+        };
+        let block = &block[..block.find("```").expect("end of block")];
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let printed = success_text(&args);
+        for line in block.lines() {
+            assert!(
+                printed.contains(line),
+                "{command} no longer prints {line:?}:\n{printed}"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "both examples were found");
+}

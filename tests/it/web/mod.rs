@@ -112,6 +112,8 @@ const DEVICE_FAMILIES: &[(&str, &str)] = &[
     ("gpumem_oom_retries_total", "counter"),
     ("gpumem_cpu_fallbacks_total", "counter"),
     ("gpumem_host_fallback_bytes", "gauge"),
+    ("gpumem_external_bytes", "gauge"),
+    ("gpumem_external_buffers", "gauge"),
     ("gpumem_live_allocations", "gauge"),
     ("gpumem_live_bytes", "gauge"),
     ("gpumem_live_age_band_bytes", "gauge"),
