@@ -26,38 +26,6 @@ impl ConfigSources {
     }
 }
 
-/// Every key a file or `GPUMEM_<KEY>` may set (`pressure.high` is `GPUMEM_PRESSURE_HIGH`;
-/// `devices` only from a file).
-pub const KEYS: &[&str] = &[
-    "preset",
-    "pooling",
-    "strategy",
-    "devices",
-    "gpu_memory_fraction",
-    "max_pool_size",
-    "min_free_bytes",
-    "cpu_fallback",
-    "track_allocations",
-    "capture_backtraces",
-    "leak_age",
-    "trim_on_high_pressure",
-    "cleanup_interval",
-    "release_idle_after",
-    "max_cached_bytes",
-    "preallocate",
-    "shards",
-    "small_max_bytes",
-    "idle_pages_kept",
-    "idle_per_mille",
-    "pressure.medium",
-    "pressure.high",
-    "pressure.critical",
-    "pressure.reserve",
-    // Aliases: the names the configuration guide gpumem grew from uses (docs/configuration.md).
-    "enable_memory_tracking",
-    "max_cached_buffers",
-];
-
 /// A value as written: TOML keeps its type, the environment gives text.
 enum Raw<'a> {
     Toml(&'a toml::Value),
@@ -154,63 +122,125 @@ impl Raw<'_> {
     }
 }
 
+/// How one key changes a configuration (the key is passed on for error messages).
+type Setter = fn(&mut MemoryConfig, &Raw, &str) -> Result<(), ConfigError>;
+
+/// Every key a file or `GPUMEM_<KEY>` may set (`pressure.high` is `GPUMEM_PRESSURE_HIGH`;
+/// `devices` only from a file), each with its one parser: the list of keys, the parsing and the
+/// error for an unknown key all come from this table (docs/configuration.md is tested
+/// against it).
+const SETTERS: &[(&str, Setter)] = &[
+    ("preset", |c, raw, key| {
+        *c = MemoryConfig::preset(&raw.parse(key, "a preset name", |t| Ok(t.to_string()))?)?;
+        Ok(())
+    }),
+    ("pooling", |c, raw, key| {
+        c.strategy = if raw.boolean(key)? {
+            Strategy::Pooled
+        } else {
+            Strategy::Direct
+        };
+        Ok(())
+    }),
+    ("strategy", |c, raw, key| {
+        c.strategy = raw.parse(key, "pooled or direct", |t| match t {
+            "pooled" => Ok(Strategy::Pooled),
+            "direct" => Ok(Strategy::Direct),
+            _ => Err("expected pooled or direct".to_string()),
+        })?;
+        Ok(())
+    }),
+    ("devices", |c, raw, key| {
+        Ok(c.devices = Some(raw.devices(key)?))
+    }),
+    ("gpu_memory_fraction", |c, raw, key| {
+        Ok(c.gpu_memory_fraction = raw.number(key)?)
+    }),
+    ("max_pool_size", |c, raw, key| {
+        Ok(c.max_pool_bytes = Some(raw.bytes(key)?))
+    }),
+    ("min_free_bytes", |c, raw, key| {
+        Ok(c.min_free_bytes = raw.bytes(key)?)
+    }),
+    ("cpu_fallback", |c, raw, key| {
+        Ok(c.cpu_fallback = raw.boolean(key)?)
+    }),
+    ("track_allocations", |c, raw, key| {
+        Ok(c.track_allocations = raw.boolean(key)?)
+    }),
+    ("capture_backtraces", |c, raw, key| {
+        Ok(c.capture_backtraces = raw.boolean(key)?)
+    }),
+    (
+        "leak_age",
+        |c, raw, key| Ok(c.leak_age = raw.duration(key)?),
+    ),
+    ("trim_on_high_pressure", |c, raw, key| {
+        Ok(c.trim_on_high_pressure = raw.boolean(key)?)
+    }),
+    ("cleanup_interval", |c, raw, key| {
+        Ok(c.cleanup_interval = raw.optional_duration(key)?)
+    }),
+    ("release_idle_after", |c, raw, key| {
+        Ok(c.release_idle_after = raw.optional_duration(key)?)
+    }),
+    ("max_cached_bytes", |c, raw, key| {
+        Ok(c.max_cached_bytes = Some(raw.bytes(key)?))
+    }),
+    ("preallocate", |c, raw, key| {
+        Ok(c.preallocate_bytes = raw.bytes(key)?)
+    }),
+    ("shards", |c, raw, key| Ok(c.shards = raw.count(key)?)),
+    ("small_max_bytes", |c, raw, key| {
+        Ok(c.small_max_bytes = raw.bytes(key)?)
+    }),
+    ("idle_pages_kept", |c, raw, key| {
+        Ok(c.idle_pages_kept = raw.count(key)?)
+    }),
+    ("idle_per_mille", |c, raw, key| {
+        Ok(c.idle_per_mille = raw.count(key)?)
+    }),
+    ("pressure.medium", |c, raw, key| {
+        Ok(c.pressure.medium = raw.number(key)?)
+    }),
+    ("pressure.high", |c, raw, key| {
+        Ok(c.pressure.high = raw.number(key)?)
+    }),
+    ("pressure.critical", |c, raw, key| {
+        Ok(c.pressure.critical = raw.number(key)?)
+    }),
+    ("pressure.reserve", |c, raw, key| {
+        Ok(c.pressure.reserve_bytes = Some(raw.bytes(key)?))
+    }),
+    // The guide's names. Tracking here means allocation ages (ids, sizes and tags are always
+    // kept); gpumem caches 2 MiB pages rather than whole buffers, so N buffers cap the idle
+    // cache at N pages.
+    ("enable_memory_tracking", |c, raw, key| {
+        Ok(c.track_allocations = raw.boolean(key)?)
+    }),
+    ("max_cached_buffers", |c, raw, key| {
+        let pages = raw.count(key)? as u64;
+        c.max_cached_bytes = Some(pages.saturating_mul(super::config::CACHED_BUFFER_BYTES));
+        Ok(())
+    }),
+];
+
+/// Every key a file or `GPUMEM_<KEY>` may set, in the order of docs/configuration.md.
+pub fn keys() -> impl Iterator<Item = &'static str> {
+    SETTERS.iter().map(|(key, _)| *key)
+}
+
 fn apply(config: &mut MemoryConfig, key: &str, raw: &Raw) -> Result<(), ConfigError> {
-    match key {
-        "preset" => {
-            *config =
-                MemoryConfig::preset(&raw.parse(key, "a preset name", |t| Ok(t.to_string()))?)?
-        }
-        "pooling" => {
-            config.strategy = if raw.boolean(key)? {
-                Strategy::Pooled
-            } else {
-                Strategy::Direct
-            }
-        }
-        "strategy" => {
-            config.strategy = raw.parse(key, "pooled or direct", |t| match t {
-                "pooled" => Ok(Strategy::Pooled),
-                "direct" => Ok(Strategy::Direct),
-                _ => Err("expected pooled or direct".to_string()),
-            })?
-        }
-        "devices" => config.devices = Some(raw.devices(key)?),
-        "gpu_memory_fraction" => config.gpu_memory_fraction = raw.number(key)?,
-        "max_pool_size" => config.max_pool_bytes = Some(raw.bytes(key)?),
-        "min_free_bytes" => config.min_free_bytes = raw.bytes(key)?,
-        "cpu_fallback" => config.cpu_fallback = raw.boolean(key)?,
-        "track_allocations" => config.track_allocations = raw.boolean(key)?,
-        "capture_backtraces" => config.capture_backtraces = raw.boolean(key)?,
-        "leak_age" => config.leak_age = raw.duration(key)?,
-        "trim_on_high_pressure" => config.trim_on_high_pressure = raw.boolean(key)?,
-        "cleanup_interval" => config.cleanup_interval = raw.optional_duration(key)?,
-        "release_idle_after" => config.release_idle_after = raw.optional_duration(key)?,
-        "max_cached_bytes" => config.max_cached_bytes = Some(raw.bytes(key)?),
-        "preallocate" => config.preallocate_bytes = raw.bytes(key)?,
-        "shards" => config.shards = raw.count(key)?,
-        "small_max_bytes" => config.small_max_bytes = raw.bytes(key)?,
-        "idle_pages_kept" => config.idle_pages_kept = raw.count(key)?,
-        "idle_per_mille" => config.idle_per_mille = raw.count(key)?,
-        "pressure.medium" => config.pressure.medium = raw.number(key)?,
-        "pressure.high" => config.pressure.high = raw.number(key)?,
-        "pressure.critical" => config.pressure.critical = raw.number(key)?,
-        "pressure.reserve" => config.pressure.reserve_bytes = Some(raw.bytes(key)?),
-        // The guide's names. Tracking here means allocation ages (ids, sizes and tags are always
-        // kept); gpumem caches 2 MiB pages rather than whole buffers, so N buffers cap the idle
-        // cache at N pages.
-        "enable_memory_tracking" => config.track_allocations = raw.boolean(key)?,
-        "max_cached_buffers" => {
-            let pages = raw.count(key)? as u64;
-            config.max_cached_bytes = Some(pages.saturating_mul(super::config::CACHED_BUFFER_BYTES))
-        }
-        other => {
-            return Err(ConfigError::new(
-                other,
-                format!("unknown key (known keys: {})", KEYS.join(", ")),
-            ))
-        }
+    match SETTERS.iter().find(|(known, _)| *known == key) {
+        Some((_, set)) => set(config, raw, key),
+        None => Err(ConfigError::new(
+            key,
+            format!(
+                "unknown key (known keys: {})",
+                keys().collect::<Vec<_>>().join(", ")
+            ),
+        )),
     }
-    Ok(())
 }
 
 /// Flattens a TOML document into (dotted key, value), preset first so the rest overrides it.
@@ -277,8 +307,8 @@ fn read_config_file(path: &std::path::Path) -> Result<String, String> {
 
 /// The `GPUMEM_<KEY>` variable of each key the environment may set.
 pub fn env_names() -> impl Iterator<Item = String> {
-    KEYS.iter()
-        .filter(|key| **key != "devices")
+    keys()
+        .filter(|key| *key != "devices")
         .map(|key| env_name(key))
 }
 
@@ -311,7 +341,7 @@ pub fn load_config_over(
             .map(|(_, value)| value.as_str())
     };
     // `devices` is left to the CLI's own `--devices`/`GPUMEM_DEVICES` ("all" or "0,2").
-    for key in KEYS.iter().filter(|key| **key != "devices") {
+    for key in keys().filter(|key| *key != "devices") {
         let name = env_name(key);
         if let Some(value) = env(&name) {
             apply(&mut config, key, &Raw::Text(value))

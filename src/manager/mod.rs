@@ -24,8 +24,8 @@ pub use buffer::{AllocOptions, DeviceBuffer};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
 #[cfg(feature = "config-file")]
 pub use config_file::{
-    env_names as config_env_names, load_config, load_config_over, parse_config_str, ConfigSources,
-    KEYS as CONFIG_KEYS,
+    env_names as config_env_names, keys as config_keys, load_config, load_config_over,
+    parse_config_str, ConfigSources,
 };
 pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};

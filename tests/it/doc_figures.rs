@@ -47,3 +47,52 @@ fn the_replay_figures_in_the_configuration_doc_are_reproduced() {
     }
     assert_eq!(checked, 2 * traces.len());
 }
+
+/// Every key the configuration parser takes appears in docs/configuration.md as a line of its
+/// example file (`key = …`, or under `[pressure]` for `pressure.*`), and the example names no
+/// key the parser would refuse.
+#[test]
+fn the_configuration_doc_names_every_key_the_parser_takes() {
+    let doc = include_str!("../../docs/configuration.md");
+    let keys: Vec<&str> = gpumem::manager::config_keys().collect();
+    let documented = |key: &str| {
+        let name = key.rsplit('.').next().unwrap_or(key);
+        doc.lines()
+            .any(|line| line.trim_start().starts_with(&format!("{name} =")))
+    };
+    let missing: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|key| !documented(key))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md does not show {missing:?}"
+    );
+    let mut section = String::new();
+    for line in doc.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.starts_with("```") {
+            section.clear(); // each example file starts at the top level
+            continue;
+        }
+        if line.starts_with('[') && line.ends_with(']') {
+            section = line.trim_matches(['[', ']']).to_string();
+            continue;
+        }
+        let Some((name, _)) = line.split_once(" = ") else {
+            continue;
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            continue;
+        }
+        let key = match section.as_str() {
+            "" => name.to_string(),
+            table => format!("{table}.{name}"),
+        };
+        assert!(
+            keys.contains(&key.as_str()),
+            "docs/configuration.md shows `{key}`, which the parser does not know"
+        );
+    }
+}

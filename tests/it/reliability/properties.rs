@@ -55,11 +55,11 @@ fn toml_value() -> impl Strategy<Value = String> {
 }
 
 /// Every key a config file may set, as the parser knows them.
-use gpumem::manager::CONFIG_KEYS as KEYS;
+use gpumem::manager::config_keys;
 
 fn toml_key() -> impl Strategy<Value = String> {
     prop_oneof![
-        8 => prop::sample::select(KEYS.to_vec()).prop_map(str::to_string),
+        8 => prop::sample::select(config_keys().collect::<Vec<_>>()).prop_map(str::to_string),
         1 => "[a-z_.]{1,12}",
         1 => Just("\"a\\nb\"".to_string()),
     ]
