@@ -9,6 +9,7 @@ pub mod collect;
 pub mod demo;
 pub mod error;
 pub mod exporter;
+pub mod ffi;
 pub mod manager;
 pub mod nvml;
 pub mod planner;

@@ -1,4 +1,4 @@
-//! The CUDA driver backend, and the only module of the crate with `unsafe`: probes libcuda before
+//! The CUDA driver backend, one of the two modules with `unsafe` (the C ABI in `ffi` is the other): probes libcuda before
 //! cudarc touches it, caches device properties, keeps one retained primary context per device, and
 //! implements [`DeviceBackend`] with raw `cudarc::driver::sys` calls.
 //!
@@ -6,6 +6,7 @@
 //! `gpumem devices` prints; no context needed) and `vmm` (reserve / map / unmap in pages).
 
 mod host;
+mod host_context;
 mod probe;
 mod properties;
 mod stream_ordered;
@@ -109,6 +110,9 @@ impl CudaBackend {
     fn make_current(&self, device: usize) -> Result<&Device, BackendError> {
         let dev = self.device(device)?;
         let context = dev.primary_context()?;
+        if self.already_current(context) {
+            return Ok(dev);
+        }
         // SAFETY: `context` is a primary context retained by this backend and not yet released
         // (that happens only in `Drop`, which cannot run while `&self` is borrowed).
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(context) })?;
