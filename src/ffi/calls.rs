@@ -166,12 +166,12 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
 }
 
 pub(super) fn serve(listen: Option<&str>) -> Result<i32, String> {
+    let addr = parse_listen(listen.unwrap_or(DEFAULT_LISTEN))?;
     let runtime = runtime()?;
     let mut exporter = runtime.exporter.lock();
     if let Some(running) = exporter.as_ref() {
         return Ok(i32::from(running.local_addr().port()));
     }
-    let addr = parse_listen(listen.unwrap_or(DEFAULT_LISTEN))?;
     let handle = Exporter::builder()
         .manager(runtime.manager.clone())
         .listen(addr)

@@ -11,9 +11,12 @@ mod calls;
 mod live;
 mod runtime;
 
+pub use runtime::install;
+
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// At most this many errors are printed to stderr; all are kept for `gpumem_last_error`.
 const PRINTED_ERRORS: u32 = 20;
@@ -21,6 +24,26 @@ const PRINTED_ERRORS: u32 = 20;
 thread_local! {
     /// The tag given to allocations made by this thread (`gpumem_set_tag`).
     static CURRENT_TAG: Cell<Option<crate::Tag>> = const { Cell::new(None) };
+}
+
+/// The tag of allocations made by threads without their own (`gpumem_set_default_tag`): PyTorch
+/// runs the backward pass on its own threads, which a thread-local tag cannot reach.
+static DEFAULT_TAG: AtomicU32 = AtomicU32::new(0);
+
+fn current_tag() -> Option<crate::Tag> {
+    CURRENT_TAG
+        .with(Cell::get)
+        .or_else(|| crate::Tag::from_id(DEFAULT_TAG.load(Relaxed)))
+}
+
+/// A tag argument: null or "" is no tag.
+///
+/// # Safety
+/// `tag` is null or a NUL-terminated string valid for the call.
+unsafe fn tag_argument(tag: *const c_char) -> Result<Option<crate::Tag>, String> {
+    // SAFETY: forwarded from this function's own contract.
+    let name = unsafe { optional_str(tag) }?;
+    Ok(name.filter(|n| !n.is_empty()).map(crate::Tag::new))
 }
 
 /// Runs one entry point: its error (or panic) is recorded and `failed` returned instead.
@@ -92,8 +115,8 @@ fn to_c_string(text: String) -> *mut c_char {
 #[no_mangle]
 pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guarded("gpumem_alloc", std::ptr::null_mut(), || {
-        let tag = CURRENT_TAG.with(Cell::get);
-        calls::alloc(size, device, stream as usize as u64, tag).map(|ptr| ptr as *mut c_void)
+        calls::alloc(size, device, stream as usize as u64, current_tag())
+            .map(|ptr| ptr as *mut c_void)
     })
 }
 
@@ -116,9 +139,23 @@ pub extern "C" fn gpumem_free(ptr: *mut c_void, size: isize, device: c_int, stre
 pub unsafe extern "C" fn gpumem_set_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_tag", -1, || {
         // SAFETY: forwarded from this function's own contract.
-        let name = unsafe { optional_str(tag) }?;
-        let tag = name.filter(|n| !n.is_empty()).map(crate::Tag::new);
+        let tag = unsafe { tag_argument(tag) }?;
         CURRENT_TAG.with(|current| current.set(tag));
+        Ok(0)
+    })
+}
+
+/// Tags the allocations of every thread that has no tag of its own; null or "" clears it.
+/// Returns 0, or -1 when the tag is not UTF-8.
+///
+/// # Safety
+/// `tag` is null or a NUL-terminated string valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_set_default_tag(tag: *const c_char) -> c_int {
+    guarded("gpumem_set_default_tag", -1, || {
+        // SAFETY: forwarded from this function's own contract.
+        let tag = unsafe { tag_argument(tag) }?;
+        DEFAULT_TAG.store(tag.map_or(0, crate::Tag::id), Relaxed);
         Ok(0)
     })
 }
@@ -205,5 +242,40 @@ pub unsafe extern "C" fn gpumem_string_free(text: *mut c_char) {
     if !text.is_null() {
         // SAFETY: the caller hands back a pointer from `CString::into_raw`, exactly once.
         drop(unsafe { CString::from_raw(text) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_is_caught_recorded_and_turned_into_the_failure_value() {
+        let value = guarded("gpumem_test", -1, || -> Result<i32, String> {
+            panic!("boom in the allocator")
+        });
+        assert_eq!(value, -1);
+        let error = last_error().lock().clone().unwrap_or_default();
+        assert!(
+            error.contains("gpumem_test: internal error (panic): boom"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn strings_cross_the_boundary_and_come_back() {
+        let text = to_c_string("nul\0inside".to_string());
+        // SAFETY: `text` is a fresh string from `to_c_string`.
+        let copy = unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(copy, "nul inside");
+        // SAFETY: returned exactly once; null is ignored.
+        unsafe {
+            gpumem_string_free(text);
+            gpumem_string_free(std::ptr::null_mut());
+        }
+        // SAFETY: null is "no string".
+        assert_eq!(unsafe { optional_str(std::ptr::null()) }, Ok(None));
     }
 }

@@ -34,11 +34,23 @@ struct FromEnvironment {
 /// The runtime, opened by the first call that needs it. A failure to open is kept and returned
 /// to every later call: the environment will not change its answer.
 pub(super) fn runtime() -> Result<&'static Runtime, String> {
-    static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| open().map_err(|why| format!("gpumem could not start: {why}")))
         .as_ref()
         .map_err(Clone::clone)
+}
+
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+/// Makes `manager` the one the C ABI uses, instead of opening one from the environment: for a
+/// Rust program that hosts Python and wants one manager for both, and for tests. Only before
+/// the first call of the C ABI; an error afterwards. A CUDA manager installed this way gets no
+/// graph-capture check and does not restore the host's current context (the library knows the
+/// CUDA backend only when it opened it itself).
+pub fn install(manager: MemoryManager) -> Result<(), String> {
+    RUNTIME
+        .set(Ok(Runtime::new(manager, None)))
+        .map_err(|_| "the C ABI already has its memory manager".to_string())
 }
 
 fn open() -> Result<Runtime, String> {
@@ -75,16 +87,20 @@ fn open() -> Result<Runtime, String> {
     }
     let manager = MemoryManager::new(backend, config).map_err(|e| e.to_string())?;
     tracing::debug!(backend = %manager.backend().kind(), "gpumem library opened");
-    Ok(Runtime {
-        manager,
-        cuda,
-        live: LiveBuffers::new(),
-        exporter: Mutex::new(None),
-        publisher: Mutex::new(None),
-    })
+    Ok(Runtime::new(manager, cuda))
 }
 
 impl Runtime {
+    fn new(manager: MemoryManager, cuda: Option<Arc<CudaBackend>>) -> Self {
+        Runtime {
+            manager,
+            cuda,
+            live: LiveBuffers::new(),
+            exporter: Mutex::new(None),
+            publisher: Mutex::new(None),
+        }
+    }
+
     /// Runs `f` so that the thread's current CUDA context is the same afterwards as before.
     pub fn keeping_host_context<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.cuda {

@@ -8,6 +8,7 @@ mod cuda_loading;
 mod demo;
 mod e2e;
 mod estimate;
+mod ffi;
 mod manager_features;
 mod reliability;
 mod sidecar;
