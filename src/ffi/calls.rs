@@ -32,7 +32,7 @@ pub(super) fn alloc(
     let runtime = runtime()?;
     let stream = StreamId(stream);
     runtime.keeping_host_context(|| {
-        runtime.check_not_capturing(stream)?;
+        runtime.check_not_capturing(device, stream)?;
         let options = AllocOptions {
             alignment: ALIGNMENT,
             tag,

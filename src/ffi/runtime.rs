@@ -112,11 +112,11 @@ impl Runtime {
     /// Refuses allocation on a stream that is capturing a CUDA graph (see `docs/pytorch.md`):
     /// a graph replays into its addresses long after capture, while the pools would hand them
     /// to other tensors as soon as they are freed.
-    pub fn check_not_capturing(&self, stream: StreamId) -> Result<(), String> {
+    pub fn check_not_capturing(&self, device: usize, stream: StreamId) -> Result<(), String> {
         let Some(cuda) = &self.cuda else {
             return Ok(());
         };
-        match cuda.stream_capturing(stream) {
+        match cuda.stream_capturing(device, stream) {
             Ok(false) => Ok(()),
             Ok(true) => Err(format!(
                 "stream {:#x} is capturing a CUDA graph, and gpumem does not allocate during \
@@ -124,6 +124,7 @@ impl Runtime {
                  capture graphs with PyTorch's own allocator",
                 stream.0
             )),
+            Err(invalid @ crate::error::BackendError::InvalidDevice { .. }) => Err(invalid.to_string()),
             Err(why) => Err(format!(
                 "cannot tell whether stream {:#x} is capturing a CUDA graph ({why}); gpumem does \
                  not allocate during capture",

@@ -85,6 +85,12 @@ impl CudaBackend {
         if current == target {
             return true;
         }
+        if current.is_null() {
+            // A thread of the host with no context yet (PyTorch's autograd threads, before their
+            // first runtime call): binding the device's primary context is what the runtime
+            // would do itself on that call, so it stays bound.
+            return false;
+        }
         SWITCHED_FROM.with(|from| {
             if from.get().is_none() {
                 from.set(Some(current as usize));
@@ -93,11 +99,13 @@ impl CudaBackend {
         false
     }
 
-    /// Whether `stream` is capturing a CUDA graph. An error means the driver refused to say,
+    /// Whether `stream` (of `device`) is capturing a CUDA graph. An error means the driver refused to say,
     /// which it does for the legacy default stream while another stream captures in global mode:
     /// callers treat that as "capturing" too.
-    pub fn stream_capturing(&self, stream: StreamId) -> Result<bool, BackendError> {
+    pub fn stream_capturing(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
         self.host_context_calls()?;
+        // The driver answers only with a context current, which a host thread may not have yet.
+        self.make_current(device)?;
         let raw = usize::try_from(stream.0).map_err(|_| BackendError::InvalidArgument {
             call: "stream_capturing",
             reason: format!(
