@@ -11,8 +11,10 @@
 #
 # usage: python3 benches/gpu/torch_workloads.py [--quick] [--library PATH] [--python-dir DIR]
 #                                               [--workloads gpt2_train,hf_generate,cnn_serve]
-# Prints one JSON line per run, then a short table. With $OUT set, the gpumem training run also
-# leaves its /metrics scrape and snapshot there (metrics.txt, snapshot.json).
+# Prints one JSON line per run, then a short table. With $OUT set, every run's result is appended
+# to $OUT/results.jsonl (`--table FILE` prints the table of such a file), and the gpumem training
+# run leaves its /metrics scrape and snapshot, taken after its last step, there (metrics.txt,
+# snapshot.json).
 import argparse
 import json
 import os
@@ -95,7 +97,7 @@ class ProcessMemory:
 
 
 # ---------------------------------------------------------------- the workloads (child side)
-def gpt2_train(torch, quick, tags):
+def gpt2_train(torch, quick, tags, at_end):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
@@ -122,10 +124,11 @@ def gpt2_train(torch, quick, tags):
             if r > 0:  # round 0 warms up every shape
                 times.append(time.perf_counter() - started)
             losses.append(float(loss.item()))
+    at_end()  # while the model, its gradients and the optimizer's state are alive
     return {"outputs": losses, "step_seconds": statistics.median(times), "steps": len(times)}
 
 
-def hf_generate(torch, quick, tags):
+def hf_generate(torch, quick, tags, at_end):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     shapes = [(1, 32), (8, 128), (4, 512), (16, 64), (2, 256), (8, 32), (32, 128), (4, 64)]
@@ -147,6 +150,7 @@ def hf_generate(torch, quick, tags):
             if r > 0:
                 times.append(time.perf_counter() - started)
             digests.append(int(out.long().sum().item()) * 1000003 + int((out.long() * out.long()).sum().item()))
+    at_end()
     return {"outputs": digests, "step_seconds": statistics.median(times), "steps": len(times)}
 
 
@@ -171,7 +175,7 @@ def cnn_model(torch):
     return "small CNN", nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
 
 
-def cnn_serve(torch, quick, tags):
+def cnn_serve(torch, quick, tags, at_end):
     batches = [1, 8, 32, 4, 64, 16, 2, 48, 128, 8]
     rounds = 2 if quick else 5
     with tags("weights"):
@@ -191,6 +195,7 @@ def cnn_serve(torch, quick, tags):
             if r > 0:
                 times.append(time.perf_counter() - started)
             sums.append(repr(float(logits.float().sum().item())))
+    at_end()
     return {"outputs": sums, "step_seconds": statistics.median(times), "steps": len(times), "model": name}
 
 
@@ -222,9 +227,16 @@ def child(args):
             return contextlib.nullcontext()
         url = None
 
+    scraped = {}
+
+    def at_end():
+        if url:
+            scrape(url, scraped)
+
     started = time.perf_counter()
-    result = globals()[args.workload](torch, args.quick, tags)
+    result = globals()[args.workload](torch, args.quick, tags, at_end)
     wall = time.perf_counter() - started
+    result.update(scraped)
     torch.cuda.synchronize()
     result.update(workload=args.workload, mode=args.mode, wall_seconds=wall,
                   nvml_peak_bytes=memory.finish(), nvml_context_bytes=baseline,
@@ -240,8 +252,6 @@ def child(args):
                       peak_reserved_bytes=stats["reserved_bytes.all.peak"],
                       pool_hits=stats["pool_hits"], pool_requests=stats["pool_requests"],
                       driver_maps=stats["num_device_alloc"])
-        if url:
-            scrape(url, result)
     print(MARK + json.dumps(result), flush=True)
 
 
@@ -326,9 +336,13 @@ def main():
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--table", metavar="RESULTS_JSONL", help="print the table of an earlier run's results")
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.table:
+        with open(args.table) as f:
+            return print(table([json.loads(line) for line in f if line.strip()]))
     results = []
     for workload in args.workloads.split(","):
         for mode in args.modes.split(","):
@@ -340,6 +354,9 @@ def main():
             result["process_seconds"] = round(time.time() - started, 1)
             print(json.dumps({k: v for k, v in result.items() if k != "outputs"}), flush=True)
             results.append(result)
+            if os.environ.get("OUT"):  # everything, outputs included, in case the run is cut short
+                with open(os.path.join(os.environ["OUT"], "results.jsonl"), "a") as f:
+                    f.write(json.dumps(result) + "\n")
     print()
     print(table(results))
 
