@@ -124,7 +124,9 @@ impl Runtime {
                  capture graphs with PyTorch's own allocator",
                 stream.0
             )),
-            Err(invalid @ crate::error::BackendError::InvalidDevice { .. }) => Err(invalid.to_string()),
+            Err(invalid @ crate::error::BackendError::InvalidDevice { .. }) => {
+                Err(invalid.to_string())
+            }
             Err(why) => Err(format!(
                 "cannot tell whether stream {:#x} is capturing a CUDA graph ({why}); gpumem does \
                  not allocate during capture",

@@ -3,7 +3,7 @@
 //! a CUDA graph. Both use driver calls that the rest of the backend does not need, so their
 //! symbols are checked when first used instead of at `open`.
 
-use super::{check, CudaBackend};
+use super::{check, stream_handle, CudaBackend};
 use crate::backend::StreamId;
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUstreamCaptureStatus};
@@ -99,25 +99,19 @@ impl CudaBackend {
         false
     }
 
-    /// Whether `stream` (of `device`) is capturing a CUDA graph. An error means the driver refused to say,
-    /// which it does for the legacy default stream while another stream captures in global mode:
-    /// callers treat that as "capturing" too.
+    /// Whether `stream` (of `device`) is capturing a CUDA graph. An error means the driver
+    /// refused to say, which it does for the legacy default stream while another stream captures
+    /// in global mode: callers treat that as "capturing" too.
     pub fn stream_capturing(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
         self.host_context_calls()?;
         // The driver answers only with a context current, which a host thread may not have yet.
         self.make_current(device)?;
-        let raw = usize::try_from(stream.0).map_err(|_| BackendError::InvalidArgument {
-            call: "stream_capturing",
-            reason: format!(
-                "stream handle {:#x} is not a pointer on this host",
-                stream.0
-            ),
-        })?;
+        let raw = stream_handle("stream_capturing", stream)?;
         let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: valid out-pointer; the stream handle comes from the host, which created it in
         // the current context (or is 0, the legacy stream); the driver only reads the handle.
         check("cuStreamIsCapturing", unsafe {
-            sys::cuStreamIsCapturing(raw as sys::CUstream, &mut status)
+            sys::cuStreamIsCapturing(raw, &mut status)
         })?;
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }

@@ -251,17 +251,11 @@ impl DeviceBackend for CudaBackend {
 
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.make_current(device)?;
-        let raw = usize::try_from(stream.0).map_err(|_| BackendError::InvalidArgument {
-            call: "synchronize_stream",
-            reason: format!(
-                "stream handle {:#x} is not a pointer on this host",
-                stream.0
-            ),
-        })?;
+        let raw = stream_handle("synchronize_stream", stream)?;
         // SAFETY: the caller hands us a CUstream it created in this device's context (or 0, the
         // legacy default stream, which the null handle denotes); the driver only reads the handle.
         check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(raw as sys::CUstream)
+            sys::cuStreamSynchronize(raw)
         })
     }
 }
@@ -347,6 +341,18 @@ fn error_string(result: CUresult) -> String {
     unsafe { CStr::from_ptr(text) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// The driver's handle for `stream` (0, the legacy default stream, is the null handle).
+fn stream_handle(call: &'static str, stream: StreamId) -> Result<sys::CUstream, BackendError> {
+    let raw = usize::try_from(stream.0).map_err(|_| BackendError::InvalidArgument {
+        call,
+        reason: format!(
+            "stream handle {:#x} is not a pointer on this host",
+            stream.0
+        ),
+    })?;
+    Ok(raw as sys::CUstream)
 }
 
 fn to_usize(call: &'static str, bytes: u64) -> Result<usize, BackendError> {
