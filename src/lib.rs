@@ -40,6 +40,10 @@ mod bench;
 mod cli;
 #[cfg(feature = "cli")]
 mod demo;
+/// The C ABI (PyTorch's pluggable-allocator entry points and the Python package's calls); it
+/// reads its settings as the command line does, from `GPUMEM_*` variables.
+#[cfg(feature = "cli")]
+pub mod ffi;
 #[cfg(feature = "cli")]
 mod plot;
 #[cfg(feature = "cli")]

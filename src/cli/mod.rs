@@ -130,7 +130,7 @@ pub(crate) struct CommonArgs {
 const MAX_SIM_MEMORY: u64 = 4 * crate::units::TIB;
 
 impl CommonArgs {
-    fn sim_config(&self) -> Result<sim::SimConfig, CliError> {
+    pub(crate) fn sim_config(&self) -> Result<sim::SimConfig, CliError> {
         let total = parse_bytes(&self.sim_memory)
             .map_err(|e| CliError::usage(format!("--sim-memory: {e}")))?;
         if total < crate::units::GIB {

@@ -151,72 +151,71 @@ const SETTERS: &[(&str, Setter)] = &[
         Ok(())
     }),
     ("devices", |c, raw, key| {
-        Ok(c.devices = Some(raw.devices(key)?))
+        raw.devices(key).map(|v| c.devices = Some(v))
     }),
     ("gpu_memory_fraction", |c, raw, key| {
-        Ok(c.gpu_memory_fraction = raw.number(key)?)
+        raw.number(key).map(|v| c.gpu_memory_fraction = v)
     }),
     ("max_pool_size", |c, raw, key| {
-        Ok(c.max_pool_bytes = Some(raw.bytes(key)?))
+        raw.bytes(key).map(|v| c.max_pool_bytes = Some(v))
     }),
     ("min_free_bytes", |c, raw, key| {
-        Ok(c.min_free_bytes = raw.bytes(key)?)
+        raw.bytes(key).map(|v| c.min_free_bytes = v)
     }),
     ("cpu_fallback", |c, raw, key| {
-        Ok(c.cpu_fallback = raw.boolean(key)?)
+        raw.boolean(key).map(|v| c.cpu_fallback = v)
     }),
     ("track_allocations", |c, raw, key| {
-        Ok(c.track_allocations = raw.boolean(key)?)
+        raw.boolean(key).map(|v| c.track_allocations = v)
     }),
     ("capture_backtraces", |c, raw, key| {
-        Ok(c.capture_backtraces = raw.boolean(key)?)
+        raw.boolean(key).map(|v| c.capture_backtraces = v)
     }),
-    (
-        "leak_age",
-        |c, raw, key| Ok(c.leak_age = raw.duration(key)?),
-    ),
+    ("leak_age", |c, raw, key| {
+        raw.duration(key).map(|v| c.leak_age = v)
+    }),
     ("trim_on_high_pressure", |c, raw, key| {
-        Ok(c.trim_on_high_pressure = raw.boolean(key)?)
+        raw.boolean(key).map(|v| c.trim_on_high_pressure = v)
     }),
     ("cleanup_interval", |c, raw, key| {
-        Ok(c.cleanup_interval = raw.optional_duration(key)?)
+        raw.optional_duration(key).map(|v| c.cleanup_interval = v)
     }),
     ("release_idle_after", |c, raw, key| {
-        Ok(c.release_idle_after = raw.optional_duration(key)?)
+        raw.optional_duration(key).map(|v| c.release_idle_after = v)
     }),
     ("max_cached_bytes", |c, raw, key| {
-        Ok(c.max_cached_bytes = Some(raw.bytes(key)?))
+        raw.bytes(key).map(|v| c.max_cached_bytes = Some(v))
     }),
     ("preallocate", |c, raw, key| {
-        Ok(c.preallocate_bytes = raw.bytes(key)?)
+        raw.bytes(key).map(|v| c.preallocate_bytes = v)
     }),
-    ("shards", |c, raw, key| Ok(c.shards = raw.count(key)?)),
+    ("shards", |c, raw, key| raw.count(key).map(|v| c.shards = v)),
     ("small_max_bytes", |c, raw, key| {
-        Ok(c.small_max_bytes = raw.bytes(key)?)
+        raw.bytes(key).map(|v| c.small_max_bytes = v)
     }),
     ("idle_pages_kept", |c, raw, key| {
-        Ok(c.idle_pages_kept = raw.count(key)?)
+        raw.count(key).map(|v| c.idle_pages_kept = v)
     }),
     ("idle_per_mille", |c, raw, key| {
-        Ok(c.idle_per_mille = raw.count(key)?)
+        raw.count(key).map(|v| c.idle_per_mille = v)
     }),
     ("pressure.medium", |c, raw, key| {
-        Ok(c.pressure.medium = raw.number(key)?)
+        raw.number(key).map(|v| c.pressure.medium = v)
     }),
     ("pressure.high", |c, raw, key| {
-        Ok(c.pressure.high = raw.number(key)?)
+        raw.number(key).map(|v| c.pressure.high = v)
     }),
     ("pressure.critical", |c, raw, key| {
-        Ok(c.pressure.critical = raw.number(key)?)
+        raw.number(key).map(|v| c.pressure.critical = v)
     }),
     ("pressure.reserve", |c, raw, key| {
-        Ok(c.pressure.reserve_bytes = Some(raw.bytes(key)?))
+        raw.bytes(key).map(|v| c.pressure.reserve_bytes = Some(v))
     }),
     // The guide's names. Tracking here means allocation ages (ids, sizes and tags are always
     // kept); gpumem caches 2 MiB pages rather than whole buffers, so N buffers cap the idle
     // cache at N pages.
     ("enable_memory_tracking", |c, raw, key| {
-        Ok(c.track_allocations = raw.boolean(key)?)
+        raw.boolean(key).map(|v| c.track_allocations = v)
     }),
     ("max_cached_buffers", |c, raw, key| {
         let pages = raw.count(key)? as u64;
@@ -309,7 +308,7 @@ fn read_config_file(path: &std::path::Path) -> Result<String, String> {
 pub fn env_names() -> impl Iterator<Item = String> {
     keys()
         .filter(|key| *key != "devices")
-        .map(|key| env_name(key))
+        .map(env_name)
 }
 
 fn env_name(key: &str) -> String {

@@ -34,7 +34,7 @@ pub enum MapDecision {
     BelowMinFree,
 }
 
-/// A block handed out by [`Arena::alloc`].
+/// A block handed out by `Arena::alloc`.
 #[derive(Clone, Copy, Debug)]
 pub struct Placed {
     pub block: u32,

@@ -1,4 +1,4 @@
-//! Allocator pools, written once over [`DeviceBackend`]: a [`Pool`] holds the arenas of one
+//! Allocator pools, written once over [`DeviceBackend`](crate::backend::DeviceBackend): a [`Pool`] holds the arenas of one
 //! device, stream and shard (small requests and large ones apart, as their lifetimes differ),
 //! and [`DirectPool`] sends every request to the driver (the no-pool baseline).
 

@@ -80,7 +80,7 @@ impl WebState {
 }
 
 /// The exporter's routes, plus `extra` ones (the demo adds its own), answering only requests
-/// whose `Host` is allowed (see [`host`]).
+/// whose `Host` is allowed (see `host`).
 pub fn router(state: WebState, extra: Option<Router>, hosts: host::AllowedHosts) -> Router {
     let app = Router::new()
         .route("/", get(index))

@@ -9,6 +9,7 @@ mod demo;
 mod doc_figures;
 mod e2e;
 mod estimate;
+mod ffi;
 mod guide_parity;
 mod manager_features;
 mod page_reserve;

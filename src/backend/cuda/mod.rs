@@ -1,4 +1,4 @@
-//! The CUDA driver backend, and the only module of the crate with `unsafe`: probes libcuda before
+//! The CUDA driver backend, one of the two modules with `unsafe` (the C ABI in `ffi` is the other): probes libcuda before
 //! cudarc touches it, caches device properties, keeps one retained primary context per device, and
 //! implements [`DeviceBackend`] with raw `cudarc::driver::sys` calls.
 //!
@@ -8,6 +8,7 @@
 #![allow(unsafe_code)]
 
 mod host;
+mod host_context;
 mod probe;
 mod properties;
 mod stream_ordered;
@@ -113,6 +114,9 @@ impl CudaBackend {
     fn make_current(&self, device: usize) -> Result<&Device, BackendError> {
         let dev = self.device(device)?;
         let context = dev.primary_context()?;
+        if self.already_current(context) {
+            return Ok(dev);
+        }
         // SAFETY: `context` is a primary context retained by this backend and not yet released
         // (that happens only in `Drop`, which cannot run while `&self` is borrowed).
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(context) })?;
@@ -271,17 +275,11 @@ impl DeviceBackend for CudaBackend {
 
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.make_current(device)?;
-        let raw = usize::try_from(stream.0).map_err(|_| BackendError::InvalidArgument {
-            call: "synchronize_stream",
-            reason: format!(
-                "stream handle {:#x} is not a pointer on this host",
-                stream.0
-            ),
-        })?;
+        let raw = stream_handle("synchronize_stream", stream)?;
         // SAFETY: the caller hands us a CUstream it created in this device's context (or 0, the
         // legacy default stream, which the null handle denotes); the driver only reads the handle.
         check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(raw as sys::CUstream)
+            sys::cuStreamSynchronize(raw)
         })
     }
 }
@@ -367,6 +365,18 @@ fn error_string(result: CUresult) -> String {
     unsafe { CStr::from_ptr(text) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// The driver's handle for `stream` (0, the legacy default stream, is the null handle).
+fn stream_handle(call: &'static str, stream: StreamId) -> Result<sys::CUstream, BackendError> {
+    let raw = usize::try_from(stream.0).map_err(|_| BackendError::InvalidArgument {
+        call,
+        reason: format!(
+            "stream handle {:#x} is not a pointer on this host",
+            stream.0
+        ),
+    })?;
+    Ok(raw as sys::CUstream)
 }
 
 fn to_usize(call: &'static str, bytes: u64) -> Result<usize, BackendError> {

@@ -1,20 +1,11 @@
-//! The Python writer in docs/publish-format.md, run as written against a stand-in `torch`
-//! module: what it writes must be a valid file the collector reads, with PyTorch's numbers in
+//! The Python package's writer of PyTorch's statistics (`gpumem.publish`, in
+//! python/gpumem/publish.py), run against a stand-in `torch` module: what it writes must be a valid file the collector reads, with PyTorch's numbers in
 //! the right fields, and its background publisher must remove the file when Python exits.
 
 use super::TempDir;
 use crate::web::tool_available;
 use gpumem::collect::read_file;
 use std::process::{Command, Output};
-
-/// The first ```python block of the document.
-fn example_writer() -> String {
-    let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/publish-format.md");
-    let doc = std::fs::read_to_string(doc_path).expect("docs/publish-format.md");
-    let start = doc.find("```python\n").expect("a python block") + "```python\n".len();
-    let length = doc[start..].find("\n```").expect("the block ends");
-    doc[start..start + length].to_string()
-}
 
 /// Just enough of `torch` for the writer: device 0 in use, device 1 untouched.
 const FAKE_TORCH_CUDA: &str = r#"
@@ -49,8 +40,7 @@ def get_device_properties(index):
 "#;
 
 /// Runs `script` as `engine.py` with the publish directory as its argument, next to the stand-in
-/// `torch` and the documented writer (`gpumem_publish`), and checks it succeeds; `None` (skip)
-/// without python3.
+/// `torch` with the package on the path, and checks it succeeds; `None` (skip) without python3.
 fn run_engine(dir: &TempDir, publish: &TempDir, script: &str) -> Option<Output> {
     if !tool_available("python3") {
         return None;
@@ -63,10 +53,16 @@ fn run_engine(dir: &TempDir, publish: &TempDir, script: &str) -> Option<Output> 
     )
     .expect("write");
     std::fs::write(package.join("cuda.py"), FAKE_TORCH_CUDA).expect("write");
-    std::fs::write(dir.join("gpumem_publish.py"), example_writer()).expect("write");
     std::fs::write(dir.join("engine.py"), script).expect("write");
     let output = Command::new("python3")
-        .env("PYTHONPATH", dir.path())
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([
+                dir.path().to_path_buf(),
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
+            ])
+            .expect("paths"),
+        )
         .current_dir(dir.path())
         .args(["engine.py", publish.str()])
         .output()
@@ -80,13 +76,13 @@ fn run_engine(dir: &TempDir, publish: &TempDir, script: &str) -> Option<Output> 
 }
 
 #[test]
-fn the_documented_python_writer_publishes_a_valid_file() {
+fn the_python_package_publishes_pytorch_statistics_as_a_valid_file() {
     let dir = TempDir::new("python");
     let publish = TempDir::new("python-publish");
     let Some(output) = run_engine(
         &dir,
         &publish,
-        "import sys, gpumem_publish\nprint(gpumem_publish.publish_once(sys.argv[1]))\n",
+        "import sys, gpumem.publish as gpumem_publish\nprint(gpumem_publish.publish_once(sys.argv[1]))\n",
     ) else {
         return;
     };
@@ -158,7 +154,7 @@ fn the_python_background_publisher_removes_its_file_at_exit() {
     let Some(output) = run_engine(
         &dir,
         &publish,
-        "import os, sys, time, gpumem_publish\n\
+        "import os, sys, time, gpumem.publish as gpumem_publish\n\
          gpumem_publish.start(sys.argv[1], 0.1)\n\
          time.sleep(0.5)\n\
          print(os.path.exists(os.path.join(sys.argv[1], f'gpumem-{os.getpid()}.json')))\n",

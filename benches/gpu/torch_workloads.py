@@ -1,0 +1,365 @@
+# PyTorch workloads under three allocators, each run in its own process with the same seed:
+# PyTorch's default caching allocator, PyTorch with expandable_segments:True, and gpumem
+# (gpumem.torch.use()). Checks that losses / outputs are identical and reports, per run: NVML's
+# per-process peak memory, the allocator's peak allocated and reserved bytes, and step time.
+# Results for docs/pytorch.md.
+#
+# Needs a GPU host with PyTorch and transformers (timm or torchvision for the CNN, else a small
+# CNN defined here); randomly initialised models, nothing downloaded. gpumem comes from the
+# python/ package of the repository and its library from GPUMEM_LIBRARY or --library (a build's
+# target/release/libgpumem.so, or the copy `pip install ./python` put into the package).
+#
+# usage: python3 benches/gpu/torch_workloads.py [--quick] [--library PATH] [--python-dir DIR]
+#                                               [--workloads gpt2_train,hf_generate,cnn_serve]
+# Prints one JSON line per run, then a short table. With $OUT set, every run's result is appended
+# to $OUT/results.jsonl (`--table FILE` prints the table of such a file), and the gpumem training
+# run leaves its /metrics scrape and snapshot, taken after its last step, there (metrics.txt,
+# snapshot.json).
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# "default_again" repeats the default run: outputs that differ between two default runs are the
+# workload's own run-to-run variation, not the allocator's doing.
+MODES = ("default", "default_again", "expandable", "gpumem")
+WORKLOADS = ("gpt2_train", "hf_generate", "cnn_serve")
+MARK = "RESULT "
+
+
+# ---------------------------------------------------------------- NVML, read without pynvml
+class ProcessMemory:
+    """Polls NVML every few milliseconds for this process's device memory; keeps the peak.
+    NVML reports host pids: inside a container that does not share them, the sole compute
+    process on the device is taken to be this one (the run is alone on the GPU)."""
+
+    def __init__(self, device=0, period=0.005):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if self.nvml.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit failed")
+        self.handle = ctypes.c_void_p()
+        if self.nvml.nvmlDeviceGetHandleByIndex_v2(device, ctypes.byref(self.handle)) != 0:
+            raise RuntimeError("nvmlDeviceGetHandleByIndex failed")
+
+        class Info(ctypes.Structure):
+            _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong),
+                        ("gpu_instance", ctypes.c_uint), ("compute_instance", ctypes.c_uint)]
+
+        self.Info = Info
+        self.period = period
+        self.peak = 0
+        self.matched = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def read(self):
+        ctypes = self.ctypes
+        count = ctypes.c_uint(64)
+        infos = (self.Info * 64)()
+        if self.nvml.nvmlDeviceGetComputeRunningProcesses_v3(self.handle, ctypes.byref(count), infos) != 0:
+            return None
+        processes = [(infos[i].pid, infos[i].used) for i in range(count.value)]
+        mine = [used for pid, used in processes if pid == os.getpid()]
+        if mine:
+            self.matched = "pid"
+            return mine[0]
+        if len(processes) == 1:
+            self.matched = "sole process"
+            return processes[0][1]
+        return None
+
+    def loop(self):
+        while not self.stop.is_set():
+            used = self.read()
+            if used is not None and used < (1 << 60):
+                self.peak = max(self.peak, used)
+            time.sleep(self.period)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        used = self.read()
+        if used is not None and used < (1 << 60):
+            self.peak = max(self.peak, used)
+        return self.peak
+
+
+# ---------------------------------------------------------------- the workloads (child side)
+def gpt2_train(torch, quick, tags, at_end):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
+    rounds = 2 if quick else 6
+    with tags("weights"):
+        config = GPT2Config(n_layer=6, n_embd=512, n_head=8, n_positions=1024, vocab_size=50257)
+        model = GPT2LMHeadModel(config).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    losses, times = [], []
+    for r in range(rounds + 1):
+        for batch, length in shapes:
+            ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator).cuda()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            with tags("activations"), torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, labels=ids).loss
+            with tags("gradients", all_threads=True):
+                loss.backward()
+            with tags("optimizer"):
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            if r > 0:  # round 0 warms up every shape
+                times.append(time.perf_counter() - started)
+            losses.append(float(loss.item()))
+    at_end()  # while the model, its gradients and the optimizer's state are alive
+    return {"outputs": losses, "step_seconds": statistics.median(times), "steps": len(times)}
+
+
+def hf_generate(torch, quick, tags, at_end):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    shapes = [(1, 32), (8, 128), (4, 512), (16, 64), (2, 256), (8, 32), (32, 128), (4, 64)]
+    rounds = 1 if quick else 2
+    with tags("weights"):
+        config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
+        model = GPT2LMHeadModel(config).to(device="cuda", dtype=torch.float16).eval()
+    generator = torch.Generator(device="cpu").manual_seed(2)
+    digests, times = [], []
+    for r in range(rounds + 1):
+        for batch, length in shapes:
+            ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator).cuda()
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            with torch.inference_mode(), tags("kv_cache"):
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32,
+                                     do_sample=False, pad_token_id=config.eos_token_id)
+            torch.cuda.synchronize()
+            if r > 0:
+                times.append(time.perf_counter() - started)
+            digests.append(int(out.long().sum().item()) * 1000003 + int((out.long() * out.long()).sum().item()))
+    at_end()
+    return {"outputs": digests, "step_seconds": statistics.median(times), "steps": len(times)}
+
+
+def cnn_model(torch):
+    try:
+        import timm
+
+        return "timm resnet50", timm.create_model("resnet50", pretrained=False)
+    except Exception:
+        pass
+    try:
+        import torchvision
+
+        return "torchvision resnet50", torchvision.models.resnet50(weights=None)
+    except Exception:
+        pass
+    nn = torch.nn
+    layers, channels = [], 3
+    for width in (64, 128, 256, 512):
+        layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+        channels = width
+    return "small CNN", nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
+
+
+def cnn_serve(torch, quick, tags, at_end):
+    batches = [1, 8, 32, 4, 64, 16, 2, 48, 128, 8]
+    rounds = 2 if quick else 5
+    with tags("weights"):
+        name, model = cnn_model(torch)
+        model = model.to(device="cuda", dtype=torch.float16, memory_format=torch.channels_last).eval()
+    generator = torch.Generator(device="cpu").manual_seed(3)
+    sums, times = [], []
+    for r in range(rounds + 1):
+        for batch in batches:
+            images = torch.randn((batch, 3, 224, 224), generator=generator).to(
+                device="cuda", dtype=torch.float16, memory_format=torch.channels_last)
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            with torch.inference_mode(), tags("activations"):
+                logits = model(images)
+            torch.cuda.synchronize()
+            if r > 0:
+                times.append(time.perf_counter() - started)
+            sums.append(repr(float(logits.float().sum().item())))
+    at_end()
+    return {"outputs": sums, "step_seconds": statistics.median(times), "steps": len(times), "model": name}
+
+
+def child(args):
+    """One workload under one allocator, in this process; prints one RESULT line."""
+    import contextlib
+
+    gpumem_torch = None
+    if args.mode == "gpumem":
+        import gpumem.torch as gpumem_torch
+
+        gpumem_torch.use()
+    import torch
+
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    memory = ProcessMemory().start()
+    time.sleep(0.05)
+    baseline = memory.peak  # the CUDA context before any tensor
+
+    if gpumem_torch is not None:
+        tags = gpumem_torch.tag
+        url = gpumem_torch.serve("127.0.0.1:0") if args.workload == "gpt2_train" else None
+    else:
+        def tags(name, all_threads=False):
+            return contextlib.nullcontext()
+        url = None
+
+    scraped = {}
+
+    def at_end():
+        if url:
+            scrape(url, scraped)
+
+    started = time.perf_counter()
+    result = globals()[args.workload](torch, args.quick, tags, at_end)
+    wall = time.perf_counter() - started
+    result.update(scraped)
+    torch.cuda.synchronize()
+    result.update(workload=args.workload, mode=args.mode, wall_seconds=wall,
+                  nvml_peak_bytes=memory.finish(), nvml_context_bytes=baseline,
+                  nvml_matched=memory.matched, torch=torch.__version__,
+                  device=torch.cuda.get_device_name(0))
+    if gpumem_torch is None:
+        result.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(),
+                      peak_reserved_bytes=torch.cuda.max_memory_reserved())
+    else:
+        stats = gpumem_torch.memory_stats(0)
+        result.update(peak_allocated_bytes=stats["allocated_bytes.all.peak"],
+                      peak_requested_bytes=stats["requested_bytes.all.peak"],
+                      peak_reserved_bytes=stats["reserved_bytes.all.peak"],
+                      pool_hits=stats["pool_hits"], pool_requests=stats["pool_requests"],
+                      driver_maps=stats["num_device_alloc"])
+    print(MARK + json.dumps(result), flush=True)
+
+
+def scrape(url, result):
+    """The exporter inside the training process: /metrics and the snapshot's tags."""
+    import urllib.request
+
+    time.sleep(1.2)  # one more sample after the last step
+    metrics = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
+    snapshot = json.loads(urllib.request.urlopen(url + "api/v1/snapshot", timeout=10).read())
+    result["tags_in_snapshot"] = sorted({g["tag"] for d in snapshot["devices"] for g in d["by_tag"]})
+    result["metrics_series"] = sum(1 for line in metrics.splitlines() if line and not line.startswith("#"))
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "metrics.txt"), "w") as f:
+            f.write(metrics)
+        with open(os.path.join(out, "snapshot.json"), "w") as f:
+            json.dump(snapshot, f)
+
+
+# ---------------------------------------------------------------- the driver (parent side)
+def run_child(workload, mode, args):
+    env = dict(os.environ)
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("GPUMEM_TORCH", None)
+    if mode == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if args.library:
+        env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(args.python_dir), env.get("PYTHONPATH")]))
+    command = [sys.executable, os.path.abspath(__file__), "--child", "--workload", workload, "--mode", mode]
+    if args.quick:
+        command.append("--quick")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
+    return {"workload": workload, "mode": mode, "error": f"exit {done.returncode}: " + " | ".join(tail)}
+
+
+def mib(b):
+    return f"{b / (1 << 20):,.0f}" if isinstance(b, (int, float)) else "-"
+
+
+def table(results):
+    rows = ["| workload | allocator | outputs | NVML peak MiB | context MiB | peak allocated MiB | "
+            "peak reserved MiB | NVML / allocated | step ms | vs default | driver maps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for workload in dict.fromkeys(r["workload"] for r in results):
+        runs = {r["mode"]: r for r in results if r["workload"] == workload}
+        reference = runs.get("default", {})
+        for mode in MODES:
+            r = runs.get(mode)
+            if r is None:
+                continue
+            if "error" in r:
+                rows.append(f"| {workload} | {mode} | failed: {r['error'][:120]} | | | | | | | | |")
+                continue
+            theirs = reference.get("outputs") or []
+            differ = sum(1 for a, b in zip(r["outputs"], theirs) if a != b) + abs(len(r["outputs"]) - len(theirs))
+            same = "identical" if differ == 0 else f"{differ}/{len(r['outputs'])} differ"
+            ratio = r["nvml_peak_bytes"] / reference["peak_allocated_bytes"] if reference.get("peak_allocated_bytes") else 0
+            speed = r["step_seconds"] / reference["step_seconds"] if reference.get("step_seconds") else 0
+            rows.append(f"| {workload} | {mode} | {same} | {mib(r['nvml_peak_bytes'])} | "
+                        f"{mib(r['nvml_context_bytes'])} | {mib(r['peak_allocated_bytes'])} | "
+                        f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {r['step_seconds'] * 1e3:.2f} | "
+                        f"{speed:.3f} | {r.get('driver_maps', '-')} |")
+    return "\n".join(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke test)")
+    parser.add_argument("--library", help="libgpumem.so to use (default: $GPUMEM_LIBRARY or the package's)")
+    parser.add_argument("--python-dir", default=os.path.join(HERE, "..", "..", "python"),
+                        help="directory holding the gpumem package (default: the repository's python/)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--table", metavar="RESULTS_JSONL", help="print the table of an earlier run's results")
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    if args.table:
+        with open(args.table) as f:
+            return print(table([json.loads(line) for line in f if line.strip()]))
+    results = []
+    for workload in args.workloads.split(","):
+        for mode in args.modes.split(","):
+            started = time.time()
+            try:
+                result = run_child(workload, mode, args)
+            except subprocess.TimeoutExpired:
+                result = {"workload": workload, "mode": mode, "error": f"timed out after {args.timeout} s"}
+            result["process_seconds"] = round(time.time() - started, 1)
+            print(json.dumps({k: v for k, v in result.items() if k != "outputs"}), flush=True)
+            results.append(result)
+            if os.environ.get("OUT"):  # everything, outputs included, in case the run is cut short
+                with open(os.path.join(os.environ["OUT"], "results.jsonl"), "a") as f:
+                    f.write(json.dumps(result) + "\n")
+    print()
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

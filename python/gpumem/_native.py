@@ -1,0 +1,101 @@
+"""Loads the gpumem C library (the Rust crate's cdylib) with ctypes and declares its functions.
+
+The library is the one shipped inside this package, or the file GPUMEM_LIBRARY names (a build
+tree's target/release/libgpumem.so, for instance). PyTorch must load the very same file, so
+both go through `library_path()`.
+"""
+import ctypes
+import json
+import os
+import sys
+import threading
+
+_NAME = {"darwin": "libgpumem.dylib", "win32": "gpumem.dll"}.get(sys.platform, "libgpumem.so")
+_lock = threading.Lock()
+_library = None
+
+
+class GpumemError(RuntimeError):
+    """A call into the gpumem library failed; the message is the library's own."""
+
+
+def library_path():
+    """The path of the gpumem library this package uses."""
+    override = os.environ.get("GPUMEM_LIBRARY")
+    if override:
+        path = os.path.abspath(override)
+        if not os.path.isfile(path):
+            raise GpumemError(f"GPUMEM_LIBRARY names {path}, which does not exist")
+        return path
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _NAME)
+    if not os.path.isfile(path):
+        raise GpumemError(
+            f"{path} is missing: install the package with `pip install ./python` from the "
+            "repository (it builds the library), or point GPUMEM_LIBRARY at libgpumem.so"
+        )
+    return path
+
+
+def _declare(lib):
+    c_char_p = ctypes.c_char_p
+    void_p = ctypes.c_void_p
+    owned = ctypes.POINTER(ctypes.c_char)  # strings we must hand back to gpumem_string_free
+    signatures = {
+        "gpumem_alloc": ([ctypes.c_ssize_t, ctypes.c_int, void_p], void_p),
+        "gpumem_free": ([void_p, ctypes.c_ssize_t, ctypes.c_int, void_p], None),
+        "gpumem_set_tag": ([c_char_p], ctypes.c_int),
+        "gpumem_set_default_tag": ([c_char_p], ctypes.c_int),
+        "gpumem_empty_cache": ([], ctypes.c_int64),
+        "gpumem_reset_peak_stats": ([], ctypes.c_int),
+        "gpumem_snapshot_json": ([], owned),
+        "gpumem_memory_stats_json": ([ctypes.c_int], owned),
+        "gpumem_serve": ([c_char_p], ctypes.c_int),
+        "gpumem_publish": ([c_char_p], ctypes.c_int),
+        "gpumem_last_error": ([], owned),
+        "gpumem_string_free": ([owned], None),
+    }
+    for name, (arguments, result) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes = arguments
+        function.restype = result
+    return lib
+
+
+def lib():
+    """The loaded library (loaded once per process)."""
+    global _library
+    with _lock:
+        if _library is None:
+            _library = _declare(ctypes.CDLL(library_path()))
+        return _library
+
+
+def take_string(pointer):
+    """Copies a string the library returned and releases it; None for a null pointer."""
+    if not pointer:
+        return None
+    try:
+        return ctypes.cast(pointer, ctypes.c_char_p).value.decode("utf-8")
+    finally:
+        lib().gpumem_string_free(pointer)
+
+
+def last_error():
+    """The library's latest error message, or None."""
+    return take_string(lib().gpumem_last_error())
+
+
+def fail(call):
+    raise GpumemError(last_error() or f"{call} failed")
+
+
+def encode(text):
+    return None if text is None else str(text).encode("utf-8")
+
+
+def json_call(call, *arguments):
+    """Calls a function returning JSON and decodes it; raises GpumemError on failure."""
+    text = take_string(getattr(lib(), call)(*arguments))
+    if text is None:
+        fail(call)
+    return json.loads(text)

@@ -1,0 +1,37 @@
+/* The C ABI of the gpumem library (libgpumem.so); see docs/pytorch.md in the repository.
+ *
+ * gpumem_alloc and gpumem_free have the signatures of PyTorch's CUDAPluggableAllocator. Calls
+ * that fail return NULL or -1 and leave a message for gpumem_last_error(); none of them aborts
+ * or throws. Strings returned by the library are released with gpumem_string_free(). */
+#ifndef GPUMEM_H
+#define GPUMEM_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *gpumem_stream_t; /* cudaStream_t; NULL is the default stream */
+
+void *gpumem_alloc(ssize_t size, int device, gpumem_stream_t stream);
+void gpumem_free(void *ptr, ssize_t size, int device, gpumem_stream_t stream);
+
+int gpumem_set_tag(const char *tag);          /* this thread; NULL or "" clears */
+int gpumem_set_default_tag(const char *tag);  /* threads without a tag of their own */
+int64_t gpumem_empty_cache(void);             /* bytes released, or -1 */
+int gpumem_reset_peak_stats(void);
+
+char *gpumem_snapshot_json(void);             /* the /api/v1/snapshot document */
+char *gpumem_memory_stats_json(int device);   /* torch.cuda.memory_stats() keys */
+int gpumem_serve(const char *listen);         /* port bound, or -1; NULL: 127.0.0.1:9400 */
+int gpumem_publish(const char *dir);          /* 0, or -1; NULL: $GPUMEM_PUBLISH_DIR or /run/gpumem */
+char *gpumem_last_error(void);                /* NULL when nothing failed */
+void gpumem_string_free(char *text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

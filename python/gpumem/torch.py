@@ -1,0 +1,179 @@
+"""gpumem as PyTorch's CUDA allocator.
+
+    import gpumem.torch
+    gpumem.torch.use()                         # before the first CUDA tensor
+    gpumem.torch.serve("127.0.0.1:9400")       # /metrics, the status page, the JSON API
+    with gpumem.torch.tag("weights"):
+        model = build_model().cuda()
+
+With gpumem as the allocator, PyTorch's own `torch.cuda.memory_stats()` and `empty_cache()` do
+not see its memory: use the functions of this module instead. Everything except `use()` works
+without PyTorch too (the C library is loaded through ctypes).
+"""
+import contextlib
+import threading
+
+from . import _native
+from ._native import GpumemError
+
+__all__ = [
+    "GpumemError",
+    "use",
+    "in_use",
+    "tag",
+    "serve",
+    "publish",
+    "memory_stats",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "snapshot",
+]
+
+_state = threading.local()
+_use_lock = threading.Lock()
+_allocator = None
+
+
+def use():
+    """Makes gpumem the CUDA allocator of this process. Call it before the first CUDA tensor is
+    created (PyTorch cannot swap an allocator that has allocated). Calling it again does nothing.
+    """
+    global _allocator
+    with _use_lock:
+        if _allocator is not None:
+            return
+        import torch.cuda.memory as memory
+
+        allocator = memory.CUDAPluggableAllocator(
+            _native.library_path(), "gpumem_alloc", "gpumem_free"
+        )
+        try:
+            memory.change_current_allocator(allocator)
+        except RuntimeError as error:
+            raise GpumemError(
+                "PyTorch has already allocated CUDA memory with its own allocator, so it cannot "
+                "switch to gpumem: call gpumem.torch.use() (or set GPUMEM_TORCH=1) before the "
+                f"first CUDA tensor is created ({error})"
+            ) from error
+        _allocator = allocator
+
+
+def in_use():
+    """Whether `use()` made gpumem PyTorch's allocator in this process."""
+    return _allocator is not None
+
+
+def _tag_stack():
+    stack = getattr(_state, "tags", None)
+    if stack is None:
+        stack = _state.tags = []
+    return stack
+
+
+@contextlib.contextmanager
+def tag(name, all_threads=False):
+    """Allocations made inside carry `name` (`weights`, `kv_cache`, `activations`, ...) in the
+    leak tracker, the status page and `/metrics`. Tags nest; the innermost wins.
+
+    A tag belongs to the thread that sets it. PyTorch's backward pass runs on threads of its
+    own: `all_threads=True` tags the allocations of every thread that has no tag of its own.
+    """
+    encoded = _native.encode(name)
+    if all_threads:
+        setter, stack = _native.lib().gpumem_set_default_tag, _default_tags
+    else:
+        setter, stack = _native.lib().gpumem_set_tag, _tag_stack()
+    if setter(encoded) != 0:
+        _native.fail("tag")
+    stack.append(encoded)
+    try:
+        yield
+    finally:
+        stack.pop()
+        setter(stack[-1] if stack else None)
+
+
+_default_tags = []
+
+
+def serve(listen="127.0.0.1:9400"):
+    """Serves `/metrics`, the status page and the JSON API (the same as `gpumem demo`) from a
+    thread of this process; returns the status page's URL. Port 0 picks a free port. Calling it
+    again returns the running exporter's URL."""
+    port = _native.lib().gpumem_serve(_native.encode(listen))
+    if port < 0:
+        _native.fail("serve")
+    host = str(listen).rsplit(":", 1)[0] if listen else "127.0.0.1"
+    if host in ("0.0.0.0", "[::]", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}/"
+
+
+def publish(directory=None):
+    """Writes this process's snapshots into `directory` every second for a
+    `gpumem serve --collect-dir` sidecar (default: $GPUMEM_PUBLISH_DIR, else /run/gpumem)."""
+    if _native.lib().gpumem_publish(_native.encode(directory)) != 0:
+        _native.fail("publish")
+
+
+def _device_index(device):
+    if device is None:
+        try:
+            import torch
+
+            if torch.cuda.is_initialized():
+                return torch.cuda.current_device()
+        except ImportError:
+            pass
+        return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)  # torch.device("cuda:1")
+    if index is not None:
+        return index
+    text = str(device)
+    return int(text.split(":", 1)[1]) if ":" in text else 0
+
+
+def memory_stats(device=None):
+    """gpumem's statistics for `device` under the keys of `torch.cuda.memory_stats()`
+    (`allocated_bytes.all.current`, `reserved_bytes.all.peak`, `num_ooms`, ...)."""
+    return _native.json_call("gpumem_memory_stats_json", _device_index(device))
+
+
+def memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats():
+    if _native.lib().gpumem_reset_peak_stats() != 0:
+        _native.fail("reset_peak_memory_stats")
+
+
+def empty_cache():
+    """Returns cached memory no tensor uses to the driver; the number of bytes released."""
+    released = _native.lib().gpumem_empty_cache()
+    if released < 0:
+        _native.fail("empty_cache")
+    return released
+
+
+def snapshot():
+    """The manager's snapshot: the document `/api/v1/snapshot` serves, as a dict."""
+    return _native.json_call("gpumem_snapshot_json")

@@ -1,0 +1,144 @@
+//! The one manager behind the C ABI, opened on first use from the environment: `GPUMEM_BACKEND`
+//! (`cuda`, the default, or `sim` for tests without a GPU), `GPUMEM_CONFIG` and the `GPUMEM_*`
+//! settings the command line reads too. Also the exporter and publisher it may run.
+
+use super::live::LiveBuffers;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::{open_backend, BackendChoice, DeviceBackend, StreamId};
+use crate::cli::{parse_device_selection, CommonArgs};
+use crate::exporter::ExporterHandle;
+use crate::manager::MemoryManager;
+use crate::publish::PublisherHandle;
+use clap::Parser;
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock};
+
+pub(super) struct Runtime {
+    pub manager: MemoryManager,
+    /// The same backend as the manager's, when it is the CUDA driver: for the calls that only
+    /// make sense there (graph capture, the host's current context).
+    pub cuda: Option<Arc<CudaBackend>>,
+    pub live: LiveBuffers,
+    pub exporter: Mutex<Option<ExporterHandle>>,
+    pub publisher: Mutex<Option<PublisherHandle>>,
+}
+
+/// The shared flags, read from the environment only (a library has no command line).
+#[derive(Parser)]
+#[command(name = "gpumem")]
+struct FromEnvironment {
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// The runtime, opened by the first call that needs it. A failure to open is kept and returned
+/// to every later call: the environment will not change its answer.
+pub(super) fn runtime() -> Result<&'static Runtime, String> {
+    RUNTIME
+        .get_or_init(|| open().map_err(|why| format!("gpumem could not start: {why}")))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+/// Makes `manager` the one the C ABI uses, instead of opening one from the environment: for a
+/// Rust program that hosts Python and wants one manager for both, and for tests. Only before
+/// the first call of the C ABI; an error afterwards. A CUDA manager installed this way gets no
+/// graph-capture check and does not restore the host's current context (the library knows the
+/// CUDA backend only when it opened it itself).
+pub fn install(manager: MemoryManager) -> Result<(), String> {
+    RUNTIME
+        .set(Ok(Runtime::new(manager, None)))
+        .map_err(|_| "the C ABI already has its memory manager".to_string())
+}
+
+fn open() -> Result<Runtime, String> {
+    let mut flags = FromEnvironment::try_parse_from(["gpumem"])
+        .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?
+        .common;
+    match std::env::var("GPUMEM_BACKEND").ok().as_deref() {
+        // Memory handed to a host must be real: "auto" would fall back to a simulated device
+        // without a GPU and give PyTorch addresses no kernel can touch.
+        None | Some("") => flags.backend = BackendChoice::Cuda,
+        Some(_) if flags.backend == BackendChoice::Auto => {
+            return Err(
+                "GPUMEM_BACKEND=auto is not accepted here: a library must hand out real \
+                        device memory; use cuda (the default) or sim (simulated, for tests)"
+                    .to_string(),
+            )
+        }
+        Some(_) => {}
+    }
+    let mut config = flags.memory_config().map_err(|e| e.to_string())?;
+    let (backend, cuda): (Arc<dyn DeviceBackend>, _) = match flags.backend {
+        BackendChoice::Cuda => {
+            let cuda = Arc::new(CudaBackend::open().map_err(|e| e.to_string())?);
+            (Arc::clone(&cuda) as Arc<dyn DeviceBackend>, Some(cuda))
+        }
+        choice => {
+            let sim = flags.sim_config().map_err(|e| e.to_string())?;
+            let opened = open_backend(choice, sim).map_err(|e| e.to_string())?;
+            (opened.backend, None)
+        }
+    };
+    if !flags.devices.trim().eq_ignore_ascii_case("all") {
+        config.devices = Some(parse_device_selection(
+            &flags.devices,
+            backend.device_count(),
+        )?);
+    }
+    let manager = MemoryManager::new(backend, config).map_err(|e| e.to_string())?;
+    tracing::debug!(backend = %manager.backend().kind(), "gpumem library opened");
+    Ok(Runtime::new(manager, cuda))
+}
+
+impl Runtime {
+    fn new(manager: MemoryManager, cuda: Option<Arc<CudaBackend>>) -> Self {
+        Runtime {
+            manager,
+            cuda,
+            live: LiveBuffers::new(),
+            exporter: Mutex::new(None),
+            publisher: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` so that the thread's current CUDA context is the same afterwards as before.
+    pub(super) fn keeping_host_context<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.cuda {
+            Some(cuda) => cuda.keeping_current_context(f),
+            None => f(),
+        }
+    }
+
+    /// Refuses allocation on a stream that is capturing a CUDA graph (see `docs/pytorch.md`):
+    /// a graph replays into its addresses long after capture, while the pools would hand them
+    /// to other tensors as soon as they are freed.
+    pub(super) fn check_not_capturing(
+        &self,
+        device: usize,
+        stream: StreamId,
+    ) -> Result<(), String> {
+        let Some(cuda) = &self.cuda else {
+            return Ok(());
+        };
+        match cuda.stream_capturing(device, stream) {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(format!(
+                "stream {:#x} is capturing a CUDA graph, and gpumem does not allocate during \
+                 capture (the graph would replay into memory the pools hand to other tensors); \
+                 capture graphs with PyTorch's own allocator",
+                stream.0
+            )),
+            Err(invalid @ crate::error::BackendError::InvalidDevice { .. }) => {
+                Err(invalid.to_string())
+            }
+            Err(why) => Err(format!(
+                "cannot tell whether stream {:#x} is capturing a CUDA graph ({why}); gpumem does \
+                 not allocate during capture",
+                stream.0
+            )),
+        }
+    }
+}

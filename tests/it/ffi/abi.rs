@@ -1,0 +1,184 @@
+//! The entry points PyTorch and the Python package call, exercised from Rust: what they return,
+//! what they record as the last error, and that they share one manager. The C ABI has one
+//! manager per process, so these tests install a simulated one once and take turns.
+
+// Calling the C ABI as a C host would takes `unsafe`, as it does for any host.
+#![allow(unsafe_code)]
+
+use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::ffi::{self, *};
+use gpumem::manager::MemoryConfig;
+use gpumem::MemoryManager;
+use serde_json::Value;
+use std::ffi::{c_void, CStr, CString};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+const MIB: isize = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Installs the 4 GiB simulated device once; returns the lock the tests take turns with.
+fn abi() -> MutexGuard<'static, ()> {
+    static INSTALLED: OnceLock<Mutex<()>> = OnceLock::new();
+    let turn = INSTALLED.get_or_init(|| {
+        let spec = SimDeviceSpec {
+            total_bytes: 4 * GIB,
+            ..SimDeviceSpec::default()
+        };
+        let backend = Arc::new(SimBackend::new(SimConfig {
+            devices: vec![spec],
+            ..SimConfig::default()
+        }));
+        let manager = MemoryManager::new(backend, MemoryConfig::default()).expect("manager");
+        ffi::install(manager).expect("the first install succeeds");
+        Mutex::new(())
+    });
+    turn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Takes a string the library returned, releasing it.
+fn take(text: *mut std::ffi::c_char) -> Option<String> {
+    if text.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null pointer from the library is a NUL-terminated string it owns.
+    let copy = unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: released once, as the ABI asks.
+    unsafe { gpumem_string_free(text) };
+    Some(copy)
+}
+
+fn last_error() -> String {
+    take(gpumem_last_error()).unwrap_or_default()
+}
+
+fn stats() -> Value {
+    let text = take(gpumem_memory_stats_json(0)).expect("statistics");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+fn stat(name: &str) -> u64 {
+    stats()[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} in the statistics"))
+}
+
+fn stream(id: usize) -> *mut c_void {
+    id as *mut c_void
+}
+
+#[test]
+fn alloc_and_free_round_trip_through_the_shared_manager() {
+    let _turn = abi();
+    let in_use = stat("allocated_bytes.all.current");
+    let ptr = gpumem_alloc(5 * MIB + 3, 0, stream(0));
+    assert!(!ptr.is_null(), "{}", last_error());
+    assert_eq!(ptr as usize % 512, 0);
+    assert!(stat("allocated_bytes.all.current") >= in_use + 5 * MIB as u64);
+    gpumem_free(ptr, 5 * MIB + 3, 0, stream(0));
+    assert_eq!(stat("allocated_bytes.all.current"), in_use);
+    assert!(ffi::install(
+        MemoryManager::new(
+            Arc::new(SimBackend::new(SimConfig::default())),
+            MemoryConfig::default()
+        )
+        .expect("manager")
+    )
+    .is_err());
+}
+
+#[test]
+fn failures_return_null_and_leave_a_message() {
+    let _turn = abi();
+    assert!(gpumem_alloc(0, 0, stream(0)).is_null());
+    assert!(gpumem_alloc(-5, 0, stream(0)).is_null());
+    assert!(last_error().contains("negative"), "{}", last_error());
+    assert!(gpumem_alloc(MIB, -1, stream(0)).is_null());
+    assert!(last_error().contains("device -1"), "{}", last_error());
+    assert!(gpumem_alloc(8 << 30, 0, stream(0)).is_null());
+    assert!(last_error().contains("never fit"), "{}", last_error());
+    gpumem_free(0x1000 as *mut c_void, 1, 0, stream(0));
+    assert!(last_error().contains("not allocated by gpumem_alloc"));
+    let bad = CString::new("256.0.0.1:99999").expect("no NUL");
+    // SAFETY: a valid C string for the call.
+    assert_eq!(unsafe { gpumem_serve(bad.as_ptr()) }, -1);
+    assert!(last_error().contains("256.0.0.1:99999"), "{}", last_error());
+}
+
+#[test]
+fn blocks_are_reused_on_their_stream_at_once_and_never_across_streams_without_a_sync() {
+    let _turn = abi();
+    let (a, b) = (stream(0xa000), stream(0xb000));
+    let first = gpumem_alloc(4 * MIB, 0, a);
+    gpumem_free(first, 4 * MIB, 0, a);
+    let again = gpumem_alloc(4 * MIB, 0, a);
+    assert_eq!(again, first);
+    let other = gpumem_alloc(4 * MIB, 0, b);
+    assert_ne!(other, first);
+    gpumem_free(again, 4 * MIB, 0, a);
+    let still_other = gpumem_alloc(4 * MIB, 0, b);
+    assert_ne!(
+        still_other, first,
+        "stream a's freed block is not handed to stream b"
+    );
+    gpumem_free(other, 4 * MIB, 0, b);
+    gpumem_free(still_other, 4 * MIB, 0, b);
+}
+
+#[test]
+fn tags_are_per_thread_with_a_process_wide_default() {
+    let _turn = abi();
+    let kv = CString::new("ffi_kv_cache").expect("no NUL");
+    let grads = CString::new("ffi_gradients").expect("no NUL");
+    // SAFETY: valid C strings (or null) for each call.
+    unsafe {
+        assert_eq!(gpumem_set_tag(kv.as_ptr()), 0);
+        assert_eq!(gpumem_set_default_tag(grads.as_ptr()), 0);
+    }
+    let tagged = gpumem_alloc(3 * MIB, 0, stream(0)) as usize;
+    let other_thread = std::thread::spawn(|| gpumem_alloc(2 * MIB, 0, stream(0)) as usize)
+        .join()
+        .expect("thread");
+    // SAFETY: null clears.
+    unsafe {
+        gpumem_set_tag(std::ptr::null());
+        gpumem_set_default_tag(std::ptr::null());
+    }
+    let snapshot: Value =
+        serde_json::from_str(&take(gpumem_snapshot_json()).expect("snapshot")).expect("JSON");
+    let tag_bytes = |name: &str| -> u64 {
+        snapshot["devices"][0]["by_tag"]
+            .as_array()
+            .expect("by_tag")
+            .iter()
+            .filter(|group| group["tag"] == name)
+            .map(|group| group["bytes"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(tag_bytes("ffi_kv_cache"), 3 << 20, "{snapshot}");
+    assert_eq!(tag_bytes("ffi_gradients"), 2 << 20, "{snapshot}");
+    gpumem_free(tagged as *mut c_void, 3 * MIB, 0, stream(0));
+    gpumem_free(other_thread as *mut c_void, 2 * MIB, 0, stream(0));
+}
+
+#[test]
+fn empty_cache_and_peaks() {
+    let _turn = abi();
+    let ptrs: Vec<usize> = (0..3)
+        .map(|_| gpumem_alloc(64 * MIB, 0, stream(0)) as usize)
+        .collect();
+    for ptr in ptrs {
+        gpumem_free(ptr as *mut c_void, 64 * MIB, 0, stream(0));
+    }
+    assert!(stat("allocated_bytes.all.peak") >= 192 << 20);
+    assert_eq!(gpumem_reset_peak_stats(), 0);
+    assert!(stat("allocated_bytes.all.peak") < 192 << 20);
+    let reserved = stat("reserved_bytes.all.current");
+    let released = gpumem_empty_cache();
+    assert!(released > 0);
+    assert_eq!(
+        stat("reserved_bytes.all.current"),
+        reserved - released as u64
+    );
+}
