@@ -168,12 +168,7 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
 
     /// Unmaps a range [`detach_pages`](Self::detach_pages) left mapped (`cuMemUnmap`); its
     /// pages are untouched. On an error nothing is unmapped.
-    fn unmap_detached(
-        &self,
-        device: usize,
-        addr: DevicePtr,
-        size: u64,
-    ) -> Result<(), BackendError> {
+    fn unmap_detached(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let _ = (device, addr, size);
         Ok(())
     }

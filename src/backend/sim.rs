@@ -502,12 +502,7 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
-    fn unmap_detached(
-        &self,
-        device: usize,
-        addr: DevicePtr,
-        size: u64,
-    ) -> Result<(), BackendError> {
+    fn unmap_detached(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let mut state = self.device(device)?.lock();
         self.check_pages("unmap_detached", addr, size)?;
         if let Some(page) = self

@@ -183,33 +183,14 @@ impl Arena {
             }
             self.unpark();
         }
-        let mut block = self
+        let block = self
             .tlsf
             .alloc(size, align, live)
             .ok_or(ArenaError::AddressSpaceFull)?;
-        let mut offset = self.tlsf.block(block).offset;
-        let (mut first, mut last) = self.page_span(offset, size);
+        let offset = self.tlsf.block(block).offset;
+        let (first, last) = self.page_span(offset, size);
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
-        if !self.runs.is_empty() {
-            // A miss: somewhere else in the arena the block may find more of its pages mapped.
-            let unmapped: u32 = self.runs.iter().map(|r| r.count).sum();
-            if let Some(better) = self.mapped_placement(size, align, unmapped) {
-                self.tlsf.free(block);
-                block = match self.tlsf.alloc_at(better, size, live) {
-                    Some(moved) => moved,
-                    // Not expected (the range was free a moment ago); the usual fit then.
-                    None => self
-                        .tlsf
-                        .alloc(size, align, live)
-                        .ok_or(ArenaError::AddressSpaceFull)?,
-                };
-                offset = self.tlsf.block(block).offset;
-                (first, last) = self.page_span(offset, size);
-                self.runs.clear();
-                self.pages.unmapped_runs(first, last, &mut self.runs);
-            }
-        }
         let mut mapped = Released::default();
         let mut miss_ns = 0;
         if !self.runs.is_empty() {
@@ -254,87 +235,6 @@ impl Arena {
             mapped_bytes: mapped.bytes,
             map_calls: mapped.calls,
         })
-    }
-
-    /// Where in a free block `size` bytes (aligned to `align`) would need fewer than `unmapped`
-    /// pages mapped: each free block large enough is tried at its front, its end, and flush
-    /// with the start and the end of each run of mapped pages in it. Fewest unmapped pages
-    /// wins, then the smaller free block (best fit). Asked on a miss only.
-    fn mapped_placement(&self, size: u64, align: u64, unmapped: u32) -> Option<u64> {
-        if size < xknob("GPUMEM_X_MIN", 0) {
-            return None;
-        }
-        let save = xknob("GPUMEM_X_SAVE", 1) as u32;
-        let tie = xknob("GPUMEM_X_TIE", 0);
-        let fit = xknob("GPUMEM_X_FIT", 0);
-        let known = self.pages.known_pages();
-        // mapped_before[p]: mapped pages among 0..p, so a span's count is one subtraction.
-        let mut mapped_before = Vec::with_capacity(known + 1);
-        let mut count = 0u32;
-        mapped_before.push(0);
-        for p in 0..known as u32 {
-            count += u32::from(self.pages.is_mapped(p));
-            mapped_before.push(count);
-        }
-        let mapped_in = |a: u32, b: u32| {
-            let at = |p: u32| mapped_before[(p as usize).min(known)];
-            at(b + 1) - at(a)
-        };
-        let mut best: Option<(u32, u64, u64)> = None; // (unmapped pages, free block size, offset)
-        for (start, len) in self.tlsf.free_ranges(size) {
-            let end = start + len;
-            let lowest = crate::units::align_up(start, align);
-            if lowest + size > end || (fit > 0 && len > fit * size) {
-                continue;
-            }
-            let (first, last) = self.page_span(start, len);
-            if first as usize >= known || mapped_in(first, last) == 0 {
-                continue;
-            }
-            let highest = (end - size) & !(align - 1);
-            let mut candidates = vec![lowest, highest];
-            // Flush with the start and with the end of each run of mapped pages.
-            let last = last.min(known as u32 - 1);
-            let mut in_run = false;
-            for p in first..=last {
-                let mapped = self.pages.is_mapped(p);
-                let page_start = (p as u64) << self.page_shift;
-                if mapped && !in_run {
-                    candidates.push(crate::units::align_up(page_start.max(start), align));
-                }
-                if !mapped && in_run {
-                    candidates.push(page_start.saturating_sub(size) & !(align - 1));
-                }
-                in_run = mapped;
-            }
-            if in_run {
-                let run_end = (((last as u64) + 1) << self.page_shift).min(end);
-                candidates.push(run_end.saturating_sub(size) & !(align - 1));
-            }
-            for at in candidates {
-                if at < lowest || at > highest {
-                    continue;
-                }
-                let (a, b) = self.page_span(at, size);
-                let missing = (b - a + 1) - mapped_in(a, b);
-                let better = match best {
-                    None => missing + save <= unmapped,
-                    Some((m, l, o)) => {
-                        missing < m
-                            || (missing == m
-                                && match tie {
-                                    1 => at < o,
-                                    2 => at > o,
-                                    _ => len < l,
-                                })
-                    }
-                };
-                if better {
-                    best = Some((missing, len, at));
-                }
-            }
-        }
-        best.map(|(_, _, at)| at)
     }
 
     /// Maps every run in `self.runs` (kept pages first); on failure unmaps what this call
@@ -426,12 +326,7 @@ impl Arena {
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
-        self.release_pages(
-            reserve,
-            |taken, _| taken < pages,
-            spare,
-            Unmapping::Deferred,
-        )
+        self.release_pages(reserve, |taken, _| taken < pages, spare, Unmapping::Deferred)
     }
 
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
@@ -646,11 +541,4 @@ mod tests {
         arena.free(again.block);
         arena.destroy(&backend).unwrap();
     }
-}
-
-fn xknob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }

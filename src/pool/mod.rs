@@ -340,11 +340,9 @@ impl Pool {
             };
             let page = arena.page_size();
             let before = total;
-            let released = arena.release_idle(
-                reserve,
-                |taken, since| keep_going(before + taken as u64 * page, since),
-                how,
-            );
+            let released = arena.release_idle(reserve, |taken, since| {
+                keep_going(before + taken as u64 * page, since)
+            }, how);
             slot.counters
                 .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             total += self.account_release(slot, released)?.bytes;

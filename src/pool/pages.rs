@@ -56,11 +56,6 @@ impl PageTable {
         self.idle_pages
     }
 
-    /// Pages the table knows of (every page past them is unmapped).
-    pub fn known_pages(&self) -> usize {
-        self.pages.len()
-    }
-
     pub fn is_mapped(&self, page: u32) -> bool {
         self.pages
             .get(page as usize)

@@ -130,32 +130,6 @@ impl Tlsf {
         Some(index)
     }
 
-    /// Free blocks of at least `size` bytes, as (offset, size), in slab order. A walk over
-    /// every block: for the miss path only, where a driver call costs far more.
-    pub fn free_ranges(&self, size: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.blocks
-            .iter()
-            .filter(move |b| b.state == BlockState::Free && b.size >= size)
-            .map(|b| (b.offset, b.size))
-    }
-
-    /// Takes `[offset, offset + size)` out of the free block that holds it whole; returns the
-    /// new used block, or `None` when no free block holds the range.
-    pub fn alloc_at(&mut self, offset: u64, size: u64, live: &LiveInfo) -> Option<u32> {
-        let index = self.blocks.iter().position(|b| {
-            b.state == BlockState::Free && b.offset <= offset && offset + size <= b.offset + b.size
-        })? as u32;
-        self.remove_free(index);
-        let index = self.split_front_at(index, offset);
-        self.split_tail(index, size);
-        let block = &mut self.blocks[index as usize];
-        block.state = BlockState::Used;
-        block.live = *live;
-        self.free_bytes -= size;
-        self.used_blocks += 1;
-        Some(index)
-    }
-
     /// Frees a used block and merges it with free neighbours; returns the merged free block.
     #[inline]
     pub fn free(&mut self, index: u32) -> u32 {
@@ -231,14 +205,8 @@ impl Tlsf {
 
     /// Gives the bytes before the first aligned offset of a (taken) block back as a free block.
     fn split_front_for_alignment(&mut self, index: u32, align: u64) -> u32 {
-        let offset = self.blocks[index as usize].offset;
-        self.split_front_at(index, crate::units::align_up(offset, align))
-    }
-
-    /// Gives the bytes of a (taken) block before `start` back as a free block.
-    fn split_front_at(&mut self, index: u32, start: u64) -> u32 {
         let block = &self.blocks[index as usize];
-        let pad = start - block.offset;
+        let pad = crate::units::align_up(block.offset, align) - block.offset;
         if pad == 0 {
             return index;
         }

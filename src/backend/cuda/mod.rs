@@ -261,12 +261,7 @@ impl DeviceBackend for CudaBackend {
         self.detach_range(device, addr, size, into)
     }
 
-    fn unmap_detached(
-        &self,
-        device: usize,
-        addr: DevicePtr,
-        size: u64,
-    ) -> Result<(), BackendError> {
+    fn unmap_detached(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
         self.unmap_detached_range(device, addr, size)
     }
 

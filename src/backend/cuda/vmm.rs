@@ -237,8 +237,7 @@ impl CudaBackend {
         check_pages("unmap_detached", addr, size, granularity)?;
         if let Some(page) = {
             let pages = self.pages.lock();
-            page_addresses(addr, size, granularity)
-                .find(|page| pages.contains_key(&(device, *page)))
+            page_addresses(addr, size, granularity).find(|page| pages.contains_key(&(device, *page)))
         } {
             return Err(BackendError::InvalidArgument {
                 call: "unmap_detached",
