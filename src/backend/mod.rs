@@ -150,29 +150,6 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         into: &mut Vec<PhysicalPage>,
     ) -> Result<(), BackendError>;
 
-    /// Like [`unmap_keeping`](Self::unmap_keeping), but leaves `[addr, addr + size)` mapped
-    /// until [`unmap_detached`](Self::unmap_detached): the pages are handed to `into` at once
-    /// and may be mapped at a second address meanwhile (the driver allows one physical page
-    /// under several addresses), so the slow unmap can run later, off the allocating thread.
-    /// The detached range must not be used, mapped again or given back before that unmap, and
-    /// its pages must not be released before it. Backends without aliasing unmap at once.
-    fn detach_pages(
-        &self,
-        device: usize,
-        addr: DevicePtr,
-        size: u64,
-        into: &mut Vec<PhysicalPage>,
-    ) -> Result<(), BackendError> {
-        self.unmap_keeping(device, addr, size, into)
-    }
-
-    /// Unmaps a range [`detach_pages`](Self::detach_pages) left mapped (`cuMemUnmap`); its
-    /// pages are untouched. On an error nothing is unmapped.
-    fn unmap_detached(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let _ = (device, addr, size);
-        Ok(())
-    }
-
     /// Returns unmapped physical pages of `device` to the driver (`cuMemRelease`), popping each
     /// from `pages` once it is gone; on an error the pages not yet released stay in `pages`.
     fn release_pages(

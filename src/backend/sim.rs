@@ -163,11 +163,6 @@ struct SimDevice {
     mapped: HashMap<DevicePtr, PhysicalPage>,
     /// Physical pages created and not mapped anywhere: their owner holds them.
     unmapped: HashSet<u64>,
-    /// Page addresses detached (`detach_pages`) and not yet unmapped -> the physical page they
-    /// still alias. Such a page may be mapped at a second address meanwhile; releasing it
-    /// before the detached address is unmapped is refused (the driver would keep the memory
-    /// silently until then, a leak the allocator must never cause).
-    detached: HashMap<DevicePtr, PhysicalPage>,
     next_page: u64,
     addresses: AddressSpace,
 }
@@ -224,7 +219,6 @@ impl SimBackend {
                     reserved: BTreeMap::new(),
                     mapped: HashMap::new(),
                     unmapped: HashSet::new(),
-                    detached: HashMap::new(),
                     next_page: 1,
                     addresses: AddressSpace::new(base, ADDRESS_SPACE_PER_DEVICE),
                 })
@@ -384,7 +378,7 @@ impl DeviceBackend for SimBackend {
         }
         if self
             .pages(base, size)
-            .any(|page| state.mapped.contains_key(&page) || state.detached.contains_key(&page))
+            .any(|page| state.mapped.contains_key(&page))
         {
             return Err(BackendError::InvalidArgument {
                 call: "release_address_range",
@@ -410,7 +404,7 @@ impl DeviceBackend for SimBackend {
         }
         if self
             .pages(addr, size)
-            .any(|page| state.mapped.contains_key(&page) || state.detached.contains_key(&page))
+            .any(|page| state.mapped.contains_key(&page))
         {
             return Err(BackendError::InvalidArgument {
                 call: "map",
@@ -477,48 +471,6 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
-    fn detach_pages(
-        &self,
-        device: usize,
-        addr: DevicePtr,
-        size: u64,
-        into: &mut Vec<PhysicalPage>,
-    ) -> Result<(), BackendError> {
-        let mut state = self.device(device)?.lock();
-        self.check_pages("detach", addr, size)?;
-        if let Some(page) = self
-            .pages(addr, size)
-            .find(|p| !state.mapped.contains_key(p))
-        {
-            return Err(BackendError::InvalidAddress { device, ptr: page });
-        }
-        for page in self.pages(addr, size) {
-            if let Some(physical) = state.mapped.remove(&page) {
-                state.unmapped.insert(physical.0);
-                state.detached.insert(page, physical);
-                into.push(physical);
-            }
-        }
-        Ok(())
-    }
-
-    fn unmap_detached(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let mut state = self.device(device)?.lock();
-        self.check_pages("unmap_detached", addr, size)?;
-        if let Some(page) = self
-            .pages(addr, size)
-            .find(|p| !state.detached.contains_key(p))
-        {
-            return Err(BackendError::InvalidAddress { device, ptr: page });
-        }
-        // No injected fault here: the pager calls this on its own thread, at its own pace,
-        // and a fault armed for the test's next call must land on that call, not on this one.
-        for page in self.pages(addr, size) {
-            state.detached.remove(&page);
-        }
-        Ok(())
-    }
-
     fn release_pages(
         &self,
         device: usize,
@@ -529,15 +481,6 @@ impl DeviceBackend for SimBackend {
             return Err(BackendError::Injected("release failed"));
         }
         while let Some(&page) = pages.last() {
-            if state.detached.values().any(|aliased| *aliased == page) {
-                return Err(BackendError::InvalidArgument {
-                    call: "release_pages",
-                    reason: format!(
-                        "physical page {} is still mapped at a detached address of device {device}",
-                        page.0
-                    ),
-                });
-            }
             if !state.unmapped.remove(&page.0) {
                 return Err(BackendError::InvalidArgument {
                     call: "release_pages",

@@ -2,15 +2,14 @@
 //! before every mapping, trimming, emptying, age-based release, and peaks.
 
 use super::{ManagedDevice, MemoryManager};
-use crate::pool::{MapDecision, Unmapping};
+use crate::pool::MapDecision;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 /// Where pages unmapped from the pools go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Unmapped {
-    /// Into the device's page reserve, for the next mapping (still held); the old addresses
-    /// are unmapped by the device's pager, off the calling thread.
+    /// Into the device's page reserve, for the next mapping (still held).
     Kept,
     /// Back to the driver, with every page the reserve held.
     Released,
@@ -72,11 +71,7 @@ impl MemoryManager {
         }
         for pool in managed.pools() {
             let before = done;
-            let how = match unmapped {
-                Unmapped::Kept => Unmapping::Deferred,
-                Unmapped::Released => Unmapping::Now,
-            };
-            match pool.release_idle(|bytes, since| keep_going(before + bytes, since), how) {
+            match pool.release_idle(|bytes, since| keep_going(before + bytes, since)) {
                 Ok(bytes) if unmapped == Unmapped::Kept => done += bytes,
                 Ok(_) => done = before + self.trim_reserve_on(managed, 0),
                 Err(error) => {

@@ -181,13 +181,6 @@ impl MemoryManager {
                 .into());
             }
             let device = Self::manage_device(&backend, &config, index, shard_count)?;
-            if config.strategy == Strategy::Pooled {
-                // Detached ranges are unmapped there, off the allocating threads.
-                device
-                    .pages
-                    .start_pager()
-                    .map_err(|e| InitError::Thread(e.to_string()))?;
-            }
             slot_of[index] = Some(devices.len());
             devices.push(device);
         }
@@ -235,7 +228,6 @@ impl MemoryManager {
             index,
             Arc::clone(&reserve),
         )?);
-
         let mut device = ManagedDevice {
             index,
             properties,

@@ -46,16 +46,6 @@ pub struct Placed {
     pub map_calls: u64,
 }
 
-/// How idle pages leave an arena for the device's page reserve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unmapping {
-    /// Unmapped now, on the calling thread (pages about to be released to the driver).
-    Now,
-    /// Detached: the pages are in the reserve at once, the pager unmaps their old addresses
-    /// later (a miss making room, which must not wait for `cuMemUnmap`).
-    Deferred,
-}
-
 /// Pages unmapped from an arena (kept in the device's page reserve until it is trimmed).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Released {
@@ -326,7 +316,7 @@ impl Arena {
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
-        self.release_pages(reserve, |taken, _| taken < pages, spare, Unmapping::Deferred)
+        self.release_pages(reserve, |taken, _| taken < pages, spare)
     }
 
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
@@ -336,9 +326,8 @@ impl Arena {
         &mut self,
         reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
-        how: Unmapping,
     ) -> Result<Released, ReleaseError> {
-        self.release_pages(reserve, keep_going, |_| false, how)
+        self.release_pages(reserve, keep_going, |_| false)
     }
 
     fn release_pages(
@@ -346,7 +335,6 @@ impl Arena {
         reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
-        how: Unmapping,
     ) -> Result<Released, ReleaseError> {
         // Complete a parked block's free first: its pages can then go idle and be released
         // (a cache being emptied must reach them), and it is never handed out again after.
@@ -369,11 +357,7 @@ impl Arena {
         let runs = runs_of(pages);
         for (index, run) in runs.iter().enumerate() {
             let (addr, bytes) = self.run_range(*run);
-            let outcome = match how {
-                Unmapping::Now => reserve.unmap(addr, bytes),
-                Unmapping::Deferred => reserve.detach(addr, bytes),
-            };
-            if let Err(error) = outcome {
+            if let Err(error) = reserve.unmap(addr, bytes) {
                 let now = crate::clock::now();
                 for left in &runs[index..] {
                     let pages: Vec<u32> = (left.first..left.first + left.count).collect();
@@ -428,10 +412,8 @@ impl Arena {
     /// be gone.
     pub fn destroy(mut self, reserve: &PageReserve) -> Result<Released, BackendError> {
         let released = self
-            .release_idle(reserve, |_, _| true, Unmapping::Now)
+            .release_idle(reserve, |_, _| true)
             .map_err(|e| e.error)?;
-        // Ranges of this arena detached earlier must be unmapped before the range goes back.
-        reserve.unmap_detached()?;
         reserve
             .backend()
             .release_address_range(self.device, self.base, self.span)?;
@@ -520,9 +502,7 @@ mod tests {
         let (backend, mut arena) = setup();
         let first = alloc(&backend, &mut arena, 4096, 1);
         arena.free(first.block);
-        let released = arena
-            .release_idle(&backend, |_, _| true, Unmapping::Now)
-            .unwrap();
+        let released = arena.release_idle(&backend, |_, _| true).unwrap();
         assert_eq!((released.bytes, arena.mapped_pages()), (2 * MIB, 0));
         let again = alloc(&backend, &mut arena, 4096, 2);
         assert_eq!(again.map_calls, 1, "the page is mapped again, not assumed");

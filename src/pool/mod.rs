@@ -12,7 +12,7 @@ pub mod reserve;
 pub mod stats;
 pub mod tlsf;
 
-pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released, Unmapping};
+pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
 pub use direct::DirectPool;
 pub use reserve::PageReserve;
 pub use stats::{CounterValues, PoolCounters};
@@ -326,7 +326,6 @@ impl Pool {
     pub fn release_idle(
         &self,
         mut keep_going: impl FnMut(u64, u64) -> bool,
-        how: Unmapping,
     ) -> Result<u64, BackendError> {
         let mut total = 0;
         for slot in [&self.small, &self.large] {
@@ -342,7 +341,7 @@ impl Pool {
             let before = total;
             let released = arena.release_idle(reserve, |taken, since| {
                 keep_going(before + taken as u64 * page, since)
-            }, how);
+            });
             slot.counters
                 .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             total += self.account_release(slot, released)?.bytes;

@@ -4,37 +4,14 @@
 //! the driver is counted in [`DeviceReserve`] from its creation to its release, mapped or kept
 //! here: the reserve is reserved memory in every figure, and what the driver reports as used
 //! matches it to the byte. The cache budget bounds idle mapped pages and kept ones together.
-//!
-//! Pages a miss takes from idle memory are *detached* rather than unmapped: their handles are
-//! mapped at the new address at once while the old address stays mapped (one physical page
-//! may sit under several addresses), and the device's pager thread unmaps the old addresses
-//! later, off the allocating thread. Reserved bytes do not change either way — only creation
-//! and release change them — so deferring the unmap costs no memory and no honesty.
 
 use super::latency::LatencyHistogram;
 use super::DeviceReserve;
 use crate::backend::{DeviceBackend, DevicePtr, PhysicalPage};
 use crate::error::BackendError;
-use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
-
-/// An address range detached from an arena and still mapped, waiting for the pager.
-#[derive(Clone, Copy, Debug)]
-struct Detached {
-    addr: DevicePtr,
-    size: u64,
-}
-
-/// Wakes the pager. Shared apart from the reserve, so that a waiting pager does not keep the
-/// reserve (and its memory) alive.
-#[derive(Debug, Default)]
-struct PagerSignal {
-    work: Mutex<bool>,
-    wake: Condvar,
-    stop: AtomicBool,
-}
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 pub struct PageReserve {
     backend: Arc<dyn DeviceBackend>,
@@ -44,14 +21,6 @@ pub struct PageReserve {
     spare: Mutex<Vec<PhysicalPage>>,
     /// `spare.len()`, readable without the lock (cache budget checks, snapshots).
     spare_pages: AtomicU64,
-    /// Detached ranges not yet unmapped. A range is unmapped under this lock, so whoever holds
-    /// it sees every range either waiting here or gone from the driver.
-    detached: Mutex<Vec<Detached>>,
-    /// `detached.len()`, so a miss with nothing pending takes no lock for it.
-    detached_ranges: AtomicU64,
-    pager: Arc<PagerSignal>,
-    /// Ranges the pager (or a miss that needed the address) unmapped.
-    pub ranges_unmapped_later: AtomicU64,
     pub pages_created: AtomicU64,
     /// Pages mapped again from the reserve instead of created.
     pub pages_reused: AtomicU64,
@@ -81,10 +50,6 @@ impl PageReserve {
             held,
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
-            detached: Mutex::new(Vec::new()),
-            detached_ranges: AtomicU64::new(0),
-            pager: Arc::new(PagerSignal::default()),
-            ranges_unmapped_later: AtomicU64::new(0),
             pages_created: AtomicU64::new(0),
             pages_reused: AtomicU64::new(0),
             pages_released: AtomicU64::new(0),
@@ -114,89 +79,8 @@ impl PageReserve {
         self.spare_pages.load(Relaxed)
     }
 
-    /// Starts the device's pager: a thread that unmaps detached ranges soon after they are
-    /// detached, and exits when the reserve is dropped.
-    pub fn start_pager(self: &Arc<Self>) -> std::io::Result<()> {
-        let reserve: Weak<PageReserve> = Arc::downgrade(self);
-        let signal = Arc::clone(&self.pager);
-        std::thread::Builder::new()
-            .name(format!("gpumem-pager-{}", self.device))
-            .spawn(move || loop {
-                {
-                    let mut work = signal.work.lock();
-                    if !*work && !signal.stop.load(Relaxed) {
-                        // The timeout retries ranges the driver refused to unmap.
-                        signal.wake.wait_for(&mut work, Duration::from_millis(200));
-                    }
-                    *work = false;
-                }
-                if signal.stop.load(Relaxed) {
-                    return;
-                }
-                let Some(reserve) = reserve.upgrade() else {
-                    return;
-                };
-                if let Err(error) = reserve.unmap_detached() {
-                    tracing::warn!(device = reserve.device, %error, "could not unmap a detached range; will retry");
-                }
-            })
-            .map(|_| ())
-    }
-
-    /// Detaches `[addr, addr + size)` (idle pages, no work queued on them any more): their
-    /// pages join the reserve at once, the range is unmapped by the pager later.
-    pub fn detach(&self, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let mut pages = Vec::with_capacity((size / self.page_size) as usize);
-        self.backend
-            .detach_pages(self.device, addr, size, &mut pages)?;
-        {
-            let mut detached = self.detached.lock();
-            detached.push(Detached { addr, size });
-            self.detached_ranges.store(detached.len() as u64, Relaxed);
-        }
-        let mut spare = self.spare.lock();
-        spare.extend(pages);
-        self.spare_pages.store(spare.len() as u64, Relaxed);
-        drop(spare);
-        *self.pager.work.lock() = true;
-        self.pager.wake.notify_one();
-        Ok(())
-    }
-
-    /// Ranges detached and not yet unmapped, now.
-    pub fn detached_ranges(&self) -> u64 {
-        self.detached_ranges.load(Relaxed)
-    }
-
-    /// Unmaps every detached range (the pager's work; also run before pages are released, as
-    /// a page must not be released while an old address still maps it). One range at a time,
-    /// so a miss waiting on the lock waits for one unmap at most.
-    pub fn unmap_detached(&self) -> Result<(), BackendError> {
-        self.unmap_detached_where(|_| true)
-    }
-
-    fn unmap_detached_where(&self, wanted: impl Fn(&Detached) -> bool) -> Result<(), BackendError> {
-        if self.detached_ranges() == 0 {
-            return Ok(());
-        }
-        loop {
-            let mut detached = self.detached.lock();
-            let Some(index) = detached.iter().position(&wanted) else {
-                return Ok(());
-            };
-            let range = detached[index];
-            self.backend
-                .unmap_detached(self.device, range.addr, range.size)?;
-            detached.swap_remove(index);
-            self.detached_ranges.store(detached.len() as u64, Relaxed);
-            self.ranges_unmapped_later.fetch_add(1, Relaxed);
-        }
-    }
-
-    /// Maps `[addr, addr + size)`, with kept pages first and new ones for the rest. A detached
-    /// range still mapped there is unmapped first (rare: the pager is usually done by then).
+    /// Maps `[addr, addr + size)`, with kept pages first and new ones for the rest.
     pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
-        self.unmap_detached_where(|d| d.addr < addr + size && addr < d.addr + d.size)?;
         let mut spare = self.spare.lock();
         let before = spare.len() as u64;
         let created = self
@@ -230,9 +114,6 @@ impl PageReserve {
     /// Returns kept pages to the driver until at most `keep_pages` are left; returns the bytes
     /// released. On an error, what was released before it is accounted all the same.
     pub fn trim(&self, keep_pages: u64) -> Result<u64, BackendError> {
-        if (self.spare_pages() as u64) > keep_pages {
-            self.unmap_detached()?;
-        }
         let mut spare = self.spare.lock();
         let excess = (spare.len() as u64).saturating_sub(keep_pages) as usize;
         if excess == 0 {
@@ -255,8 +136,6 @@ impl PageReserve {
 
 impl Drop for PageReserve {
     fn drop(&mut self) {
-        self.pager.stop.store(true, Relaxed);
-        self.pager.wake.notify_one();
         if let Err(error) = self.trim(0) {
             tracing::warn!(device = self.device, %error, "could not release kept pages at shutdown");
         }

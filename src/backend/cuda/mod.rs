@@ -251,20 +251,6 @@ impl DeviceBackend for CudaBackend {
         self.unmap_pages(device, addr, size, into)
     }
 
-    fn detach_pages(
-        &self,
-        device: usize,
-        addr: DevicePtr,
-        size: u64,
-        into: &mut Vec<PhysicalPage>,
-    ) -> Result<(), BackendError> {
-        self.detach_range(device, addr, size, into)
-    }
-
-    fn unmap_detached(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        self.unmap_detached_range(device, addr, size)
-    }
-
     fn release_pages(
         &self,
         device: usize,

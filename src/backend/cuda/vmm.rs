@@ -199,58 +199,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`DeviceBackend::detach_pages`](crate::backend::DeviceBackend::detach_pages): the
-    /// pages' handles leave this backend's record at once, with no driver call; the range stays
-    /// mapped until [`unmap_detached_range`](Self::unmap_detached_range).
-    pub(super) fn detach_range(
-        &self,
-        device: usize,
-        addr: u64,
-        size: u64,
-        into: &mut Vec<PhysicalPage>,
-    ) -> Result<(), BackendError> {
-        let dev = self.device(device)?;
-        let granularity = dev.properties.allocation_granularity_bytes;
-        check_pages("detach", addr, size, granularity)?;
-        let mut pages = self.pages.lock();
-        if let Some(page) = page_addresses(addr, size, granularity)
-            .find(|page| !pages.contains_key(&(device, *page)))
-        {
-            return Err(BackendError::InvalidAddress { device, ptr: page });
-        }
-        into.extend(
-            page_addresses(addr, size, granularity)
-                .filter_map(|page| pages.remove(&(device, page)).map(PhysicalPage)),
-        );
-        Ok(())
-    }
-
-    /// [`DeviceBackend::unmap_detached`](crate::backend::DeviceBackend::unmap_detached).
-    pub(super) fn unmap_detached_range(
-        &self,
-        device: usize,
-        addr: u64,
-        size: u64,
-    ) -> Result<(), BackendError> {
-        let dev = self.make_current(device)?;
-        let granularity = dev.properties.allocation_granularity_bytes;
-        check_pages("unmap_detached", addr, size, granularity)?;
-        if let Some(page) = {
-            let pages = self.pages.lock();
-            page_addresses(addr, size, granularity).find(|page| pages.contains_key(&(device, *page)))
-        } {
-            return Err(BackendError::InvalidArgument {
-                call: "unmap_detached",
-                reason: format!("page {page:#x} is mapped and owned, not detached"),
-            });
-        }
-        // SAFETY: the range was detached by this backend: mapped, with no page of it in use
-        // (the caller's contract) and its handles owned elsewhere; unmapping leaves them alone.
-        check("cuMemUnmap", unsafe {
-            sys::cuMemUnmap(addr, to_usize("unmap_detached", size)?)
-        })
-    }
-
     /// [`DeviceBackend::release_pages`](crate::backend::DeviceBackend::release_pages).
     pub(super) fn release_physical(
         &self,
