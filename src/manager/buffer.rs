@@ -48,7 +48,8 @@ impl AllocOptions {
     }
 }
 
-pub(crate) enum Origin {
+/// What a buffer's memory belongs to, and so where its free goes back to.
+pub(crate) enum Backing {
     Pooled { pool: Arc<Pool>, block: PooledBlock },
     Direct(Arc<DirectPool>),
 }
@@ -95,7 +96,7 @@ pub struct DeviceBuffer {
     /// separately stored halves a later 8-byte copy could not forward from (a pool hit's cost).
     pub(crate) tag_id: u32,
     pub(crate) stream: StreamId,
-    pub(crate) origin: Option<Origin>,
+    pub(crate) backing: Option<Backing>,
     /// Where the allocating thread and backtrace were recorded, when that is on.
     pub(crate) origins: Option<OriginTable>,
 }
@@ -136,13 +137,13 @@ impl DeviceBuffer {
         if let Some(origins) = self.origins.take() {
             origins.forget(self.id);
         }
-        match self.origin.take() {
-            Some(Origin::Pooled { pool, block }) => {
+        match self.backing.take() {
+            Some(Backing::Pooled { pool, block }) => {
                 pool.free(block.kind(), block.block());
                 super::handles::park(pool);
                 Ok(())
             }
-            Some(Origin::Direct(pool)) => pool.free(self.ptr),
+            Some(Backing::Direct(pool)) => pool.free(self.ptr),
             None => Ok(()),
         }
     }

@@ -41,7 +41,7 @@ use crate::pool::{
     PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::{align_up, Bytes};
-use buffer::{Origin, PooledBlock};
+use buffer::{Backing, PooledBlock};
 use parking_lot::{Mutex, RwLock};
 use pressure::PressureState;
 use std::cell::Cell;
@@ -382,10 +382,10 @@ impl MemoryManager {
             id,
             tag_id,
             stream: options.stream,
-            origin: None,
+            backing: None,
             origins: None,
         };
-        let (ptr, origin) = match self.shared.config.strategy {
+        let (ptr, backing) = match self.shared.config.strategy {
             Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
             Strategy::Pooled => {
                 let pool = self.pool_for(managed, options.stream, thread_slot);
@@ -393,7 +393,7 @@ impl MemoryManager {
             }
         };
         buffer.ptr = ptr;
-        buffer.origin = Some(origin);
+        buffer.backing = Some(backing);
         if self.shared.config.capture_backtraces {
             self.shared.origins.record(id);
             buffer.origins = Some(self.shared.origins.clone());
@@ -426,7 +426,7 @@ impl MemoryManager {
         size: u64,
         align: u64,
         live: LiveInfo,
-    ) -> Result<(u64, Origin), AllocError> {
+    ) -> Result<(u64, Backing), AllocError> {
         let kind = pool.kind_for(size);
         let within_budget = |bytes: u64| match self.cache_budget_check(managed, bytes) {
             MapDecision::Allow => self.may_map(managed, bytes),
@@ -445,11 +445,11 @@ impl MemoryManager {
         };
         match outcome {
             Ok(placed) => {
-                let origin = Origin::Pooled {
+                let backing = Backing::Pooled {
                     pool,
                     block: PooledBlock::new(kind, placed.block),
                 };
-                Ok((placed.ptr, origin))
+                Ok((placed.ptr, backing))
             }
             Err(error) => Err(error),
         }
@@ -529,9 +529,9 @@ impl MemoryManager {
         managed: &ManagedDevice,
         size: u64,
         live: LiveInfo,
-    ) -> Result<(u64, Origin), AllocError> {
+    ) -> Result<(u64, Backing), AllocError> {
         match managed.direct.alloc(size, live) {
-            Ok(ptr) => Ok((ptr, Origin::Direct(Arc::clone(&managed.direct)))),
+            Ok(ptr) => Ok((ptr, Backing::Direct(Arc::clone(&managed.direct)))),
             Err(error) => {
                 let error = ArenaError::Backend(error);
                 Err(self.explain_failure(managed, &live, PoolKind::Direct, error))

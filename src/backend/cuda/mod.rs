@@ -1,9 +1,13 @@
-//! The CUDA driver backend, one of the two modules with `unsafe` (the C ABI in `ffi` is the other): probes libcuda before
-//! cudarc touches it, caches device properties, keeps one retained primary context per device, and
-//! implements [`DeviceBackend`] with raw `cudarc::driver::sys` calls.
+//! The CUDA driver backend, one of the two modules allowed `unsafe` (the C ABI in `ffi` is the
+//! other): probes libcuda before cudarc touches it, caches device properties, keeps one retained
+//! primary context per device, and implements [`DeviceBackend`] with raw `cudarc::driver::sys`
+//! calls.
 //!
 //! Submodules: `probe` (library, symbols, `cuInit`, device count), `properties` (what
-//! `gpumem devices` prints; no context needed) and `vmm` (reserve / map / unmap in pages).
+//! `gpumem devices` prints; no context needed), `vmm` (reserve address space; create, map,
+//! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
+//! baseline), `host` (pinned host memory for the CPU fallback) and `host_context` (leaving the
+//! calling thread's current context as a host such as PyTorch set it).
 
 #![allow(unsafe_code)]
 
