@@ -306,9 +306,7 @@ fn read_config_file(path: &std::path::Path) -> Result<String, String> {
 
 /// The `GPUMEM_<KEY>` variable of each key the environment may set.
 pub fn env_names() -> impl Iterator<Item = String> {
-    keys()
-        .filter(|key| *key != "devices")
-        .map(env_name)
+    keys().filter(|key| *key != "devices").map(env_name)
 }
 
 fn env_name(key: &str) -> String {
