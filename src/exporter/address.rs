@@ -6,7 +6,11 @@ use crate::sampler::MIN_INTERVAL;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// Where the exporter listens unless told otherwise: as a flag's default, and as an address
+/// (a test holds the two to the same value).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+pub const DEFAULT_LISTEN_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9400);
 
 /// An IP address and port such as `127.0.0.1:9400` or `[::1]:9400`.
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
@@ -69,6 +73,11 @@ mod tests {
         assert!(parse_interval("50ms")
             .unwrap_err()
             .contains("shortest interval is 100ms"));
+    }
+
+    #[test]
+    fn the_default_address_is_one_address() {
+        assert_eq!(parse_listen(DEFAULT_LISTEN), Ok(DEFAULT_LISTEN_ADDR));
     }
 
     #[test]

@@ -20,13 +20,13 @@
 
 mod address;
 
-pub use address::{parse_interval, parse_listen, reachable_addr, DEFAULT_LISTEN};
+pub use address::{
+    parse_interval, parse_listen, reachable_addr, DEFAULT_LISTEN, DEFAULT_LISTEN_ADDR,
+};
 
-use crate::flight::FlightSettings;
-use crate::manager::pressure::PressureThresholds;
-use crate::manager::MemoryManager;
-use crate::sampler::{self, Sample, Sampler, SnapshotSource, MIN_INTERVAL};
-use crate::snapshot::CaptureSettings;
+use crate::sampler::{
+    self, sampling_setters, Sample, Sampler, SamplingOptions, SnapshotSource, MIN_INTERVAL,
+};
 use crate::units::format_duration;
 use crate::web::{self, WebState};
 use axum::Router;
@@ -66,83 +66,33 @@ impl Exporter {
 
 /// Settings of an exporter; see the module documentation.
 pub struct ExporterBuilder {
-    managers: Vec<MemoryManager>,
+    sampling: SamplingOptions,
     listen: SocketAddr,
-    capture: CaptureSettings,
-    /// Unless set here, the first manager's own configuration decides these two.
-    leak_age: Option<Duration>,
-    pressure: Option<PressureThresholds>,
     routes: Option<Router>,
     source: Option<Box<dyn SnapshotSource>>,
     allowed_hosts: web::host::AllowedHosts,
-    flight: FlightSettings,
     runbook_url: Option<String>,
 }
 
 impl Default for ExporterBuilder {
     fn default() -> Self {
         ExporterBuilder {
-            managers: Vec::new(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 9400)),
-            capture: CaptureSettings::default(),
-            leak_age: None,
-            pressure: None,
+            sampling: SamplingOptions::default(),
+            listen: DEFAULT_LISTEN_ADDR,
             routes: None,
             source: None,
             allowed_hosts: web::host::AllowedHosts::default(),
-            flight: FlightSettings::default(),
             runbook_url: None,
         }
     }
 }
 
 impl ExporterBuilder {
-    /// A manager to observe; call once per manager (managers should share one backend).
-    pub fn manager(mut self, manager: MemoryManager) -> Self {
-        self.managers.push(manager);
-        self
-    }
+    sampling_setters!();
 
     /// Where to listen (default `127.0.0.1:9400`; port 0 picks a free port).
     pub fn listen(mut self, addr: impl Into<SocketAddr>) -> Self {
         self.listen = addr.into();
-        self
-    }
-
-    /// How often to sample (default 1 s, at least 100 ms).
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.capture.interval = interval;
-        self
-    }
-
-    /// Age after which a live allocation is a leak suspect (default: the manager's `leak_age`).
-    pub fn leak_age(mut self, age: Duration) -> Self {
-        self.leak_age = Some(age);
-        self
-    }
-
-    /// Tags expected to live for the whole run, never leak suspects (default: `weights`).
-    pub fn long_lived_tags<S: Into<String>>(mut self, tags: impl IntoIterator<Item = S>) -> Self {
-        self.capture.long_lived_tags = tags.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// How many tags per device are listed by name (default 10); the rest are summed as `other`.
-    pub fn top_tags(mut self, count: usize) -> Self {
-        self.capture.tags_listed = count.max(1);
-        self
-    }
-
-    /// Where the pressure levels start (default: the manager's `pressure` thresholds).
-    pub fn pressure_thresholds(mut self, thresholds: PressureThresholds) -> Self {
-        self.pressure = Some(thresholds);
-        self
-    }
-
-    /// Where the OOM flight recorder writes its records and how many it keeps (default: in
-    /// memory only, shown at `/api/v1/oom` and on the page).
-    pub fn flight(mut self, settings: FlightSettings) -> Self {
-        self.flight = settings;
         self
     }
 
@@ -174,19 +124,15 @@ impl ExporterBuilder {
 
     /// Binds the address, takes the first sample (so every endpoint has data at once) and
     /// starts the sampler and the server. Errors are returned here, never panicked on.
-    pub fn spawn(mut self) -> Result<ExporterHandle, ExporterError> {
-        // The page and the manager's own pressure callbacks should agree on the levels.
-        let (leak_age, pressure) = match (self.managers.first(), &self.source) {
-            (_, Some(_)) => (self.capture.leak_age, self.capture.pressure),
-            (Some(first), None) => (first.config().leak_age, first.config().pressure),
-            (None, None) => return Err(ExporterError::NoManagers),
-        };
-        self.capture.leak_age = self.leak_age.unwrap_or(leak_age);
-        self.capture.pressure = self.pressure.unwrap_or(pressure);
-        let interval = self.capture.interval;
-        if interval < MIN_INTERVAL {
-            return Err(ExporterError::IntervalTooShort(interval));
+    pub fn spawn(self) -> Result<ExporterHandle, ExporterError> {
+        if self.sampling.managers.is_empty() && self.source.is_none() {
+            return Err(ExporterError::NoManagers);
         }
+        let capture = self
+            .sampling
+            .capture_settings()
+            .map_err(ExporterError::IntervalTooShort)?;
+        let interval = capture.interval;
         let bind_error = |source| ExporterError::Bind {
             addr: self.listen,
             source,
@@ -195,11 +141,12 @@ impl ExporterBuilder {
         listener.set_nonblocking(true).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
 
+        let flight = self.sampling.flight.unwrap_or_default();
         let sampler = match self.source {
-            Some(source) => Sampler::with_source(source, self.capture),
-            None => Sampler::new(self.managers, self.capture),
+            Some(source) => Sampler::with_source(source, capture),
+            None => Sampler::new(self.sampling.managers, capture),
         };
-        let mut sampler = sampler.with_flight(self.flight);
+        let mut sampler = sampler.with_flight(flight);
         let first = sampler.sample();
         let (publish, latest) = watch::channel(first);
         let mut state =

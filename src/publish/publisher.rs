@@ -4,10 +4,8 @@
 
 use super::format::{file_name, Identity, PublishedFile};
 use super::process::current_identity;
-use crate::manager::MemoryManager;
 use crate::safe_fs::{write_atomically, WriteOptions};
-use crate::sampler::{Sampler, MIN_INTERVAL};
-use crate::snapshot::CaptureSettings;
+use crate::sampler::{sampling_setters, Sampler, SamplingOptions, MIN_INTERVAL};
 use crate::units::format_duration;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -46,58 +44,18 @@ impl Publisher {
 /// Settings of a publisher.
 #[derive(Default)]
 pub struct PublisherBuilder {
-    managers: Vec<MemoryManager>,
+    sampling: SamplingOptions,
     dir: Option<PathBuf>,
-    interval: Option<Duration>,
-    leak_age: Option<Duration>,
-    long_lived_tags: Option<Vec<String>>,
     process_name: Option<String>,
-    top_tags: Option<usize>,
-    flight: Option<crate::flight::FlightSettings>,
 }
 
 impl PublisherBuilder {
-    /// A manager to publish; call once per manager. One publisher per process: they all write
-    /// the same file.
-    pub fn manager(mut self, manager: MemoryManager) -> Self {
-        self.managers.push(manager);
-        self
-    }
+    sampling_setters!();
 
     /// The directory (default `$GPUMEM_PUBLISH_DIR`, else `/run/gpumem`); created if missing.
+    /// One publisher per process: they would all write the same file.
     pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.dir = Some(dir.into());
-        self
-    }
-
-    /// How often to publish (default 1 s, at least 100 ms).
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.interval = Some(interval);
-        self
-    }
-
-    /// Age after which a live allocation is a leak suspect (default: the manager's `leak_age`).
-    pub fn leak_age(mut self, age: Duration) -> Self {
-        self.leak_age = Some(age);
-        self
-    }
-
-    /// Tags expected to live for the whole run, never leak suspects (default: `weights`).
-    pub fn long_lived_tags<S: Into<String>>(mut self, tags: impl IntoIterator<Item = S>) -> Self {
-        self.long_lived_tags = Some(tags.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// How many tags per device are published by name (default 10); the rest as `other`.
-    pub fn top_tags(mut self, count: usize) -> Self {
-        self.top_tags = Some(count.max(1));
-        self
-    }
-
-    /// Runs the OOM flight recorder on the publisher's samples (for an engine without an
-    /// exporter; with one, let the exporter record, or every record is written twice).
-    pub fn flight(mut self, settings: crate::flight::FlightSettings) -> Self {
-        self.flight = Some(settings);
         self
     }
 
@@ -110,25 +68,14 @@ impl PublisherBuilder {
     /// Creates the directory, publishes the first snapshot (so a wrong directory is an error
     /// here, not a log line later) and starts the thread.
     pub fn spawn(self) -> Result<PublisherHandle, PublishError> {
-        let Some(first) = self.managers.first() else {
+        if self.sampling.managers.is_empty() {
             return Err(PublishError::NoManagers);
-        };
-        let interval = self.interval.unwrap_or(Duration::from_secs(1));
-        if interval < MIN_INTERVAL {
-            return Err(PublishError::IntervalTooShort(interval));
         }
-        let mut capture = CaptureSettings {
-            interval,
-            leak_age: self.leak_age.unwrap_or(first.config().leak_age),
-            pressure: first.config().pressure,
-            ..CaptureSettings::default()
-        };
-        if let Some(tags) = self.long_lived_tags {
-            capture.long_lived_tags = tags;
-        }
-        if let Some(count) = self.top_tags {
-            capture.tags_listed = count;
-        }
+        let capture = self
+            .sampling
+            .capture_settings()
+            .map_err(PublishError::IntervalTooShort)?;
+        let interval = capture.interval;
         let dir = self.dir.unwrap_or_else(default_dir);
         let mut identity = current_identity();
         if let Some(name) = self.process_name {
@@ -140,9 +87,9 @@ impl PublisherBuilder {
         };
         std::fs::create_dir_all(&dir).map_err(dir_error)?;
         let mut worker = Worker {
-            sampler: match self.flight {
-                Some(flight) => Sampler::new(self.managers, capture).with_flight(flight),
-                None => Sampler::new(self.managers, capture),
+            sampler: match self.sampling.flight {
+                Some(flight) => Sampler::new(self.sampling.managers, capture).with_flight(flight),
+                None => Sampler::new(self.sampling.managers, capture),
             },
             file: file_name(identity.pid),
             dir: dir.clone(),

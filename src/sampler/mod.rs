@@ -4,8 +4,10 @@
 //! work itself runs on a blocking thread, so the async runtime keeps serving requests.
 
 mod history;
+mod options;
 
 pub use history::{DevicePoint, History, HistoryPoint, HistoryReply};
+pub(crate) use options::{sampling_setters, SamplingOptions};
 
 use crate::flight::{FlightLog, FlightRecorder, FlightSettings};
 use crate::manager::MemoryManager;

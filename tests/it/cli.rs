@@ -3,11 +3,9 @@
 use std::process::{Command, Output};
 
 fn gpumem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .env("GPUMEM_LOG", "warn")
+    crate::support::gpumem(args)
         .output()
-        .unwrap()
+        .expect("the gpumem binary runs")
 }
 
 fn stderr(output: &Output) -> String {

@@ -1,7 +1,7 @@
 //! `gpumem estimate` as a user runs it: the breakdown, fits and does-not-fit on simulated
 //! devices, JSON, `GPUMEM_*` variables, and one-line errors with exit code 2 for bad input.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// An estimate that does not fit: Llama 2 70B on a 24 GiB simulated device.
 const LLAMA_70B_ON_24_GIB: [&str; 7] = [
@@ -15,8 +15,7 @@ const LLAMA_70B_ON_24_GIB: [&str; 7] = [
 ];
 
 fn gpumem_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
-    command.args(args).env("GPUMEM_LOG", "warn");
+    let mut command = crate::support::gpumem(args);
     for (key, value) in env {
         command.env(key, value);
     }

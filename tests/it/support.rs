@@ -4,7 +4,7 @@
 mod binary;
 mod promtool;
 
-pub(crate) use binary::{gpumem, Running};
+pub(crate) use binary::{gpumem, gpumem_as_user, Running};
 pub(crate) use promtool::promtool_check_metrics;
 
 use gpumem::backend::cuda::CudaBackend;

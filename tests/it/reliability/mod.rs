@@ -16,20 +16,9 @@ mod soak;
 mod stress;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-/// The `gpumem` binary with no `GPUMEM_*` (or CUDA pool) variables from the caller, so each
-/// case sees exactly the input it names; logging at its default level (no `GPUMEM_LOG`), as a
-/// user runs it.
-pub(crate) fn gpumem() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
-    for (key, _) in std::env::vars() {
-        if key.starts_with("GPUMEM_") || key.starts_with("CUDA_MEMORY_POOL") {
-            command.env_remove(key);
-        }
-    }
-    command
-}
+/// The bad-input cases run the binary exactly as a user would (no `GPUMEM_LOG` either).
+pub(crate) use crate::support::gpumem_as_user as gpumem;
 
 /// A scratch directory, removed when dropped.
 pub(crate) struct Scratch(PathBuf);

@@ -7,16 +7,22 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The gpumem binary with a clean environment (no GPUMEM_* settings from the caller).
-pub(crate) fn gpumem(args: &[&str]) -> Command {
+/// The gpumem binary as a user runs it: none of the caller's `GPUMEM_*` (or CUDA pool)
+/// settings, so a test sees exactly the input it names, and logging at its default level.
+pub(crate) fn gpumem_as_user() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gpumem"));
-    command.args(args);
     for (key, _) in std::env::vars() {
-        if key.starts_with("GPUMEM_") {
+        if key.starts_with("GPUMEM_") || key.starts_with("CUDA_MEMORY_POOL") {
             command.env_remove(key);
         }
     }
-    command.env("GPUMEM_LOG", "warn");
+    command
+}
+
+/// [`gpumem_as_user`] with `args`, logging warnings only (for tests that read its output).
+pub(crate) fn gpumem(args: &[&str]) -> Command {
+    let mut command = gpumem_as_user();
+    command.args(args).env("GPUMEM_LOG", "warn");
     command
 }
 
