@@ -124,10 +124,12 @@ impl AllocError {
     }
 }
 
-/// A configuration value out of its range: names the key, so a user can find it in the file.
+/// A configuration that cannot be used: names where the problem is (a key, `FILE: key`, a
+/// `GPUMEM_*` variable, or the file itself), so a user can find it.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error("configuration key `{key}`: {message}")]
+#[error("configuration `{key}`: {message}")]
 pub struct ConfigError {
+    /// The key, or the file and key, or the file alone when the file itself is the problem.
     pub key: String,
     pub message: String,
 }
