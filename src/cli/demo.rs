@@ -85,6 +85,14 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         .flight
         .settings(args.publish_dir.as_ref().map(|dir| dir.join("oom")))?;
 
+    // An address that cannot be bound fails here, before a device is opened or a line logged
+    // (the exporter binds it again once the managers exist).
+    std::net::TcpListener::bind(listen).map_err(|source| {
+        bind_error(ExporterError::Bind {
+            addr: listen,
+            source,
+        })
+    })?;
     let (opened, devices) = args.common.open_checked(&memory, given)?;
     let (backend, sim): (Arc<dyn DeviceBackend>, _) = match opened.backend.kind() {
         BackendKind::Cuda => (opened.backend, None),
@@ -110,9 +118,7 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         allowed_hosts: args.exporter.allowed_hosts.clone(),
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
-        DemoError::Exporter(bind @ ExporterError::Bind { .. }) => CliError::runtime(format!(
-            "{bind} (pick another address with --listen or GPUMEM_LISTEN)"
-        )),
+        DemoError::Exporter(bind @ ExporterError::Bind { .. }) => bind_error(bind),
         DemoError::Publish(publish) => CliError::usage(format!("--publish-dir: {publish}")),
         other => CliError::runtime(other.to_string()),
     })
@@ -131,4 +137,10 @@ fn sim_config(common: &CommonArgs) -> Result<SimConfig, CliError> {
         devices: vec![spec; common.sim_devices],
         ..SimConfig::default()
     })
+}
+
+fn bind_error(bind: ExporterError) -> CliError {
+    CliError::runtime(format!(
+        "{bind} (pick another address with --listen or GPUMEM_LISTEN)"
+    ))
 }

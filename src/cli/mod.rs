@@ -292,10 +292,11 @@ pub(crate) fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usi
     Ok(selected)
 }
 
-fn init_logging() {
+/// Logging to stderr at `GPUMEM_LOG` (default `default_filter`).
+fn init_logging(default_filter: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUMEM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     // Colour only for a person at a terminal: in a container log or a file, escape codes are
     // noise that breaks grep and log pipelines (NO_COLOR turns it off on a terminal too).
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -334,7 +335,12 @@ pub fn run() -> i32 {
         .subcommand()
         .map(|(_, sub)| Given::from_matches(sub))
         .unwrap_or_default();
-    init_logging();
+    // The managers' startup lines (one per device) belong to the serving commands; replay and
+    // bench make a manager per trace or case, where they would bury the results and the error.
+    init_logging(match cli.command {
+        Command::Demo(_) | Command::Serve(_) => "info",
+        _ => "info,gpumem::startup=warn",
+    });
     let outcome = match cli.command {
         Command::Demo(args) => demo::run(args, &given),
         Command::Devices(args) => devices::run(args, &given),

@@ -274,6 +274,7 @@ impl MemoryManager {
             let free = self.shared.backend.mem_info(managed.index).map(|i| i.free);
             let free = free.map_or_else(|e| format!("unknown ({e})"), |f| Bytes(f).to_string());
             tracing::info!(
+                target: "gpumem::startup",
                 "managing GPU {} ({}): {} total, {} usable, {} free; pools capped at {}",
                 managed.index,
                 managed.properties.name,
