@@ -101,59 +101,45 @@ fn set_modified(path: &std::path::Path, when: SystemTime) {
         .expect("set the modification time");
 }
 
-/// 300 files left by killed engines, untouched for an hour, sort before a live engine's file:
-/// the live one is exported all the same (only the first 256 names used to be read).
-#[test]
-fn files_left_by_dead_engines_never_hide_a_live_one() {
-    let dir = Scratch::new("stale-cap");
+/// 300 files of engines that stopped `age_seconds` ago (published and last modified then), named
+/// to sort before a live engine's file: the processes the collector exports of that directory,
+/// and how many files it refused as too many.
+fn dead_engines_beside_a_live_one(label: &str, age_seconds: u64) -> (Vec<String>, u64) {
+    let dir = Scratch::new(label);
     let t = unix_now();
-    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    let then = SystemTime::now() - Duration::from_secs(age_seconds);
     for i in 0..300u32 {
         let path = dir.file(
             &format!("a-{i:03}.json"),
-            published(4_000_000 + i, "dead", t - 3600.0, 1, 1).as_bytes(),
+            published(4_000_000 + i, "dead", t - age_seconds as f64, 1, 1).as_bytes(),
         );
-        set_modified(&path, hour_ago);
+        set_modified(&path, then);
     }
     dir.file(
         "zz-live.json",
         published(std::process::id(), "live", t, 1, 1).as_bytes(),
     );
     let collected = collector(&dir).scan_at(t + 0.1);
-    let names: Vec<&str> = collected
-        .processes
-        .iter()
-        .map(|p| p.process.as_str())
-        .collect();
-    assert_eq!(names, ["live"]);
-    assert_eq!(count(&collected.status.rejected, "too_many_files"), 0);
+    let too_many = count(&collected.status.rejected, "too_many_files");
+    let names = collected.processes.into_iter().map(|p| p.process).collect();
+    (names, too_many)
 }
 
-/// The same with dead engines killed minutes ago (files still recent): newest first, so the
-/// live file is read although 300 others come before it by name.
+/// Files left by killed engines, untouched for an hour: stale, never read, so the live engine
+/// is exported all the same (only the first 256 names used to be read).
+#[test]
+fn files_left_by_dead_engines_never_hide_a_live_one() {
+    let (exported, too_many) = dead_engines_beside_a_live_one("stale-cap", 3600);
+    assert_eq!(exported, ["live"]);
+    assert_eq!(too_many, 0, "stale files are dropped before the cap");
+}
+
+/// The same with engines killed a minute ago (files still recent): newest first, so the live
+/// file is read although 300 others come before it by name.
 #[test]
 fn recent_dead_files_over_the_cap_never_hide_a_live_one() {
-    let dir = Scratch::new("recent-cap");
-    let t = unix_now();
-    let earlier = SystemTime::now() - Duration::from_secs(60);
-    for i in 0..300u32 {
-        let path = dir.file(
-            &format!("a-{i:03}.json"),
-            published(4_000_000 + i, "dead", t - 60.0, 1, 1).as_bytes(),
-        );
-        set_modified(&path, earlier);
-    }
-    dir.file(
-        "zz-live.json",
-        published(std::process::id(), "live", t, 1, 1).as_bytes(),
-    );
-    let collected = collector(&dir).scan_at(t + 0.1);
-    let names: Vec<&str> = collected
-        .processes
-        .iter()
-        .map(|p| p.process.as_str())
-        .collect();
-    assert_eq!(names, ["live"]);
+    let (exported, _) = dead_engines_beside_a_live_one("recent-cap", 60);
+    assert_eq!(exported, ["live"]);
 }
 
 /// A snapshot an hour in the future would never go stale: refused. A few seconds of clock
