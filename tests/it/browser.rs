@@ -356,7 +356,10 @@ fn the_sidecar_page_agrees_with_itself_and_says_what_to_do_in_chromium() {
     let mut args = vec!["--spike-at", "2s"];
     args.extend(sim);
     let _demo = crate::sidecar::publishing_demo(&dir, &args);
-    let sidecar = crate::sidecar::serve(&dir, &sim);
+    // The sidecar's own (simulated) reading of the device is smaller than what the demo holds
+    // under its spike, so the device it shows is under pressure because of the collected
+    // process: the pressure hint must be there too.
+    let sidecar = crate::sidecar::serve(&dir, &["--backend", "sim", "--sim-memory", "4GiB"]);
     let ready = eventually(Duration::from_secs(30), || {
         let snapshot: Value = serde_json::from_str(&get(sidecar.addr, "/api/v1/snapshot").body)
             .unwrap_or(Value::Null);
@@ -430,6 +433,12 @@ fn the_sidecar_page_agrees_with_itself_and_says_what_to_do_in_chromium() {
             .iter()
             .any(|h| h[0].as_str().is_some_and(|t| t.contains("out-of-memory"))),
         "no OOM hint: {hints:?}"
+    );
+    assert!(
+        hints
+            .iter()
+            .any(|h| h[0].as_str().is_some_and(|t| t.contains("pressure"))),
+        "no pressure hint although the collected process fills the device: {hints:?}"
     );
     let runbook = get(sidecar.addr, "/runbook").body;
     for hint in &hints {
