@@ -4,7 +4,6 @@
 
 use super::{count, published};
 use crate::reliability::{rss_kib, Scratch};
-use crate::support::Running;
 use crate::web::get;
 use gpumem::collect::{series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES};
 use gpumem::snapshot::unix_now;
@@ -58,17 +57,7 @@ fn a_full_collect_directory_cannot_blow_up_the_sidecar() {
         let text = published(std::process::id(), &format!("big{i}"), t, 64, 16);
         dir.file(&format!("big-{i}.json"), text.as_bytes());
     }
-    let sidecar = Running::start(&[
-        "serve",
-        "--backend",
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "1s",
-        "--collect-dir",
-        dir.path().to_str().expect("utf-8"),
-    ]);
+    let sidecar = super::collecting_sidecar(dir.path(), "1s", std::process::Stdio::inherit());
     let mut peak_kib = 0;
     for _ in 0..3 {
         let metrics = get(sidecar.addr, "/metrics");

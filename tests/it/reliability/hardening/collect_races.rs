@@ -3,7 +3,6 @@
 //! outside the directory; and a serving sidecar keeps answering and stops on SIGTERM.
 
 use crate::reliability::Scratch;
-use crate::support::Running;
 use crate::web::get;
 use gpumem::collect::read_file;
 use std::path::Path;
@@ -76,17 +75,8 @@ fn a_serving_sidecar_survives_files_swapped_under_it() {
     let fifo = dir.path().join(".fifo");
     let link = dir.path().join(".link");
     let target = dir.path().join("gpumem-7.json");
-    let mut sidecar = Running::start(&[
-        "serve",
-        "--backend",
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "100ms",
-        "--collect-dir",
-        dir.path().to_str().expect("utf-8"),
-    ]);
+    let mut sidecar =
+        super::collecting_sidecar(dir.path(), "100ms", std::process::Stdio::inherit());
     let stop = Arc::new(AtomicBool::new(false));
     let swapper = {
         let stop = Arc::clone(&stop);

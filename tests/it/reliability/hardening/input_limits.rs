@@ -94,45 +94,18 @@ fn a_serving_sidecar_logs_and_serves_long_strings_cut() {
     good["pid"] = 7.into();
     good["format"] = huge.into();
     dir.file("format.json", &serde_json::to_vec(&good).expect("encode"));
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem"));
-    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("GPUMEM_")) {
-        command.env_remove(key);
-    }
-    let mut child = command
-        .args([
-            "serve",
-            "--backend",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            "200ms",
-        ])
-        .arg("--collect-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpumem serve");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).expect("the URL line");
-    let addr: std::net::SocketAddr = line
-        .trim()
-        .trim_start_matches("gpumem serve: open http://")
-        .trim_end_matches('/')
-        .parse()
-        .expect("address");
+    let mut sidecar = super::collecting_sidecar(dir.path(), "200ms", Stdio::piped());
+    let addr = sidecar.addr;
     std::thread::sleep(Duration::from_millis(800));
     let snapshot = crate::web::get(addr, "/api/v1/snapshot").body;
-    let _ = child.kill();
+    sidecar.kill_hard();
     let mut stderr = String::new();
-    let _ = child
+    let _ = sidecar
+        .child
         .stderr
         .take()
         .expect("stderr")
         .read_to_string(&mut stderr);
-    let _ = child.wait();
     assert!(
         snapshot.len() < 64 << 10,
         "the snapshot is {} bytes",

@@ -10,7 +10,30 @@ mod precedence;
 mod web;
 mod writes;
 
+use crate::support::Running;
 use gpumem::snapshot::ReasonCount;
+use std::path::Path;
+use std::process::Stdio;
+
+/// `gpumem serve` on the simulated device and a free port, collecting `dir` every `interval`,
+/// its log going to `stderr`.
+pub(super) fn collecting_sidecar(dir: &Path, interval: &str, stderr: Stdio) -> Running {
+    let dir = dir.to_str().expect("a UTF-8 scratch path");
+    Running::start_with_stderr(
+        &[
+            "serve",
+            "--backend",
+            "sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--interval",
+            interval,
+            "--collect-dir",
+            dir,
+        ],
+        stderr,
+    )
+}
 
 /// A valid published file for `pid`, taken at `timestamp`, with `devices` devices of `pools`
 /// pools each.
