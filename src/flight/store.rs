@@ -64,8 +64,14 @@ pub fn write(
         inputs: Vec::new(),
         durable: true,
     };
+    // Room first (oldest records go), so the bounds hold and a nearly full disk has the old
+    // records' space for the new one.
+    prune(
+        dir,
+        max_files.saturating_sub(1),
+        max_bytes.saturating_sub(bytes.len() as u64),
+    );
     write_atomically(&dir.join(name), &bytes, &options)?;
-    prune(dir, max_files, max_bytes);
     Ok(dir.join(name))
 }
 
@@ -86,17 +92,14 @@ fn listing(dir: &Path) -> Vec<(String, u64)> {
     files
 }
 
-/// Removes the oldest records beyond the bounds; a file that cannot be removed is skipped.
+/// Removes the oldest records until at most `max_files` are left, holding at most `max_bytes`
+/// together; a file that cannot be removed is skipped.
 fn prune(dir: &Path, max_files: usize, max_bytes: u64) {
     let files = listing(dir);
     let mut count = files.len();
     let mut total: u64 = files.iter().map(|(_, size)| size).sum();
     for (name, size) in files {
-        if count <= max_files.max(1) && total <= max_bytes {
-            break;
-        }
-        // Never remove the newest one: it is the record just written.
-        if count == 1 {
+        if count <= max_files && total <= max_bytes {
             break;
         }
         match std::fs::remove_file(dir.join(&name)) {
@@ -125,14 +128,26 @@ pub fn read_new(
         if known(&name) {
             continue;
         }
+        // Other processes write this directory: the listing's size and type may be stale by
+        // the time the file is opened, so open it as the collector does (no link followed, no
+        // blocking on a FIFO, regular file checked after opening) and read no more than a
+        // record may hold.
         let record = (size <= MAX_RECORD_BYTES)
-            .then(|| std::fs::read(dir.join(&name)).ok())
+            .then(|| read_record_bytes(&dir.join(&name)))
             .flatten()
             .and_then(|bytes| serde_json::from_slice::<FlightRecord>(&bytes).ok())
             .filter(|r| r.format == FORMAT && r.version <= VERSION);
         found.push((name, record));
     }
     found
+}
+
+/// The bytes of a record file, if it is a regular file of at most [`MAX_RECORD_BYTES`].
+fn read_record_bytes(path: &Path) -> Option<Vec<u8>> {
+    let file = crate::safe_fs::open_regular(path).ok()?;
+    crate::safe_fs::read_capped(file, MAX_RECORD_BYTES)
+        .ok()?
+        .ok()
 }
 
 #[cfg(test)]
@@ -179,5 +194,22 @@ mod tests {
             dir.path().join("notes.txt").exists(),
             "other files are left alone"
         );
+    }
+
+    #[test]
+    fn records_swapped_for_links_or_fifos_are_skipped_without_blocking() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let outside = tempfile::tempdir().expect("temp dir");
+        let secret = outside.path().join("secret.json");
+        std::fs::write(&secret, b"{}").expect("write");
+        let link = dir.path().join("20231114T000000.000Z-oom-gpu0.json");
+        std::os::unix::fs::symlink(&secret, &link).expect("symlink");
+        assert_eq!(read_record_bytes(&link), None, "a link is not followed");
+        let fifo = dir.path().join("20231114T000001.000Z-oom-gpu0.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|status| status.success()) {
+            // Opening a FIFO with no writer would block forever without O_NONBLOCK.
+            assert_eq!(read_record_bytes(&fifo), None, "a FIFO is not read");
+        }
     }
 }

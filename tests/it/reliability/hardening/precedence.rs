@@ -5,6 +5,17 @@
 use crate::reliability::{gpumem, gzip, Scratch};
 use std::process::Output;
 
+/// A one-second demo on the simulated device and a free port; cases add their flags.
+const DEMO: [&str; 7] = [
+    "demo",
+    "--backend",
+    "sim",
+    "--duration",
+    "1s",
+    "--listen",
+    "127.0.0.1:0",
+];
+
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = gpumem();
     command.args(args);
@@ -61,20 +72,7 @@ fn the_file_is_checked_against_the_devices_like_the_flags() {
     let trace = dir.file("t.trace", b"a 1 4096 0\nf 1\n");
     let prealloc = prealloc.to_str().unwrap();
     refused(
-        &run(
-            &[
-                "demo",
-                "--backend",
-                "sim",
-                "--duration",
-                "1s",
-                "--listen",
-                "127.0.0.1:0",
-                "--config",
-                prealloc,
-            ],
-            &[],
-        ),
+        &run(&[&DEMO[..], &["--config", prealloc]].concat(), &[]),
         "preallocate",
     );
     refused(
@@ -116,21 +114,12 @@ fn the_file_is_checked_against_the_devices_like_the_flags() {
 fn a_zero_leak_age_is_refused_from_the_file_and_the_flag_alike() {
     let dir = Scratch::new("precedence-leak");
     let zero = config(&dir, "leak_age = \"0s\"\n");
-    let demo = [
-        "demo",
-        "--backend",
-        "sim",
-        "--duration",
-        "1s",
-        "--listen",
-        "127.0.0.1:0",
-    ];
     refused(
-        &run(&[&demo[..], &["--config", &zero]].concat(), &[]),
+        &run(&[&DEMO[..], &["--config", &zero]].concat(), &[]),
         "leak_age",
     );
     refused(
-        &run(&[&demo[..], &["--leak-age", "0s"]].concat(), &[]),
+        &run(&[&DEMO[..], &["--leak-age", "0s"]].concat(), &[]),
         "leak-age",
     );
 }
