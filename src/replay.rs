@@ -35,9 +35,10 @@ pub struct ReplayReport {
     /// gained since the start (`mem_info`) and what the pools say they reserve. Within the page
     /// size means the pools' accounting matches the driver's.
     pub max_device_vs_reserved_gap_bytes: u64,
-    /// The cache settings of the run (`--idle-pages`, `--idle-per-mille`).
+    /// The cache settings of the run (`--idle-pages`, `--idle-per-mille`, `max_chunk_bytes`).
     pub idle_pages_kept: usize,
     pub idle_per_mille: usize,
+    pub max_chunk_bytes: u64,
     /// Allocations that called the driver to map pages, and how long those allocations took
     /// (median and 99th percentile, within 12.5%); 0 for the baselines, which do not say.
     pub misses: u64,
@@ -295,6 +296,7 @@ pub fn replay(
         max_device_vs_reserved_gap_bytes: played.max_gap,
         idle_pages_kept: config.idle_pages_kept,
         idle_per_mille: config.idle_per_mille,
+        max_chunk_bytes: config.max_chunk_bytes,
         misses: at_end.as_ref().map_or(0, |s| s.misses),
         miss_p50_ns: at_end.as_ref().map_or(0, |s| s.miss_p50_ns),
         miss_p99_ns: at_end.as_ref().map_or(0, |s| s.miss_p99_ns),
@@ -404,6 +406,7 @@ pub fn replay_driver_pool(
         max_device_vs_reserved_gap_bytes: played.max_gap,
         idle_pages_kept: 0,
         idle_per_mille: 0,
+        max_chunk_bytes: 0,
         misses: 0,
         miss_p50_ns: 0,
         miss_p99_ns: 0,

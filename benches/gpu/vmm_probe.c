@@ -46,5 +46,40 @@ int main(void) {
   report("cuMemUnmap 1 page", unmap1, N);
   report("cuMemMap 8 kept pages (8 calls)", map8, N); report("cuMemSetAccess 8 pages (1 call)", acc8, N); report("cuMemUnmap 8 pages (1 call)", unmap8, N);
   report("cuStreamSynchronize idle stream", sync, N); report("cuEventRecord+cuEventQuery", ev, N);
+  // Does a call cost per byte or per physical allocation? One handle of 2, 16 and 64 MiB, and
+  // access granted again on a range that already has it.
+  static double hc[N], hm[N], ha[N], hr[N], hu[N], hrel[N];
+  CUdeviceptr big; CK(cuMemAddressReserve(&big, 64 << 20, 0, 0, 0));
+  size_t sizes[] = {2 << 20, 16 << 20, 64 << 20};
+  for (int z = 0; z < 3; z++) {
+    size_t sz = sizes[z]; char label[96];
+    for (int k = 0; k < N / 4; k++) {
+      double t; CUmemGenericAllocationHandle x;
+      t = now(); CK(cuMemCreate(&x, sz, &prop, 0)); hc[k] = now() - t;
+      t = now(); CK(cuMemMap(big, sz, 0, x, 0)); hm[k] = now() - t;
+      t = now(); CK(cuMemSetAccess(big, sz, &acc, 1)); ha[k] = now() - t;
+      t = now(); CK(cuMemSetAccess(big, sz, &acc, 1)); hr[k] = now() - t;
+      t = now(); CK(cuMemUnmap(big, sz)); hu[k] = now() - t;
+      t = now(); CK(cuMemRelease(x)); hrel[k] = now() - t;
+    }
+    snprintf(label, sizeof label, "one handle %zu MiB: cuMemCreate", sz >> 20); report(label, hc, N / 4);
+    snprintf(label, sizeof label, "one handle %zu MiB: cuMemMap", sz >> 20); report(label, hm, N / 4);
+    snprintf(label, sizeof label, "one handle %zu MiB: cuMemSetAccess", sz >> 20); report(label, ha, N / 4);
+    snprintf(label, sizeof label, "one handle %zu MiB: cuMemSetAccess again", sz >> 20); report(label, hr, N / 4);
+    snprintf(label, sizeof label, "one handle %zu MiB: cuMemUnmap", sz >> 20); report(label, hu, N / 4);
+    snprintf(label, sizeof label, "one handle %zu MiB: cuMemRelease", sz >> 20); report(label, hrel, N / 4);
+  }
+  // The driver pool growing from empty: a 16 MiB cuMemAllocAsync on a trimmed pool.
+  CUmemoryPool pool; CK(cuDeviceGetDefaultMemPool(&pool, dev));
+  static double grow[N], again[N];
+  for (int k = 0; k < N / 4; k++) {
+    CUdeviceptr p; double t;
+    CK(cuStreamSynchronize(s)); CK(cuMemPoolTrimTo(pool, 0));
+    t = now(); CK(cuMemAllocAsync(&p, 16 << 20, s)); grow[k] = now() - t;
+    CK(cuMemFreeAsync(p, s));
+    t = now(); CK(cuMemAllocAsync(&p, 16 << 20, s)); again[k] = now() - t;
+    CK(cuMemFreeAsync(p, s));
+  }
+  report("driver pool 16 MiB from a trimmed pool", grow, N / 4); report("driver pool 16 MiB reused", again, N / 4);
   return 0;
 }

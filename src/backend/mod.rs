@@ -12,11 +12,23 @@ use std::sync::Arc;
 /// A device virtual address, as the CUDA driver hands them out.
 pub type DevicePtr = u64;
 
-/// One page of physical device memory, created by the driver and owned by whoever holds the
-/// handle (CUDA: a `CUmemGenericAllocationHandle` of one granularity page). It counts as memory
-/// the process holds from the moment it is created until it is released, mapped or not.
+/// Physical device memory created by one driver call: `pages` consecutive granularity pages
+/// behind one handle (CUDA: a `CUmemGenericAllocationHandle`). It is mapped and unmapped whole,
+/// and counts as memory the process holds from its creation until its release, mapped or not.
+/// Fewer, larger chunks are what makes a miss cheap: the driver charges granting access and
+/// unmapping per chunk, not per byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PhysicalPage(pub u64);
+pub struct PhysicalChunk {
+    pub handle: u64,
+    pub pages: u32,
+}
+
+/// How [`DeviceBackend::map_reusing`] cuts `pages` new pages into chunks: `chunk_pages` each,
+/// the last one shorter.
+pub fn new_chunks(pages: u64, chunk_pages: u32) -> impl Iterator<Item = u32> {
+    let chunk = chunk_pages.max(1) as u64;
+    (0..pages.div_ceil(chunk)).map(move |i| (pages - i * chunk).min(chunk) as u32)
+}
 
 /// A stream handle: 0 is the device's default (legacy) stream; on CUDA other values are `CUstream`s.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -85,9 +97,9 @@ pub struct DeviceProperties {
 /// backend serves all devices of a host; implementations make the device's context current
 /// themselves. The virtual-memory methods mirror `cuMemAddressReserve` / `cuMemCreate` +
 /// `cuMemMap` / `cuMemUnmap` + `cuMemRelease`, which let a pool grow and shrink in pages; the
-/// physical pages are explicit ([`PhysicalPage`]), so a caller can unmap a page, keep it, and
-/// map it again elsewhere without the driver creating memory anew (a `cuMemMap` costs about a
-/// microsecond, a `cuMemCreate` ten or more).
+/// physical chunks are explicit ([`PhysicalChunk`]), so a caller can unmap a chunk, keep it,
+/// and map it again elsewhere without the driver creating memory anew (a `cuMemMap` costs about
+/// a microsecond, a `cuMemCreate` ten or more).
 pub trait DeviceBackend: Send + Sync + fmt::Debug {
     fn kind(&self) -> BackendKind;
     fn device_count(&self) -> usize;
@@ -113,49 +125,53 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// Backs `[addr, addr + size)` — page aligned, inside a reserved range, not yet mapped —
     /// with new physical memory readable and writable by the device.
     fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        self.map_reusing(device, addr, size, &mut Vec::new())
+        self.map_reusing(device, addr, size, &mut Vec::new(), u32::MAX)
             .map(|_| ())
     }
 
-    /// Unmaps pages mapped by [`map`](Self::map) and returns their physical memory.
+    /// Unmaps whole chunks mapped by [`map`](Self::map) and returns their physical memory.
     fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let mut pages = Vec::new();
-        self.unmap_keeping(device, addr, size, &mut pages)?;
-        self.release_pages(device, &mut pages)
+        let mut chunks = Vec::new();
+        self.unmap_keeping(device, addr, size, &mut chunks)?;
+        self.release_chunks(device, &mut chunks)
     }
 
     /// Backs `[addr, addr + size)` (page aligned, inside a reserved range, not yet mapped) with
-    /// physical pages readable and writable by the device: first those popped from the back of
-    /// `spare` (pages of `device` the caller owns, from [`unmap_keeping`](Self::unmap_keeping)),
-    /// then new ones for the rest (`cuMemCreate`). Device access is granted once for the whole
-    /// range. Returns how many pages were created. On an error nothing in the range is mapped,
-    /// `spare` holds exactly the pages it held before, and no page created by the call is kept.
+    /// physical memory readable and writable by the device: first the chunks in `reuse`, in
+    /// order from `addr` (chunks of `device` the caller owns, from
+    /// [`unmap_keeping`](Self::unmap_keeping), together no larger than the range), then new
+    /// chunks of `new_chunk_pages` (the last one shorter) for the rest (`cuMemCreate`). Device
+    /// access is granted once for the whole range. Returns how many pages were created. On
+    /// success `reuse` is empty; on an error nothing in the range is mapped, `reuse` is as it
+    /// was, and nothing created by the call is kept.
     fn map_reusing(
         &self,
         device: usize,
         addr: DevicePtr,
         size: u64,
-        spare: &mut Vec<PhysicalPage>,
+        reuse: &mut Vec<PhysicalChunk>,
+        new_chunk_pages: u32,
     ) -> Result<u64, BackendError>;
 
-    /// Unmaps `[addr, addr + size)` (mapped by this backend) and appends its physical pages to
-    /// `into`, one per page in address order, still held by the process: the caller owns them
-    /// and must map them again or [`release_pages`](Self::release_pages) them. On an error
-    /// nothing is unmapped and `into` is unchanged.
+    /// Unmaps `[addr, addr + size)`, which must cover whole chunks mapped by this backend (the
+    /// driver cannot unmap part of one), and appends them to `into` in address order, still
+    /// held by the process: the caller owns them and must map them again or
+    /// [`release_chunks`](Self::release_chunks) them. On an error nothing is unmapped and `into`
+    /// is unchanged.
     fn unmap_keeping(
         &self,
         device: usize,
         addr: DevicePtr,
         size: u64,
-        into: &mut Vec<PhysicalPage>,
+        into: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError>;
 
-    /// Returns unmapped physical pages of `device` to the driver (`cuMemRelease`), popping each
-    /// from `pages` once it is gone; on an error the pages not yet released stay in `pages`.
-    fn release_pages(
+    /// Returns unmapped chunks of `device` to the driver (`cuMemRelease`), popping each from
+    /// `chunks` once it is gone; on an error the chunks not yet released stay in `chunks`.
+    fn release_chunks(
         &self,
         device: usize,
-        pages: &mut Vec<PhysicalPage>,
+        chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError>;
 
     /// Waits until all work queued on `stream` has finished.

@@ -3,7 +3,7 @@
 //! the same code on a laptop or in CI as on a GPU.
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalPage, StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalChunk, StreamId,
 };
 use crate::error::BackendError;
 use crate::units::{align_up, GIB, MIB};
@@ -159,11 +159,11 @@ struct SimDevice {
     used: u64,
     direct: HashMap<DevicePtr, u64>,
     reserved: BTreeMap<DevicePtr, u64>,
-    /// Mapped page address -> the physical page behind it.
-    mapped: HashMap<DevicePtr, PhysicalPage>,
-    /// Physical pages created and not mapped anywhere: their owner holds them.
-    unmapped: HashSet<u64>,
-    next_page: u64,
+    /// Mapped page address -> the chunk behind it and where that chunk's mapping starts.
+    mapped: HashMap<DevicePtr, (PhysicalChunk, DevicePtr)>,
+    /// Chunks created and not mapped anywhere (handle -> pages): their owner holds them.
+    unmapped: HashMap<u64, u32>,
+    next_chunk: u64,
     addresses: AddressSpace,
 }
 
@@ -218,8 +218,8 @@ impl SimBackend {
                     direct: HashMap::new(),
                     reserved: BTreeMap::new(),
                     mapped: HashMap::new(),
-                    unmapped: HashSet::new(),
-                    next_page: 1,
+                    unmapped: HashMap::new(),
+                    next_chunk: 1,
                     addresses: AddressSpace::new(base, ADDRESS_SPACE_PER_DEVICE),
                 })
             })
@@ -395,7 +395,8 @@ impl DeviceBackend for SimBackend {
         device: usize,
         addr: DevicePtr,
         size: u64,
-        spare: &mut Vec<PhysicalPage>,
+        reuse: &mut Vec<PhysicalChunk>,
+        new_chunk_pages: u32,
     ) -> Result<u64, BackendError> {
         let mut state = self.device(device)?.lock();
         self.check_pages("map", addr, size)?;
@@ -412,36 +413,43 @@ impl DeviceBackend for SimBackend {
             });
         }
         let count = size / self.granularity;
-        let reused = (spare.len() as u64).min(count);
-        let from = spare.len() - reused as usize;
-        if let Some(bad) = spare[from..]
-            .iter()
-            .find(|page| !state.unmapped.contains(&page.0))
-        {
+        let reused: u64 = reuse.iter().map(|c| c.pages as u64).sum();
+        let mut seen = HashSet::new();
+        if let Some(bad) = reuse.iter().find(|chunk| {
+            state.unmapped.get(&chunk.handle) != Some(&chunk.pages) || !seen.insert(chunk.handle)
+        }) {
             return Err(BackendError::InvalidArgument {
                 call: "map",
                 reason: format!(
-                    "physical page {} is not an unmapped page of device {device}",
-                    bad.0
+                    "chunk {} of {} pages is not an unmapped chunk of device {device}",
+                    bad.handle, bad.pages
                 ),
+            });
+        }
+        if reused > count {
+            return Err(BackendError::InvalidArgument {
+                call: "map",
+                reason: format!("{reused} pages of chunks to map into a range of {count}"),
             });
         }
         self.faults.on_alloc_call()?;
         let created = count - reused;
         state.take_physical(device, created * self.granularity)?;
-        let mut reusing = spare.drain(from..).rev();
-        for page in self.pages(addr, size) {
-            let physical = match reusing.next() {
-                Some(physical) => {
-                    state.unmapped.remove(&physical.0);
-                    physical
-                }
-                None => {
-                    state.next_page += 1;
-                    PhysicalPage(state.next_page)
-                }
-            };
-            state.mapped.insert(page, physical);
+        let mut fresh = Vec::new();
+        for pages in super::new_chunks(created, new_chunk_pages) {
+            state.next_chunk += 1;
+            fresh.push(PhysicalChunk {
+                handle: state.next_chunk,
+                pages,
+            });
+        }
+        let mut at = addr;
+        for chunk in reuse.drain(..).chain(fresh) {
+            state.unmapped.remove(&chunk.handle);
+            for page in self.pages(at, chunk.pages as u64 * self.granularity) {
+                state.mapped.insert(page, (chunk, at));
+            }
+            at += chunk.pages as u64 * self.granularity;
         }
         Ok(created)
     }
@@ -451,47 +459,65 @@ impl DeviceBackend for SimBackend {
         device: usize,
         addr: DevicePtr,
         size: u64,
-        into: &mut Vec<PhysicalPage>,
+        into: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
         let mut state = self.device(device)?.lock();
         self.check_pages("unmap", addr, size)?;
-        if let Some(page) = self
-            .pages(addr, size)
-            .find(|p| !state.mapped.contains_key(p))
-        {
-            return Err(BackendError::InvalidAddress { device, ptr: page });
-        }
-        self.faults.on_free_call()?;
-        for page in self.pages(addr, size) {
-            if let Some(physical) = state.mapped.remove(&page) {
-                state.unmapped.insert(physical.0);
-                into.push(physical);
-            }
-        }
-        Ok(())
-    }
-
-    fn release_pages(
-        &self,
-        device: usize,
-        pages: &mut Vec<PhysicalPage>,
-    ) -> Result<(), BackendError> {
-        let mut state = self.device(device)?.lock();
-        if self.faults.fail_frees.load(Ordering::SeqCst) && !pages.is_empty() {
-            return Err(BackendError::Injected("release failed"));
-        }
-        while let Some(&page) = pages.last() {
-            if !state.unmapped.remove(&page.0) {
+        // Like the driver, unmap only whole mappings: every chunk met must start and end inside.
+        let end = addr + size;
+        let mut chunks = Vec::new();
+        let mut at = addr;
+        while at < end {
+            let &(chunk, base) = state
+                .mapped
+                .get(&at)
+                .ok_or(BackendError::InvalidAddress { device, ptr: at })?;
+            let chunk_end = base + chunk.pages as u64 * self.granularity;
+            if base != at || chunk_end > end {
                 return Err(BackendError::InvalidArgument {
-                    call: "release_pages",
+                    call: "unmap",
                     reason: format!(
-                        "physical page {} is not an unmapped page of device {device}",
-                        page.0
+                        "{addr:#x}+{size} cuts the chunk mapped at {base:#x} ({} pages); unmap whole chunks",
+                        chunk.pages
                     ),
                 });
             }
-            state.used -= self.granularity;
-            pages.pop();
+            chunks.push(chunk);
+            at = chunk_end;
+        }
+        self.faults.on_free_call()?;
+        for page in self.pages(addr, size) {
+            state.mapped.remove(&page);
+        }
+        for chunk in &chunks {
+            state.unmapped.insert(chunk.handle, chunk.pages);
+        }
+        into.extend(chunks);
+        Ok(())
+    }
+
+    fn release_chunks(
+        &self,
+        device: usize,
+        chunks: &mut Vec<PhysicalChunk>,
+    ) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        if self.faults.fail_frees.load(Ordering::SeqCst) && !chunks.is_empty() {
+            return Err(BackendError::Injected("release failed"));
+        }
+        while let Some(&chunk) = chunks.last() {
+            if state.unmapped.get(&chunk.handle) != Some(&chunk.pages) {
+                return Err(BackendError::InvalidArgument {
+                    call: "release_chunks",
+                    reason: format!(
+                        "chunk {} of {} pages is not an unmapped chunk of device {device}",
+                        chunk.handle, chunk.pages
+                    ),
+                });
+            }
+            state.unmapped.remove(&chunk.handle);
+            state.used -= chunk.pages as u64 * self.granularity;
+            chunks.pop();
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use crate::plot::{line_chart_svg, Series};
 use crate::replay::{replay, replay_config, replay_driver_pool, ReplayReport, TimelinePoint};
 use crate::safe_fs::{check_target, write_atomically, WriteOptions};
 use crate::trace::{load_trace, Trace};
-use crate::units::Bytes;
+use crate::units::{Bytes, MIB};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -65,9 +65,11 @@ enum ReplayStrategy {
     DriverPool,
 }
 
-/// The cache settings `--sweep` tries: idle pages kept, idle pages per 1024 of the peak.
+/// The cache settings `--sweep` tries: idle pages kept, idle pages per 1024 of the peak, and
+/// the largest chunk a miss creates.
 const SWEEP_IDLE_PAGES: [usize; 4] = [0, 4, 16, 64];
-const SWEEP_IDLE_PER_MILLE: [usize; 3] = [0, 8, 32];
+const SWEEP_IDLE_PER_MILLE: [usize; 2] = [0, 8];
+const SWEEP_CHUNK_BYTES: [u64; 3] = [2 * MIB, 8 * MIB, 32 * MIB];
 
 pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.
@@ -192,25 +194,35 @@ fn sweep(
     let defaults = MemoryConfig::default();
     for trace in traces {
         let mut reports = Vec::new();
-        for idle_pages_kept in SWEEP_IDLE_PAGES {
-            for idle_per_mille in SWEEP_IDLE_PER_MILLE {
-                let config = MemoryConfig {
-                    idle_pages_kept,
-                    idle_per_mille,
-                    ..base.clone()
-                };
-                let label = format!("{} ({idle_pages_kept}/{idle_per_mille})", trace.name);
-                let bar = progress_bar(trace.events.len() as u64, &label);
-                let (report, _) = replay_fresh(backend, device, &config, trace, |done| {
-                    bar.set_position(done)
-                })?
-                .map_err(|e| CliError::runtime(e.to_string()))?;
-                bar.finish_and_clear();
-                if json {
-                    print_report(&report, true)?;
-                }
-                reports.push(report);
+        let grid = SWEEP_CHUNK_BYTES.iter().flat_map(|&chunk| {
+            SWEEP_IDLE_PAGES.iter().flat_map(move |&pages| {
+                SWEEP_IDLE_PER_MILLE
+                    .iter()
+                    .map(move |&per_mille| (chunk, pages, per_mille))
+            })
+        });
+        for (max_chunk_bytes, idle_pages_kept, idle_per_mille) in grid {
+            let config = MemoryConfig {
+                idle_pages_kept,
+                idle_per_mille,
+                max_chunk_bytes,
+                ..base.clone()
+            };
+            let label = format!(
+                "{} ({idle_pages_kept}/{idle_per_mille}/{})",
+                trace.name,
+                Bytes(max_chunk_bytes)
+            );
+            let bar = progress_bar(trace.events.len() as u64, &label);
+            let (report, _) = replay_fresh(backend, device, &config, trace, |done| {
+                bar.set_position(done)
+            })?
+            .map_err(|e| CliError::runtime(e.to_string()))?;
+            bar.finish_and_clear();
+            if json {
+                print_report(&report, true)?;
             }
+            reports.push(report);
         }
         if json {
             continue;
@@ -221,7 +233,8 @@ fn sweep(
             backend.kind()
         );
         println!(
-            "  {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
+            "  {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
+            "CHUNK",
             "IDLE PAGES",
             "PER MILLE",
             "RES/PEAK",
@@ -239,10 +252,12 @@ fn sweep(
                         || other.ns_per_op < report.ns_per_op)
             });
             let is_default = report.idle_pages_kept == defaults.idle_pages_kept
-                && report.idle_per_mille == defaults.idle_per_mille;
+                && report.idle_per_mille == defaults.idle_per_mille
+                && report.max_chunk_bytes == defaults.max_chunk_bytes;
             println!(
-                "{} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
+                "{} {:>9} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
                 if dominated { " " } else { "*" },
+                Bytes(report.max_chunk_bytes).to_string(),
                 report.idle_pages_kept,
                 report.idle_per_mille,
                 report.reserved_over_peak,

@@ -70,7 +70,16 @@ fn open() -> Result<Runtime, String> {
         }
         Some(_) => {}
     }
-    let mut config = flags.memory_config().map_err(|e| e.to_string())?;
+    // One pool per device and stream, shared by every thread (a file or GPUMEM_SHARDS may say
+    // otherwise). PyTorch's autograd threads free what the main thread allocated in the
+    // forward pass and allocate the gradients: with a shard per thread, one thread's cached
+    // pages are of no use to the other, and the cache budget moves them between the shards
+    // through the driver at every step.
+    let base = crate::manager::MemoryConfig {
+        shards: 1,
+        ..Default::default()
+    };
+    let mut config = flags.memory_config_over(base).map_err(|e| e.to_string())?;
     let (backend, cuda): (Arc<dyn DeviceBackend>, _) = match flags.backend {
         BackendChoice::Cuda => {
             let cuda = Arc::new(CudaBackend::open().map_err(|e| e.to_string())?);

@@ -73,6 +73,11 @@ pub struct MemoryConfig {
     /// pages go back to the driver. So the pools keep what the workload needed lately (steps
     /// that repeat hit the cache) while holding at most a small slack above its real peak.
     pub idle_per_mille: usize,
+    /// The largest piece of physical memory a miss creates: the pages a miss maps are backed
+    /// by one chunk up to this size, as the driver charges granting access and unmapping per
+    /// chunk, not per byte. A chunk goes back to the driver only once no live block touches any
+    /// of its pages, so a larger cap makes misses cheaper and may keep more cached.
+    pub max_chunk_bytes: u64,
 }
 
 /// The same settings under the name the embedding examples use (`ManagerConfig` next to
@@ -101,6 +106,7 @@ impl Default for MemoryConfig {
             small_max_bytes: 64 * KIB,
             idle_pages_kept: 4,
             idle_per_mille: 8,
+            max_chunk_bytes: 8 * MIB,
         }
     }
 }
@@ -271,6 +277,15 @@ impl MemoryConfig {
             return Err(ConfigError::new(
                 "idle_per_mille",
                 format!("{} is out of range (0 to 1024)", self.idle_per_mille),
+            ));
+        }
+        if !(MIB..=64 * GIB).contains(&self.max_chunk_bytes) {
+            return Err(ConfigError::new(
+                "max_chunk_bytes",
+                format!(
+                    "{} is out of range (1 MiB to 64 GiB; chunks are whole pages, at least one)",
+                    self.max_chunk_bytes
+                ),
             ));
         }
         self.pressure

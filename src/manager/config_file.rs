@@ -199,6 +199,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("idle_per_mille", |c, raw, key| {
         raw.count(key).map(|v| c.idle_per_mille = v)
     }),
+    ("max_chunk_bytes", |c, raw, key| {
+        raw.bytes(key).map(|v| c.max_chunk_bytes = v)
+    }),
     ("pressure.medium", |c, raw, key| {
         raw.number(key).map(|v| c.pressure.medium = v)
     }),

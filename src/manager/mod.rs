@@ -243,6 +243,7 @@ impl MemoryManager {
             Arc::clone(backend),
             index,
             Arc::clone(&reserve),
+            config.max_chunk_bytes,
         )?);
         let mut device = ManagedDevice {
             index,

@@ -86,7 +86,11 @@ impl MemoryManager {
             }
         }
         counters.add(&managed.direct.counters.read());
+        // The device's own totals: exact peaks, where the pools' summed peaks are an upper
+        // bound only.
         (counters.reserved_bytes, counters.peak_reserved_bytes) = managed.reserve.read();
+        (counters.in_use_bytes, counters.peak_in_use_bytes) = managed.reserve.in_use();
+        (counters.requested_bytes, counters.peak_requested_bytes) = managed.reserve.requested();
         Ok(DeviceStats {
             device,
             counters,

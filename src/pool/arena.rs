@@ -2,7 +2,7 @@
 //! pages the driver has backed. Blocks live anywhere in the range; a page is mapped while a
 //! live block touches it, and kept for reuse (idle) or unmapped when it is not.
 
-use super::pages::{runs_of, PageRun, PageTable};
+use super::pages::{PageRun, PageTable};
 use super::reserve::PageReserve;
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
@@ -223,33 +223,37 @@ impl Arena {
         })
     }
 
-    /// Maps every run in `self.runs` (kept pages first); on failure unmaps what this call
+    /// Maps every run in `self.runs` (kept chunks first); on failure unmaps what this call
     /// mapped, back into the reserve.
     fn map_runs(&mut self, reserve: &PageReserve) -> Result<Released, ArenaError> {
         let now = crate::clock::now();
         let mut done = Released::default();
+        let mut layouts = Vec::with_capacity(self.runs.len());
         for index in 0..self.runs.len() {
             let run = self.runs[index];
             let (addr, bytes) = self.run_range(run);
-            if let Err(error) = reserve.map(addr, bytes) {
-                for earlier in &self.runs[..index] {
-                    let (addr, bytes) = self.run_range(*earlier);
-                    // The pages were mapped a moment ago and nothing uses them; if the driver
-                    // cannot unmap them now, they stay mapped (idle, released later like any
-                    // cached page) and must be counted as mapped by this arena.
-                    if reserve.unmap(addr, bytes).is_err() {
-                        self.pages.mark_mapped(*earlier, now);
-                        self.kept_after_failed_map.bytes += bytes;
-                        self.kept_after_failed_map.calls += 1;
+            match reserve.map(addr, bytes) {
+                Ok(mapped) => layouts.push(mapped.chunks),
+                Err(error) => {
+                    for (earlier, chunks) in self.runs[..index].iter().zip(&layouts) {
+                        let (addr, bytes) = self.run_range(*earlier);
+                        // The pages were mapped a moment ago and nothing uses them; if the
+                        // driver cannot unmap them now, they stay mapped (idle, released later
+                        // like any cached page) and must be counted as mapped by this arena.
+                        if reserve.unmap(addr, bytes).is_err() {
+                            self.pages.mark_mapped(*earlier, chunks, now);
+                            self.kept_after_failed_map.bytes += bytes;
+                            self.kept_after_failed_map.calls += 1;
+                        }
                     }
+                    return Err(ArenaError::Backend(error));
                 }
-                return Err(ArenaError::Backend(error));
             }
             done.bytes += bytes;
             done.calls += 1;
         }
-        for index in 0..self.runs.len() {
-            self.pages.mark_mapped(self.runs[index], now);
+        for (run, chunks) in self.runs.iter().zip(&layouts) {
+            self.pages.mark_mapped(*run, chunks, now);
         }
         Ok(done)
     }
@@ -335,29 +339,30 @@ impl Arena {
         // Complete a parked block's free first: its pages can then go idle and be released
         // (a cache being emptied must reach them), and it is never handed out again after.
         self.unpark();
-        let pages = self.pages.take_idle(keep_going, spare);
-        if pages.is_empty() {
+        let chunks = self.pages.take_idle(keep_going, spare);
+        if chunks.is_empty() {
             return Ok(Released::default());
         }
         if let Err(error) = reserve
             .backend()
             .synchronize_stream(self.device, self.stream)
         {
-            self.pages.restore_idle(&pages, crate::clock::now());
+            let now = crate::clock::now();
+            for chunk in chunks {
+                self.pages.restore_idle(chunk, now);
+            }
             return Err(ReleaseError {
                 released: Released::default(),
                 error,
             });
         }
         let mut released = Released::default();
-        let runs = runs_of(pages);
-        for (index, run) in runs.iter().enumerate() {
-            let (addr, bytes) = self.run_range(*run);
+        for (index, chunk) in chunks.iter().enumerate() {
+            let (addr, bytes) = self.run_range(*chunk);
             if let Err(error) = reserve.unmap(addr, bytes) {
                 let now = crate::clock::now();
-                for left in &runs[index..] {
-                    let pages: Vec<u32> = (left.first..left.first + left.count).collect();
-                    self.pages.restore_idle(&pages, now);
+                for left in &chunks[index..] {
+                    self.pages.restore_idle(*left, now);
                 }
                 return Err(ReleaseError { released, error });
             }
@@ -432,7 +437,8 @@ mod tests {
     fn setup() -> (PageReserve, Arena) {
         let backend = Arc::new(SimBackend::new(SimConfig::default()));
         let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, 64 * MIB).unwrap();
-        let reserve = PageReserve::new(backend, 0, Arc::new(DeviceReserve::default())).unwrap();
+        let reserve =
+            PageReserve::new(backend, 0, Arc::new(DeviceReserve::default()), 64 * MIB).unwrap();
         (reserve, arena)
     }
 

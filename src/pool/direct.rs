@@ -47,6 +47,7 @@ impl DirectPool {
                 self.counters.on_reserve(held, 1);
                 self.reserve.grow(held);
                 self.counters.on_alloc(live.requested, size, false);
+                self.reserve.on_alloc(live.requested, size);
                 Ok(ptr)
             }
             Err(error) => {
@@ -71,6 +72,7 @@ impl DirectPool {
         }
         map.remove(&ptr);
         self.counters.on_free(live.requested, size);
+        self.reserve.on_free(live.requested, size);
         let held = align_up(size, self.granularity);
         self.counters.on_release(held, 1);
         self.reserve.shrink(held);

@@ -1,5 +1,6 @@
-//! Which pages of an arena are backed by device memory, how many live blocks touch each, and
-//! since when each mapped page without a live block has been idle (oldest are released first).
+//! Which pages of an arena are backed by device memory and by which chunk, how many live blocks
+//! touch each, and since when each mapped page without a live block has been idle (chunks whose
+//! pages are all idle are released, oldest first).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PageState {
@@ -20,6 +21,10 @@ struct Page {
     idle_since: u64,
     /// ...and in which order (the coarse clock ties within milliseconds; this never does).
     idle_order: u64,
+    /// While mapped: the first page of the chunk behind this page, and the chunk's length (the
+    /// driver unmaps chunks whole).
+    chunk_first: u32,
+    chunk_pages: u32,
 }
 
 const UNMAPPED: Page = Page {
@@ -27,6 +32,8 @@ const UNMAPPED: Page = Page {
     live_blocks: 0,
     idle_since: 0,
     idle_order: 0,
+    chunk_first: 0,
+    chunk_pages: 0,
 };
 
 /// Per-page state of one arena. Pages are numbered from the arena's base. Finding idle pages
@@ -87,11 +94,20 @@ impl PageTable {
         }
     }
 
-    /// Records that the driver has mapped `run` (its pages are idle until acquired).
-    pub(crate) fn mark_mapped(&mut self, run: PageRun, now: u64) {
-        for page in run.first..run.first + run.count {
-            self.set_idle(page as usize, now);
-            self.mapped_pages += 1;
+    /// Records that the driver has mapped `run` with `chunks` (their lengths in pages, in
+    /// address order, adding up to the run); its pages are idle until acquired.
+    pub(crate) fn mark_mapped(&mut self, run: PageRun, chunks: &[u32], now: u64) {
+        debug_assert_eq!(chunks.iter().sum::<u32>(), run.count);
+        let mut first = run.first;
+        for &pages in chunks {
+            for page in first..first + pages {
+                let entry = &mut self.pages[page as usize];
+                entry.chunk_first = first;
+                entry.chunk_pages = pages;
+                self.set_idle(page as usize, now);
+                self.mapped_pages += 1;
+            }
+            first += pages;
         }
     }
 
@@ -141,72 +157,85 @@ impl PageTable {
         self.next_order += (last - first) as u64 + 1;
     }
 
-    /// Takes idle pages, oldest first, while `keep_going(count_taken, idle_since)` says so,
-    /// passing over pages for which `spare(page)` is true; they are marked unmapped, and the
-    /// caller must unmap them (or hand them back with `restore_idle`).
+    /// Takes chunks whose pages are all idle, the longest idle first (a chunk is as recent as
+    /// its most recently idled page), while `keep_going(pages_taken, idle_since)` says so,
+    /// passing over chunks with a page for which `spare(page)` is true; their pages are marked
+    /// unmapped, and the caller must unmap them (or hand them back with `restore_idle`).
     pub(crate) fn take_idle(
         &mut self,
         mut keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
-    ) -> Vec<u32> {
+    ) -> Vec<PageRun> {
         if self.idle_pages == 0 {
             return Vec::new();
         }
-        let mut idle: Vec<(u64, u32)> = (0..self.pages.len() as u32)
-            .filter(|&p| self.pages[p as usize].state == PageState::Idle && !spare(p))
-            .map(|p| (self.pages[p as usize].idle_order, p))
-            .collect();
-        idle.sort_unstable();
+        // (idle order, chunk, idle since)
+        let mut idle: Vec<(u64, PageRun, u64)> = Vec::new();
+        let mut page = 0;
+        while page < self.pages.len() {
+            let entry = self.pages[page];
+            if entry.state == PageState::Unmapped {
+                page += 1;
+                continue;
+            }
+            debug_assert_eq!(entry.chunk_first as usize, page);
+            let chunk = PageRun {
+                first: entry.chunk_first,
+                count: entry.chunk_pages,
+            };
+            let pages = &self.pages[page..page + chunk.count as usize];
+            if pages.iter().all(|p| p.state == PageState::Idle)
+                && !(chunk.first..chunk.first + chunk.count).any(&spare)
+            {
+                let order = pages.iter().map(|p| p.idle_order).max().unwrap_or(0);
+                let since = pages.iter().map(|p| p.idle_since).max().unwrap_or(0);
+                idle.push((order, chunk, since));
+            }
+            page += chunk.count as usize;
+        }
+        idle.sort_unstable_by_key(|&(order, _, _)| order);
         let mut taken = Vec::new();
-        for (_, page) in idle {
-            let entry = &mut self.pages[page as usize];
-            if !keep_going(taken.len(), entry.idle_since) {
+        let mut pages_taken = 0;
+        for (_, chunk, since) in idle {
+            if !keep_going(pages_taken, since) {
                 break;
             }
-            entry.state = PageState::Unmapped;
-            self.idle_pages -= 1;
-            self.mapped_pages -= 1;
-            taken.push(page);
+            for entry in &mut self.pages[chunk.first as usize..(chunk.first + chunk.count) as usize]
+            {
+                entry.state = PageState::Unmapped;
+            }
+            self.idle_pages -= chunk.count as usize;
+            self.mapped_pages -= chunk.count as usize;
+            pages_taken += chunk.count as usize;
+            taken.push(chunk);
         }
         taken
     }
 
-    /// Puts back pages from `take_idle` that the driver failed to unmap.
-    pub(crate) fn restore_idle(&mut self, pages: &[u32], now: u64) {
-        for &page in pages {
+    /// Puts back a chunk from `take_idle` that the driver failed to unmap.
+    pub(crate) fn restore_idle(&mut self, chunk: PageRun, now: u64) {
+        for page in chunk.first..chunk.first + chunk.count {
             self.set_idle(page as usize, now);
             self.mapped_pages += 1;
         }
     }
 }
 
-/// Merges sorted page numbers into runs of consecutive pages.
-pub(crate) fn runs_of(mut pages: Vec<u32>) -> Vec<PageRun> {
-    pages.sort_unstable();
-    let mut runs: Vec<PageRun> = Vec::new();
-    for page in pages {
-        match runs.last_mut() {
-            Some(run) if run.first + run.count == page => run.count += 1,
-            _ => runs.push(PageRun {
-                first: page,
-                count: 1,
-            }),
-        }
-    }
-    runs
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn pages_go_idle_when_the_last_block_leaves_and_are_released_oldest_first() {
-        let mut table = PageTable::default();
+    fn mapped(table: &mut PageTable, first: u32, last: u32, chunks: &[u32]) {
         let mut runs = Vec::new();
-        table.unmapped_runs(0, 3, &mut runs);
-        assert_eq!(runs, vec![PageRun { first: 0, count: 4 }]);
-        table.mark_mapped(runs[0], 1);
+        table.unmapped_runs(first, last, &mut runs);
+        assert_eq!(runs.len(), 1);
+        table.mark_mapped(runs[0], chunks, 1);
+    }
+
+    #[test]
+    fn pages_go_idle_when_the_last_block_leaves_and_chunks_are_released_oldest_first() {
+        let mut table = PageTable::default();
+        mapped(&mut table, 0, 3, &[1, 1, 1, 1]);
         table.acquire(0, 1);
         table.acquire(1, 3);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (4, 0));
@@ -214,19 +243,34 @@ mod tests {
         assert_eq!(table.idle_pages(), 2, "page 1 still holds the first block");
         table.release(0, 1, || 7);
         let taken = table.take_idle(|n, _| n < 3, |_| false);
-        assert_eq!(taken, vec![2, 3, 0]);
+        let first: Vec<u32> = taken.iter().map(|c| c.first).collect();
+        assert_eq!(first, vec![2, 3, 0]);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (1, 1));
+    }
+
+    #[test]
+    fn a_chunk_goes_only_when_every_page_of_it_is_idle() {
+        let mut table = PageTable::default();
+        mapped(&mut table, 0, 5, &[4, 2]);
+        table.acquire(0, 5);
+        table.release(0, 5, || 2);
+        table.acquire(3, 3);
+        let taken = table.take_idle(|_, _| true, |_| false);
+        assert_eq!(taken, vec![PageRun { first: 4, count: 2 }]);
+        assert_eq!((table.mapped_pages(), table.idle_pages()), (4, 3));
+        table.release(3, 3, || 3);
+        let taken = table.take_idle(|_, _| true, |page| page == 5);
+        assert_eq!(taken, vec![PageRun { first: 0, count: 4 }]);
+        table.restore_idle(taken[0], 4);
+        assert_eq!((table.mapped_pages(), table.idle_pages()), (4, 4));
     }
 
     #[test]
     fn spared_and_live_pages_are_not_taken() {
         let mut table = PageTable::default();
-        let mut runs = Vec::new();
-        table.unmapped_runs(0, 2, &mut runs);
-        table.mark_mapped(runs[0], 0);
+        mapped(&mut table, 0, 2, &[1, 1, 1]);
         table.acquire(0, 0);
         let taken = table.take_idle(|_, _| true, |page| page == 1);
-        assert_eq!(taken, vec![2]);
-        assert_eq!(runs_of(vec![5, 1, 2, 7, 6]).len(), 2);
+        assert_eq!(taken, vec![PageRun { first: 2, count: 1 }]);
     }
 }

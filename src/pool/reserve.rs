@@ -1,13 +1,13 @@
-//! The page reserve of one device: physical pages unmapped from an arena but kept, so the next
+//! The page reserve of one device: physical chunks unmapped from an arena but kept, so the next
 //! miss anywhere on the device maps them again (`cuMemMap`) instead of asking the driver for new
-//! memory (`cuMemCreate`, ten times the cost or more). Every page the device's pools hold from
+//! memory (`cuMemCreate`); and how a miss's run of pages is cut into chunks. Every page the device's pools hold from
 //! the driver is counted in [`DeviceReserve`] from its creation to its release, mapped or kept
 //! here: the reserve is reserved memory in every figure, and what the driver reports as used
 //! matches it to the byte. The cache budget bounds idle mapped pages and kept ones together.
 
 use super::latency::LatencyHistogram;
 use super::DeviceReserve;
-use crate::backend::{DeviceBackend, DevicePtr, PhysicalPage};
+use crate::backend::{DeviceBackend, DevicePtr, PhysicalChunk};
 use crate::error::BackendError;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -18,8 +18,10 @@ pub struct PageReserve {
     device: usize,
     page_size: u64,
     held: Arc<DeviceReserve>,
-    spare: Mutex<Vec<PhysicalPage>>,
-    /// `spare.len()`, readable without the lock (cache budget checks, snapshots).
+    /// Largest chunk a miss creates, in pages (see [`PageReserve::map`]).
+    max_chunk_pages: u32,
+    spare: Mutex<Vec<PhysicalChunk>>,
+    /// The pages of `spare`, readable without the lock (cache budget checks, snapshots).
     spare_pages: AtomicU64,
     pub pages_created: AtomicU64,
     /// Pages mapped again from the reserve instead of created.
@@ -30,17 +32,21 @@ pub struct PageReserve {
 }
 
 /// What one [`PageReserve::map`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mapped {
     pub created_pages: u64,
     pub reused_pages: u64,
+    /// The chunks now behind the range, in pages, in address order.
+    pub chunks: Vec<u32>,
 }
 
 impl PageReserve {
+    /// A reserve whose misses create chunks of at most `max_chunk_bytes` (at least one page).
     pub fn new(
         backend: Arc<dyn DeviceBackend>,
         device: usize,
         held: Arc<DeviceReserve>,
+        max_chunk_bytes: u64,
     ) -> Result<Self, BackendError> {
         let page_size = backend.granularity(device)?;
         Ok(PageReserve {
@@ -48,6 +54,7 @@ impl PageReserve {
             device,
             page_size,
             held,
+            max_chunk_pages: (max_chunk_bytes / page_size).clamp(1, u32::MAX as u64) as u32,
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
             pages_created: AtomicU64::new(0),
@@ -79,52 +86,114 @@ impl PageReserve {
         self.spare_pages.load(Relaxed)
     }
 
-    /// Maps `[addr, addr + size)`, with kept pages first and new ones for the rest.
+    /// Maps `[addr, addr + size)`: kept chunks first, the largest that still fit, then new
+    /// chunks of at most `max_chunk_pages` for the rest. Access is granted per call and the
+    /// driver charges it (and a later unmap) per chunk: one chunk for a whole run is what makes
+    /// a miss cheap; the cap keeps a chunk from pinning much more than the block that made it,
+    /// since only a chunk with no live block on any of its pages can be unmapped.
     pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
+        let pages = size / self.page_size;
         let mut spare = self.spare.lock();
-        let before = spare.len() as u64;
-        let created = self
-            .backend
-            .map_reusing(self.device, addr, size, &mut spare)?;
-        self.spare_pages.store(spare.len() as u64, Relaxed);
-        let reused = before - spare.len() as u64;
-        drop(spare);
-        if created > 0 {
-            self.held.grow(created * self.page_size);
-            self.pages_created.fetch_add(created, Relaxed);
+        let mut reuse = take_fitting(&mut spare, pages);
+        let reused_pages: u64 = reuse.iter().map(|c| c.pages as u64).sum();
+        // Kept chunks too large for this run would hold memory beside the new pages: release as
+        // many pages of them as are about to be created, so what the device holds does not grow
+        // past what the cache budget allowed for.
+        let creating = pages - reused_pages;
+        if creating > 0 && !spare.is_empty() {
+            self.release_kept(&mut spare, creating);
         }
-        self.pages_reused.fetch_add(reused, Relaxed);
+        let mut chunks: Vec<u32> = reuse.iter().map(|c| c.pages).collect();
+        chunks.extend(crate::backend::new_chunks(creating, self.max_chunk_pages));
+        let result =
+            self.backend
+                .map_reusing(self.device, addr, size, &mut reuse, self.max_chunk_pages);
+        // On an error the lent chunks are still ours, unmapped.
+        spare.append(&mut reuse);
+        let created = match result {
+            Ok(created) => created,
+            Err(error) => {
+                self.store_spare(&spare);
+                return Err(error);
+            }
+        };
+        self.store_spare(&spare);
+        drop(spare);
+        self.account_created(created);
+        self.pages_reused.fetch_add(reused_pages, Relaxed);
         Ok(Mapped {
             created_pages: created,
-            reused_pages: reused,
+            reused_pages,
+            chunks,
         })
     }
 
-    /// Unmaps `[addr, addr + size)` and keeps its pages here (still held).
+    /// Releases kept chunks, smallest first, until `pages` pages are gone or none is left.
+    fn release_kept(&self, spare: &mut Vec<PhysicalChunk>, pages: u64) {
+        spare.sort_unstable_by_key(|c| std::cmp::Reverse(c.pages));
+        let mut going = Vec::new();
+        let mut freed = 0;
+        while freed < pages {
+            let Some(chunk) = spare.pop() else { break };
+            freed += chunk.pages as u64;
+            going.push(chunk);
+        }
+        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
+        if let Err(error) = self.backend.release_chunks(self.device, &mut going) {
+            tracing::warn!(device = self.device, %error, "could not return kept chunks to the driver");
+        }
+        let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
+        spare.extend(going);
+        if released > 0 {
+            self.held.shrink(released * self.page_size);
+            self.pages_released.fetch_add(released, Relaxed);
+        }
+    }
+
+    fn account_created(&self, pages: u64) {
+        if pages > 0 {
+            self.held.grow(pages * self.page_size);
+            self.pages_created.fetch_add(pages, Relaxed);
+        }
+    }
+
+    fn store_spare(&self, spare: &[PhysicalChunk]) {
+        let pages = spare.iter().map(|c| c.pages as u64).sum();
+        self.spare_pages.store(pages, Relaxed);
+    }
+
+    /// Unmaps `[addr, addr + size)` (whole chunks) and keeps its chunks here (still held).
     pub fn unmap(&self, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let mut pages = Vec::with_capacity((size / self.page_size) as usize);
+        let mut chunks = Vec::new();
         self.backend
-            .unmap_keeping(self.device, addr, size, &mut pages)?;
+            .unmap_keeping(self.device, addr, size, &mut chunks)?;
         let mut spare = self.spare.lock();
-        spare.extend(pages);
-        self.spare_pages.store(spare.len() as u64, Relaxed);
+        spare.extend(chunks);
+        self.store_spare(&spare);
         Ok(())
     }
 
-    /// Returns kept pages to the driver until at most `keep_pages` are left; returns the bytes
-    /// released. On an error, what was released before it is accounted all the same.
+    /// Returns kept chunks to the driver, largest first, until at most `keep_pages` pages are
+    /// left; returns the bytes released. On an error, what was released before it is accounted
+    /// all the same.
     pub fn trim(&self, keep_pages: u64) -> Result<u64, BackendError> {
         let mut spare = self.spare.lock();
-        let excess = (spare.len() as u64).saturating_sub(keep_pages) as usize;
-        if excess == 0 {
+        let mut kept: u64 = spare.iter().map(|c| c.pages as u64).sum();
+        if kept <= keep_pages {
             return Ok(0);
         }
-        let from = spare.len() - excess;
-        let mut going = spare.split_off(from);
-        let result = self.backend.release_pages(self.device, &mut going);
-        let released = (excess - going.len()) as u64;
+        spare.sort_unstable_by_key(|c| c.pages);
+        let mut going = Vec::new();
+        while kept > keep_pages {
+            let Some(chunk) = spare.pop() else { break };
+            kept -= chunk.pages as u64;
+            going.push(chunk);
+        }
+        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
+        let result = self.backend.release_chunks(self.device, &mut going);
+        let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
         spare.extend(going);
-        self.spare_pages.store(spare.len() as u64, Relaxed);
+        self.store_spare(&spare);
         drop(spare);
         if released > 0 {
             self.held.shrink(released * self.page_size);
@@ -132,6 +201,27 @@ impl PageReserve {
         }
         result.map(|()| released * self.page_size)
     }
+}
+
+/// Takes from `spare` the kept chunks to map into a run of `pages`: largest first, each that
+/// still fits, so the run needs as few chunks as it can and as few new pages.
+fn take_fitting(spare: &mut Vec<PhysicalChunk>, pages: u64) -> Vec<PhysicalChunk> {
+    if spare.is_empty() {
+        return Vec::new();
+    }
+    spare.sort_unstable_by_key(|c| std::cmp::Reverse(c.pages));
+    let mut left = pages;
+    let mut taken = Vec::new();
+    spare.retain(|chunk| {
+        if (chunk.pages as u64) <= left {
+            left -= chunk.pages as u64;
+            taken.push(*chunk);
+            false
+        } else {
+            true
+        }
+    });
+    taken
 }
 
 impl Drop for PageReserve {

@@ -112,6 +112,45 @@ fn mapped_pages_take_exactly_their_bytes() {
 }
 
 #[test]
+fn chunks_are_unmapped_whole_and_mapped_again_elsewhere() {
+    each_backend(|b| {
+        let page = b.granularity(0).unwrap();
+        let base = b.reserve_address_range(0, 8 * page).unwrap();
+        let before = b.mem_info(0).unwrap().free;
+        let mut kept = Vec::new();
+        let created = b.map_reusing(0, base, 3 * page, &mut kept, 2).unwrap();
+        assert_eq!(created, 3);
+        let err = b.unmap_keeping(0, base, page, &mut kept).unwrap_err();
+        assert!(
+            matches!(err, BackendError::InvalidArgument { .. }),
+            "part of a chunk cannot be unmapped: {err:?}"
+        );
+        assert!(kept.is_empty(), "a refused unmap keeps nothing");
+        b.unmap_keeping(0, base, 3 * page, &mut kept).unwrap();
+        let pages: Vec<u32> = kept.iter().map(|c| c.pages).collect();
+        assert_eq!(
+            pages,
+            vec![2, 1],
+            "new chunks of two pages, the last shorter"
+        );
+        assert_eq!(
+            b.mem_info(0).unwrap().free,
+            before - 3 * page,
+            "kept chunks are held"
+        );
+        // Mapped again at another address, with one new page for the rest of the range.
+        let created = b
+            .map_reusing(0, base + 4 * page, 4 * page, &mut kept, 2)
+            .unwrap();
+        assert_eq!((created, kept.len()), (1, 0));
+        assert_eq!(b.mem_info(0).unwrap().free, before - 4 * page);
+        b.unmap(0, base + 4 * page, 4 * page).unwrap();
+        assert_eq!(b.mem_info(0).unwrap().free, before);
+        b.release_address_range(0, base, 8 * page).unwrap();
+    });
+}
+
+#[test]
 fn sim_counts_memory_of_other_processes() {
     let sim = SimBackend::new(SimConfig {
         devices: vec![SimDeviceSpec {

@@ -184,15 +184,21 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
-    assert_eq!(rows.len(), 12, "4 x 3 settings");
+    assert_eq!(rows.len(), 24, "3 chunk sizes x 4 x 2 cache settings");
     assert!(rows
         .iter()
         .all(|r| r["trace"] == "steps" && r["misses"].as_u64() > Some(0)));
     let settings: std::collections::HashSet<_> = rows
         .iter()
-        .map(|r| (r["idle_pages_kept"].as_u64(), r["idle_per_mille"].as_u64()))
+        .map(|r| {
+            (
+                r["idle_pages_kept"].as_u64(),
+                r["idle_per_mille"].as_u64(),
+                r["max_chunk_bytes"].as_u64(),
+            )
+        })
         .collect();
-    assert_eq!(settings.len(), 12);
+    assert_eq!(settings.len(), 24);
     let table = gpumem(&[
         "replay",
         "--backend",

@@ -1,6 +1,6 @@
-//! The page reserve: physical pages unmapped but kept count as reserved memory, are mapped again
-//! by the next miss without the driver creating memory, and go back to the driver whenever
-//! memory must be freed (emptying the cache, an out-of-memory retry).
+//! The page reserve: physical chunks unmapped but kept count as reserved memory, are mapped
+//! again by the next miss without the driver creating memory, and go back to the driver whenever
+//! memory must be freed (emptying the cache, an out-of-memory retry, a run they cannot back).
 
 use crate::support::{all_backends, sim_backend};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
@@ -50,18 +50,27 @@ fn kept_pages_are_reserved_and_mapped_again_without_creating_memory() {
             (8 * MIB, 8 * MIB),
             "kept pages are held"
         );
-        // The next miss maps the kept pages: nothing new from the driver. (The default stream:
+        // The next miss maps the kept chunk: nothing new from the driver. (The default stream:
         // on CUDA a stream must be a real CUstream, which the budget test below uses on sim.)
-        let second = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
+        let second = m.alloc(0, 8 * MIB, &AllocOptions::default()).unwrap();
         let stats = m.device_stats(0).unwrap();
-        assert_eq!((stats.pages_created, stats.pages_reused), (4, 3));
-        assert_eq!(stats.page_reserve_bytes, 2 * MIB);
+        assert_eq!((stats.pages_created, stats.pages_reused), (4, 4));
+        assert_eq!(stats.page_reserve_bytes, 0);
         assert_eq!(held(&m, baseline), (8 * MIB, 8 * MIB));
-        assert_eq!(stats.counters.peak_reserved_bytes, 8 * MIB);
         drop(second);
+        assert_eq!(m.unmap_cached(), 8 * MIB);
+        // A chunk is mapped whole: kept, it cannot back a smaller run, so it goes back to the
+        // driver before new pages are created, and the device never holds both.
+        let third = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
+        let stats = m.device_stats(0).unwrap();
+        assert_eq!((stats.pages_created, stats.pages_released), (7, 4));
+        assert_eq!(stats.page_reserve_bytes, 0);
+        assert_eq!(held(&m, baseline), (6 * MIB, 6 * MIB));
+        assert_eq!(stats.counters.peak_reserved_bytes, 8 * MIB);
+        drop(third);
         m.empty_cache();
         let stats = m.device_stats(0).unwrap();
-        assert_eq!((stats.page_reserve_bytes, stats.pages_released), (0, 4));
+        assert_eq!((stats.page_reserve_bytes, stats.pages_released), (0, 7));
         assert_eq!(held(&m, baseline), (0, 0));
     }
 }

@@ -21,12 +21,12 @@ mod vmm;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalPage, StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalChunk, StreamId,
 };
 use crate::error::BackendError;
-use cudarc::driver::sys::{self, CUcontext, CUdevice, CUmemGenericAllocationHandle, CUresult};
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr};
 use std::fmt;
 use std::sync::OnceLock;
@@ -38,8 +38,9 @@ pub struct CudaBackend {
     /// `cuDriverGetVersion`: 1000 * major + 10 * minor.
     driver_version: i32,
     devices: Vec<Device>,
-    /// Physical pages created by `map`, by (device index, page address), so `unmap` can release them.
-    pages: Mutex<HashMap<(usize, u64), CUmemGenericAllocationHandle>>,
+    /// Chunks mapped by `map`, by (device index, address their mapping starts at), so `unmap`
+    /// can find, check and release them.
+    chunks: Mutex<BTreeMap<(usize, u64), PhysicalChunk>>,
     /// Our handle on the probed library: keeps it loaded while the backend lives (cudarc has its own).
     library_handle: libloading::Library,
 }
@@ -87,7 +88,7 @@ impl CudaBackend {
             library_name: driver.library_name,
             driver_version: driver.driver_version,
             devices,
-            pages: Mutex::new(HashMap::new()),
+            chunks: Mutex::new(BTreeMap::new()),
             library_handle: driver.library,
         })
     }
@@ -246,9 +247,10 @@ impl DeviceBackend for CudaBackend {
         device: usize,
         addr: DevicePtr,
         size: u64,
-        spare: &mut Vec<PhysicalPage>,
+        reuse: &mut Vec<PhysicalChunk>,
+        new_chunk_pages: u32,
     ) -> Result<u64, BackendError> {
-        self.map_pages(device, addr, size, spare)
+        self.map_chunks(device, addr, size, reuse, new_chunk_pages)
     }
 
     fn unmap_keeping(
@@ -256,17 +258,17 @@ impl DeviceBackend for CudaBackend {
         device: usize,
         addr: DevicePtr,
         size: u64,
-        into: &mut Vec<PhysicalPage>,
+        into: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
-        self.unmap_pages(device, addr, size, into)
+        self.unmap_chunks(device, addr, size, into)
     }
 
-    fn release_pages(
+    fn release_chunks(
         &self,
         device: usize,
-        pages: &mut Vec<PhysicalPage>,
+        chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
-        self.release_physical(device, pages)
+        self.release_physical(device, chunks)
     }
 
     fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
@@ -290,18 +292,18 @@ impl DeviceBackend for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        let leftover: Vec<_> = self.pages.get_mut().drain().collect();
+        let leftover = std::mem::take(self.chunks.get_mut());
         if !leftover.is_empty() {
             tracing::warn!(
-                pages = leftover.len(),
-                "CUDA backend dropped with pages still mapped; unmapping them"
+                chunks = leftover.len(),
+                "CUDA backend dropped with memory still mapped; unmapping it"
             );
-            for ((device, page), handle) in leftover {
+            for ((device, base), chunk) in leftover {
                 if let Err(err) = self.make_current(device).and_then(|dev| {
-                    let size = dev.properties.allocation_granularity_bytes;
-                    vmm::unmap_and_release(page, to_usize("unmap", size)?, handle)
+                    let size = dev.properties.allocation_granularity_bytes * chunk.pages as u64;
+                    vmm::unmap_and_release(base, to_usize("unmap", size)?, chunk.handle)
                 }) {
-                    tracing::warn!(device, page = format_args!("{page:#x}"), %err, "unmapping a page at drop failed");
+                    tracing::warn!(device, at = format_args!("{base:#x}"), %err, "unmapping a chunk at drop failed");
                 }
             }
         }

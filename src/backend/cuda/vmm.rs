@@ -1,12 +1,13 @@
 //! Growing and shrinking in pages with the virtual memory API: reserve address space, back it with
-//! physical pages (`cuMemCreate` + `cuMemMap`, or `cuMemMap` alone for a page the caller kept;
-//! one `cuMemSetAccess` per call), unmap keeping the pages, and release them.
+//! physical chunks (`cuMemMap` of chunks the caller kept, `cuMemCreate` of one new chunk for the
+//! rest; one `cuMemSetAccess` per call), unmap whole chunks keeping them, and release them.
 
 use super::properties::{device_location, page_allocation_prop};
 use super::{check, to_usize, CudaBackend};
-use crate::backend::PhysicalPage;
+use crate::backend::PhysicalChunk;
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle};
+use std::collections::BTreeMap;
 
 impl CudaBackend {
     pub(super) fn reserve(&self, device: usize, size: u64) -> Result<u64, BackendError> {
@@ -36,18 +37,16 @@ impl CudaBackend {
             size,
             dev.properties.allocation_granularity_bytes,
         )?;
-        let end = base + size;
         let still_mapped = self
-            .pages
+            .chunks
             .lock()
-            .keys()
-            .filter(|(d, page)| *d == device && (base..end).contains(page))
+            .range((device, base)..(device, base + size))
             .count();
         if still_mapped > 0 {
             return Err(BackendError::InvalidArgument {
                 call: "release_address_range",
                 reason: format!(
-                    "{still_mapped} page(s) of the range at {base:#x} are still mapped; unmap them first"
+                    "{still_mapped} chunk(s) of the range at {base:#x} are still mapped; unmap them first"
                 ),
             });
         }
@@ -57,160 +56,179 @@ impl CudaBackend {
         })
     }
 
-    /// [`DeviceBackend::map_reusing`](crate::backend::DeviceBackend::map_reusing): pages from
-    /// `spare` are mapped again (`cuMemMap`, about a microsecond), only the rest are created.
-    pub(super) fn map_pages(
+    /// [`DeviceBackend::map_reusing`](crate::backend::DeviceBackend::map_reusing): kept chunks
+    /// are mapped again (`cuMemMap`, about a microsecond), new ones are created for the rest.
+    pub(super) fn map_chunks(
         &self,
         device: usize,
         addr: u64,
         size: u64,
-        spare: &mut Vec<PhysicalPage>,
+        reuse: &mut Vec<PhysicalChunk>,
+        new_chunk_pages: u32,
     ) -> Result<u64, BackendError> {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
         check_pages("map", addr, size, granularity)?;
-        let page_size = to_usize("map", granularity)?;
-        {
-            let pages = self.pages.lock();
-            if let Some(page) = page_addresses(addr, size, granularity)
-                .find(|page| pages.contains_key(&(device, *page)))
-            {
-                return Err(BackendError::InvalidArgument {
-                    call: "map",
-                    reason: format!("page {page:#x} is already mapped"),
-                });
-            }
+        let count = size / granularity;
+        let reused: u64 = reuse.iter().map(|c| c.pages as u64).sum();
+        if reused > count {
+            return Err(BackendError::InvalidArgument {
+                call: "map",
+                reason: format!("{reused} pages of chunks to map into a range of {count}"),
+            });
         }
-
-        let prop = page_allocation_prop(dev.handle);
-        let count = (size / granularity) as usize;
-        let reusable = spare.len().min(count);
-        let mut reusing: Vec<PhysicalPage> = spare.split_off(spare.len() - reusable);
-        // (page address, handle, created by this call)
-        let mut mapped: Vec<(u64, CUmemGenericAllocationHandle, bool)> = Vec::with_capacity(count);
+        if let Some(base) = overlapping(&self.chunks.lock(), device, addr, addr + size, granularity)
+        {
+            return Err(BackendError::InvalidArgument {
+                call: "map",
+                reason: format!("memory mapped at {base:#x} overlaps {addr:#x}+{size}"),
+            });
+        }
+        // (address, chunk, created by this call)
+        let mut mapped: Vec<(u64, PhysicalChunk, bool)> = Vec::with_capacity(reuse.len() + 1);
         let mut failure = None;
-        for page in page_addresses(addr, size, granularity) {
-            let outcome = match reusing.pop() {
-                Some(physical) => map_existing(page, page_size, physical.0)
-                    .map(|()| (physical.0, false))
-                    .map_err(|e| (e, Some(physical))),
-                None => map_new_page(page, page_size, &prop)
-                    .map(|handle| (handle, true))
-                    .map_err(|e| (e, None)),
-            };
-            match outcome {
-                Ok((handle, created)) => mapped.push((page, handle, created)),
-                Err((err, unused)) => {
-                    reusing.extend(unused);
-                    failure = Some(err);
-                    break;
+        let mut at = addr;
+        for &chunk in reuse.iter() {
+            let bytes = chunk_bytes(chunk, granularity)?;
+            if let Err(err) = map_existing(at, bytes, chunk.handle) {
+                failure = Some(err);
+                break;
+            }
+            mapped.push((at, chunk, false));
+            at += bytes as u64;
+        }
+        if failure.is_none() {
+            let prop = page_allocation_prop(dev.handle);
+            for pages in crate::backend::new_chunks(count - reused, new_chunk_pages) {
+                let bytes = to_usize("map", pages as u64 * granularity)?;
+                match map_new_chunk(at, bytes, &prop) {
+                    Ok(handle) => mapped.push((at, PhysicalChunk { handle, pages }, true)),
+                    Err(err) => {
+                        failure = Some(err);
+                        break;
+                    }
                 }
+                at += bytes as u64;
             }
         }
         if failure.is_none() {
-            // One cuMemSetAccess for the whole call, however many pages it covers.
-            let access = sys::CUmemAccessDesc {
-                location: device_location(dev.handle),
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            // SAFETY: [addr, addr + size) is mapped just above; `access` is one valid descriptor
-            // that outlives the call.
-            let result = unsafe { sys::cuMemSetAccess(addr, page_size * count, &access, 1) };
-            failure = check("cuMemSetAccess", result).err();
+            // One cuMemSetAccess for the whole call: the driver charges it per chunk, so fewer,
+            // larger chunks are what makes it cheap.
+            failure = self
+                .grant_access(device, addr, to_usize("map", size)?)
+                .err();
         }
         if let Some(err) = failure {
-            // Give the caller back every page it lent, unmapped, and release the ones created.
-            let mut handed_back: Vec<PhysicalPage> = Vec::new();
-            for &(page, handle, created) in mapped.iter().rev() {
-                if let Err(undo) = unmap_page(page, page_size) {
-                    tracing::warn!(page = format_args!("{page:#x}"), %undo, "undoing a partial map failed");
-                    continue;
-                }
-                if created {
-                    release_handle(handle);
-                } else {
-                    handed_back.push(PhysicalPage(handle));
+            // Undo: the caller keeps every chunk it lent, unmapped; created ones are released.
+            for &(at, chunk, created) in mapped.iter().rev() {
+                let bytes = chunk_bytes(chunk, granularity)?;
+                if let Err(undo) = unmap_range(at, bytes) {
+                    // Still mapped: no longer the caller's to lend again, and the backend
+                    // releases it at drop.
+                    tracing::warn!(at = format_args!("{at:#x}"), %undo, "undoing a partial map failed");
+                    reuse.retain(|c| *c != chunk);
+                    self.chunks.lock().insert((device, at), chunk);
+                } else if created {
+                    release_handle(chunk.handle);
                 }
             }
-            // Restore the caller's order: the pages popped last go back last.
-            spare.extend(reusing.into_iter().rev());
-            spare.extend(handed_back);
             return Err(self.out_of_memory_or(device, size, err));
         }
-        let created = mapped.iter().filter(|m| m.2).count() as u64;
-        let mut pages = self.pages.lock();
-        pages.extend(
+        let created = mapped
+            .iter()
+            .filter(|m| m.2)
+            .map(|m| m.1.pages as u64)
+            .sum();
+        let mut chunks = self.chunks.lock();
+        chunks.extend(
             mapped
                 .into_iter()
-                .map(|(page, handle, _)| ((device, page), handle)),
+                .map(|(at, chunk, _)| ((device, at), chunk)),
         );
+        reuse.clear();
         Ok(created)
     }
 
     /// [`DeviceBackend::unmap_keeping`](crate::backend::DeviceBackend::unmap_keeping).
-    pub(super) fn unmap_pages(
+    pub(super) fn unmap_chunks(
         &self,
         device: usize,
         addr: u64,
         size: u64,
-        into: &mut Vec<PhysicalPage>,
+        into: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
         check_pages("unmap", addr, size, granularity)?;
-        let page_size = to_usize("unmap", granularity)?;
-        // Take every page's handle at once, or none: a partly unknown range changes nothing.
-        let taken: Vec<(u64, CUmemGenericAllocationHandle)> = {
-            let mut pages = self.pages.lock();
-            if let Some(page) = page_addresses(addr, size, granularity)
-                .find(|page| !pages.contains_key(&(device, *page)))
-            {
-                return Err(BackendError::InvalidAddress { device, ptr: page });
+        // Take every chunk of the range at once, or none: a range that is partly unknown, or
+        // cuts a chunk (the driver cannot unmap part of one), changes nothing.
+        let taken: Vec<(u64, PhysicalChunk)> = {
+            let mut chunks = self.chunks.lock();
+            let end = addr + size;
+            let mut found = Vec::new();
+            let mut at = addr;
+            while at < end {
+                let Some(&chunk) = chunks.get(&(device, at)) else {
+                    return Err(
+                        match overlapping(&chunks, device, at, at + 1, granularity) {
+                            Some(base) => cut_chunk(addr, size, base),
+                            None => BackendError::InvalidAddress { device, ptr: at },
+                        },
+                    );
+                };
+                let next = at + chunk.pages as u64 * granularity;
+                if next > end {
+                    return Err(cut_chunk(addr, size, at));
+                }
+                found.push((at, chunk));
+                at = next;
             }
-            page_addresses(addr, size, granularity)
-                .filter_map(|page| pages.remove(&(device, page)).map(|handle| (page, handle)))
-                .collect()
+            for (at, _) in &found {
+                chunks.remove(&(device, *at));
+            }
+            found
         };
-        for (i, &(page, _)) in taken.iter().enumerate() {
-            if let Err(err) = unmap_page(page, page_size) {
+        for (i, &(at, chunk)) in taken.iter().enumerate() {
+            if let Err(err) = unmap_range(at, chunk_bytes(chunk, granularity)?) {
                 // Map back what this call unmapped, so that the range is as it was.
                 let mut restored = taken[i..].to_vec();
-                for &(page, handle) in &taken[..i] {
-                    match map_existing(page, page_size, handle)
-                        .and_then(|()| self.grant_access(device, page, page_size))
+                for &(at, chunk) in &taken[..i] {
+                    let bytes = chunk_bytes(chunk, granularity)?;
+                    match map_existing(at, bytes, chunk.handle)
+                        .and_then(|()| self.grant_access(device, at, bytes))
                     {
-                        Ok(()) => restored.push((page, handle)),
+                        Ok(()) => restored.push((at, chunk)),
                         Err(again) => {
-                            tracing::warn!(page = format_args!("{page:#x}"), %again, "remapping after a failed unmap failed; the page is kept unmapped");
-                            into.push(PhysicalPage(handle));
+                            tracing::warn!(at = format_args!("{at:#x}"), %again, "remapping after a failed unmap failed; the chunk is kept unmapped");
+                            into.push(chunk);
                         }
                     }
                 }
-                let mut pages = self.pages.lock();
-                pages.extend(
+                let mut chunks = self.chunks.lock();
+                chunks.extend(
                     restored
                         .into_iter()
-                        .map(|(page, handle)| ((device, page), handle)),
+                        .map(|(at, chunk)| ((device, at), chunk)),
                 );
                 return Err(err);
             }
         }
-        into.extend(taken.into_iter().map(|(_, handle)| PhysicalPage(handle)));
+        into.extend(taken.into_iter().map(|(_, chunk)| chunk));
         Ok(())
     }
 
-    /// [`DeviceBackend::release_pages`](crate::backend::DeviceBackend::release_pages).
+    /// [`DeviceBackend::release_chunks`](crate::backend::DeviceBackend::release_chunks).
     pub(super) fn release_physical(
         &self,
         device: usize,
-        pages: &mut Vec<PhysicalPage>,
+        chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
         self.make_current(device)?;
-        while let Some(&page) = pages.last() {
-            // SAFETY: the caller owns `page`, a handle from cuMemCreate that is mapped nowhere
+        while let Some(&chunk) = chunks.last() {
+            // SAFETY: the caller owns `chunk`, a handle from cuMemCreate that is mapped nowhere
             // (the trait's contract); releasing it frees its memory.
-            check("cuMemRelease", unsafe { sys::cuMemRelease(page.0) })?;
-            pages.pop();
+            check("cuMemRelease", unsafe { sys::cuMemRelease(chunk.handle) })?;
+            chunks.pop();
         }
         Ok(())
     }
@@ -229,66 +247,89 @@ impl CudaBackend {
     }
 }
 
-/// Maps an existing physical page at `page`.
+/// Maps an existing chunk of `bytes` at `at`.
 fn map_existing(
-    page: u64,
-    page_size: usize,
+    at: u64,
+    bytes: usize,
     handle: CUmemGenericAllocationHandle,
 ) -> Result<(), BackendError> {
-    // SAFETY: `page` lies in a reserved range (the caller's contract; the driver checks it), is
-    // granularity aligned and unmapped; `handle` is an unmapped page of exactly `page_size` bytes.
+    // SAFETY: `at` lies in a reserved range (the caller's contract; the driver checks it), is
+    // granularity aligned and unmapped; `handle` is an unmapped chunk of exactly `bytes`.
     check("cuMemMap", unsafe {
-        sys::cuMemMap(page, page_size, 0, handle, 0)
+        sys::cuMemMap(at, bytes, 0, handle, 0)
     })
 }
 
-/// Unmaps one page; its physical memory stays held by its handle.
-fn unmap_page(page: u64, page_size: usize) -> Result<(), BackendError> {
-    // SAFETY: `page` is mapped with `page_size` bytes of a handle we own.
-    check("cuMemUnmap", unsafe { sys::cuMemUnmap(page, page_size) })
+/// Unmaps whole mappings in `[at, at + bytes)`; their physical memory stays held by the handles.
+fn unmap_range(at: u64, bytes: usize) -> Result<(), BackendError> {
+    // SAFETY: `[at, at + bytes)` is exactly one chunk we mapped (the callers look it up).
+    check("cuMemUnmap", unsafe { sys::cuMemUnmap(at, bytes) })
 }
 
-/// Releases a page created by this backend that is mapped nowhere, logging a failure.
+/// Releases a chunk created by this backend that is mapped nowhere, logging a failure.
 fn release_handle(handle: CUmemGenericAllocationHandle) {
     // SAFETY: `handle` came from cuMemCreate and is mapped nowhere.
     if let Err(err) = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) }) {
-        tracing::warn!(%err, "releasing a physical page failed; its memory may leak");
+        tracing::warn!(%err, "releasing a physical chunk failed; its memory may leak");
     }
 }
 
-/// Creates one physical page and maps it at `page`; on failure nothing is left behind.
-fn map_new_page(
-    page: u64,
-    page_size: usize,
+/// Creates one chunk of `bytes` (a multiple of the granularity) and maps it at `at`; on failure
+/// nothing is left behind.
+fn map_new_chunk(
+    at: u64,
+    bytes: usize,
     prop: &sys::CUmemAllocationProp,
 ) -> Result<CUmemGenericAllocationHandle, BackendError> {
     let mut handle: CUmemGenericAllocationHandle = 0;
-    // SAFETY: valid out-pointer; `prop` is fully initialised and `page_size` is the granularity.
+    // SAFETY: valid out-pointer; `prop` is fully initialised and `bytes` a multiple of the
+    // granularity (checked by the caller).
     check("cuMemCreate", unsafe {
-        sys::cuMemCreate(&mut handle, page_size, prop, 0)
+        sys::cuMemCreate(&mut handle, bytes, prop, 0)
     })?;
-    // SAFETY: `page` lies in a reserved range (the caller's contract; the driver checks it), is
-    // granularity aligned, and `handle` is a fresh allocation of exactly `page_size` bytes.
-    if let Err(err) = check("cuMemMap", unsafe {
-        sys::cuMemMap(page, page_size, 0, handle, 0)
-    }) {
-        // SAFETY: `handle` is unmapped and ours; releasing it frees the page.
-        if let Err(release) = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) }) {
-            tracing::warn!(%release, "releasing a page that failed to map failed");
-        }
+    if let Err(err) = map_existing(at, bytes, handle) {
+        release_handle(handle);
         return Err(err);
     }
     Ok(handle)
 }
 
-/// Unmaps and releases one page mapped by [`map_page`].
+/// The chunk mapped over `[start, end)` on `device`, if any: its mapping's start address.
+fn overlapping(
+    chunks: &BTreeMap<(usize, u64), PhysicalChunk>,
+    device: usize,
+    start: u64,
+    end: u64,
+    granularity: u64,
+) -> Option<u64> {
+    let before = chunks
+        .range(..(device, start))
+        .next_back()
+        .filter(|(&(d, base), chunk)| {
+            d == device && base + chunk.pages as u64 * granularity > start
+        });
+    let inside = chunks.range((device, start)..(device, end)).next();
+    before.or(inside).map(|(&(_, base), _)| base)
+}
+
+fn chunk_bytes(chunk: PhysicalChunk, granularity: u64) -> Result<usize, BackendError> {
+    to_usize("map", chunk.pages as u64 * granularity)
+}
+
+fn cut_chunk(addr: u64, size: u64, base: u64) -> BackendError {
+    BackendError::InvalidArgument {
+        call: "unmap",
+        reason: format!("{addr:#x}+{size} cuts the chunk mapped at {base:#x}; unmap whole chunks"),
+    }
+}
+
+/// Unmaps and releases one chunk mapped at `at`.
 pub(super) fn unmap_and_release(
-    page: u64,
-    page_size: usize,
+    at: u64,
+    bytes: usize,
     handle: CUmemGenericAllocationHandle,
 ) -> Result<(), BackendError> {
-    // SAFETY: `page` is mapped with `page_size` bytes of `handle`, which we own.
-    check("cuMemUnmap", unsafe { sys::cuMemUnmap(page, page_size) })?;
+    unmap_range(at, bytes)?;
     // SAFETY: `handle` is no longer mapped anywhere.
     check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
 }
@@ -312,9 +353,4 @@ fn check_pages(
         return Ok(());
     };
     Err(BackendError::InvalidArgument { call, reason })
-}
-
-/// The page addresses of `[addr, addr + size)` (checked by [`check_pages`] first).
-fn page_addresses(addr: u64, size: u64, granularity: u64) -> impl Iterator<Item = u64> {
-    (0..size / granularity).map(move |i| addr + i * granularity)
 }

@@ -66,10 +66,14 @@ fn pip_installs_the_package_with_its_library_and_the_gpumem_torch_switch() {
         String::from_utf8_lossy(&created.stderr)
     );
     let python = venv.path().join("bin/python");
-    let target = library()
+    // The test binary is <target>/<profile>/deps/it-*: the library may sit in deps or one
+    // level up, so the target directory is taken from the binary (taking it from the library
+    // once pointed cargo at the checkout itself, which filled it with build output).
+    let exe = std::env::current_exe().expect("test binary path");
+    let target = exe
         .ancestors()
         .nth(3)
-        .expect("<target>/<profile>/deps/<library>")
+        .expect("<target>/<profile>/deps/<test binary>")
         .to_path_buf();
     let installed = Command::new(&python)
         .args(["-m", "pip", "install", "--quiet", "./python"])
