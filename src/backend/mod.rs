@@ -202,6 +202,10 @@ pub enum BackendChoice {
     /// CUDA when the driver loads and reports a device. What happens otherwise is the opener's
     /// choice: [`open_backend`] refuses, [`open_backend_or_simulate`] falls back to the
     /// simulated device (the command line's `--backend auto`).
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "CUDA when a GPU is usable, else the simulated device")
+    )]
     Auto,
     /// The CUDA driver; an error when it is unavailable.
     Cuda,

@@ -233,7 +233,7 @@ impl MemoryManager {
         let properties = backend.properties(index)?;
         let page_size = backend.granularity(index)?;
         let total = properties.total_memory_bytes;
-        let reserve = Arc::new(DeviceReserve::default());
+        let reserve = Arc::new(DeviceReserve::new(shard_count));
         let direct = Arc::new(DirectPool::new(
             Arc::clone(backend),
             index,

@@ -86,11 +86,13 @@ impl MemoryManager {
             }
         }
         counters.add(&managed.direct.counters.read());
-        // The device's own totals: exact peaks, where the pools' summed peaks are an upper
-        // bound only.
+        // The device's own totals where it keeps them: exact peaks, where the pools' summed
+        // peaks are an upper bound only.
         (counters.reserved_bytes, counters.peak_reserved_bytes) = managed.reserve.read();
-        (counters.in_use_bytes, counters.peak_in_use_bytes) = managed.reserve.in_use();
-        (counters.requested_bytes, counters.peak_requested_bytes) = managed.reserve.requested();
+        if let Some((in_use, requested)) = managed.reserve.usage() {
+            (counters.in_use_bytes, counters.peak_in_use_bytes) = in_use;
+            (counters.requested_bytes, counters.peak_requested_bytes) = requested;
+        }
         Ok(DeviceStats {
             device,
             counters,

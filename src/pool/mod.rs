@@ -29,14 +29,18 @@ use std::sync::Arc;
 
 /// Device-wide totals of all pools of one device, with exact peaks: bytes held from the driver
 /// (mapped pages, pages kept in the [`PageReserve`], direct allocations), changed only when the
-/// driver creates or releases memory (the miss path); and bytes of live blocks and requested by
-/// them, changed on every allocation and free. Summing the pools' own peaks instead would
-/// overstate the device's peak whenever pools peak at different times (PyTorch's main and
-/// autograd threads use different pools: a GPT-2 training run read 25 % high).
+/// driver creates or releases memory (the miss path); and, when the device has one shard, bytes
+/// of live blocks and requested by them, changed on every allocation and free. Summing the
+/// pools' own peaks instead overstates the device's peak whenever pools peak at different times
+/// (PyTorch's main and autograd threads, with a shard each, read 25 % high); with a shard per
+/// thread the shared line would cost every allocation (eight threads at once: ~1 µs a pool hit
+/// on an H100 host), so there the pools' sum stands, an upper bound.
 #[derive(Debug, Default)]
 pub struct DeviceReserve {
     pub reserved_bytes: AtomicU64,
     pub peak_reserved_bytes: AtomicU64,
+    /// Whether `in_use` and `requested` are kept (one shard per stream).
+    exact_usage: bool,
     in_use: Gauge,
     requested: Gauge,
 }
@@ -74,6 +78,14 @@ impl Gauge {
 }
 
 impl DeviceReserve {
+    /// Totals for a device whose pools are `shards` per stream.
+    pub fn new(shards: usize) -> Self {
+        DeviceReserve {
+            exact_usage: shards == 1,
+            ..Self::default()
+        }
+    }
+
     pub fn grow(&self, bytes: u64) {
         let now = self.reserved_bytes.fetch_add(bytes, Relaxed) + bytes;
         self.peak_reserved_bytes.fetch_max(now, Relaxed);
@@ -86,24 +98,25 @@ impl DeviceReserve {
     /// A block of `size` bytes for a request of `requested` is live.
     #[inline]
     pub fn on_alloc(&self, requested: u64, size: u64) {
-        self.in_use.add(size);
-        self.requested.add(requested);
+        if self.exact_usage {
+            self.in_use.add(size);
+            self.requested.add(requested);
+        }
     }
 
     #[inline]
     pub fn on_free(&self, requested: u64, size: u64) {
-        self.in_use.sub(size);
-        self.requested.sub(requested);
+        if self.exact_usage {
+            self.in_use.sub(size);
+            self.requested.sub(requested);
+        }
     }
 
-    /// Bytes of live blocks on the device and their peak.
-    pub fn in_use(&self) -> (u64, u64) {
-        self.in_use.read()
-    }
-
-    /// Bytes requested by live allocations on the device and their peak.
-    pub fn requested(&self) -> (u64, u64) {
-        self.requested.read()
+    /// Bytes of live blocks on the device and their peak, and bytes requested by them and
+    /// their peak, where the device keeps them (one shard).
+    pub fn usage(&self) -> Option<((u64, u64), (u64, u64))> {
+        self.exact_usage
+            .then(|| (self.in_use.read(), self.requested.read()))
     }
 
     pub fn reset_peak(&self) {

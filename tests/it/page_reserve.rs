@@ -135,3 +135,33 @@ fn an_out_of_memory_retry_releases_the_kept_pages_too() {
     assert_eq!(held(&m, 24 * MIB), (40 * MIB, 40 * MIB));
     drop(fits);
 }
+
+#[test]
+fn the_device_peak_in_use_is_exact_across_pools_with_one_shard() {
+    // Two streams, two pools: each peaks at 10 MiB, at different times. The device peaked at
+    // 10 MiB, not at the 20 MiB the pools' peaks add up to.
+    let config = ManagerConfig {
+        devices: Some(vec![0]),
+        shards: 1,
+        cleanup_interval: None,
+        ..ManagerConfig::default()
+    };
+    let m = MemoryManager::new(sim_backend(), config).unwrap();
+    for stream in [1, 2] {
+        let buffer = m.alloc(0, 10 * MIB, &on_stream(stream)).unwrap();
+        drop(buffer);
+    }
+    let stats = m.device_stats(0).unwrap();
+    assert_eq!(stats.counters.peak_in_use_bytes, 10 * MIB);
+    assert_eq!(stats.counters.peak_requested_bytes, 10 * MIB);
+    assert_eq!(stats.counters.in_use_bytes, 0);
+    let held = m.alloc(0, 4 * MIB, &on_stream(1)).unwrap();
+    m.reset_peaks();
+    let stats = m.device_stats(0).unwrap();
+    assert_eq!(
+        stats.counters.peak_in_use_bytes,
+        4 * MIB,
+        "a reset restarts from now"
+    );
+    drop(held);
+}
