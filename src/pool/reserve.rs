@@ -1,9 +1,10 @@
 //! The page reserve of one device: physical chunks unmapped from an arena but kept, so the next
 //! miss anywhere on the device maps them again (`cuMemMap`) instead of asking the driver for new
-//! memory (`cuMemCreate`); and how a miss's run of pages is cut into chunks. Every page the device's pools hold from
-//! the driver is counted in [`DeviceReserve`] from its creation to its release, mapped or kept
-//! here: the reserve is reserved memory in every figure, and what the driver reports as used
-//! matches it to the byte. The cache budget bounds idle mapped pages and kept ones together.
+//! memory (`cuMemCreate`); and how a miss's run of pages is cut into chunks. Every page the
+//! device's pools hold from the driver is counted in [`DeviceReserve`] from its creation to its
+//! release, mapped or kept here: the reserve is reserved memory in every figure, and what the
+//! driver reports as used matches it to the byte. The cache budget bounds idle mapped pages and
+//! kept ones together.
 
 use super::latency::LatencyHistogram;
 use super::DeviceReserve;
@@ -131,23 +132,28 @@ impl PageReserve {
     /// Releases kept chunks, smallest first, until `pages` pages are gone or none is left.
     fn release_kept(&self, spare: &mut Vec<PhysicalChunk>, pages: u64) {
         spare.sort_unstable_by_key(|c| std::cmp::Reverse(c.pages));
-        let mut going = Vec::new();
-        let mut freed = 0;
-        while freed < pages {
-            let Some(chunk) = spare.pop() else { break };
-            freed += chunk.pages as u64;
-            going.push(chunk);
-        }
-        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
-        if let Err(error) = self.backend.release_chunks(self.device, &mut going) {
+        let going = pop_pages(spare, pages);
+        if let Err(error) = self.release(going, spare) {
             tracing::warn!(device = self.device, %error, "could not return kept chunks to the driver");
         }
+    }
+
+    /// Returns `going` to the driver and counts what went; what the driver refused goes back
+    /// to `spare`. Returns the bytes released, or the driver's error.
+    fn release(
+        &self,
+        mut going: Vec<PhysicalChunk>,
+        spare: &mut Vec<PhysicalChunk>,
+    ) -> Result<u64, BackendError> {
+        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
+        let result = self.backend.release_chunks(self.device, &mut going);
         let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
         spare.extend(going);
         if released > 0 {
             self.held.shrink(released * self.page_size);
             self.pages_released.fetch_add(released, Relaxed);
         }
+        result.map(|()| released * self.page_size)
     }
 
     fn account_created(&self, pages: u64) {
@@ -178,29 +184,28 @@ impl PageReserve {
     /// all the same.
     pub fn trim(&self, keep_pages: u64) -> Result<u64, BackendError> {
         let mut spare = self.spare.lock();
-        let mut kept: u64 = spare.iter().map(|c| c.pages as u64).sum();
+        let kept: u64 = spare.iter().map(|c| c.pages as u64).sum();
         if kept <= keep_pages {
             return Ok(0);
         }
         spare.sort_unstable_by_key(|c| c.pages);
-        let mut going = Vec::new();
-        while kept > keep_pages {
-            let Some(chunk) = spare.pop() else { break };
-            kept -= chunk.pages as u64;
-            going.push(chunk);
-        }
-        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
-        let result = self.backend.release_chunks(self.device, &mut going);
-        let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
-        spare.extend(going);
+        let going = pop_pages(&mut spare, kept - keep_pages);
+        let result = self.release(going, &mut spare);
         self.store_spare(&spare);
-        drop(spare);
-        if released > 0 {
-            self.held.shrink(released * self.page_size);
-            self.pages_released.fetch_add(released, Relaxed);
-        }
-        result.map(|()| released * self.page_size)
+        result
     }
+}
+
+/// Pops chunks off the end of `spare` until they hold at least `pages` pages (or none is left).
+fn pop_pages(spare: &mut Vec<PhysicalChunk>, pages: u64) -> Vec<PhysicalChunk> {
+    let mut popped = Vec::new();
+    let mut held = 0;
+    while held < pages {
+        let Some(chunk) = spare.pop() else { break };
+        held += chunk.pages as u64;
+        popped.push(chunk);
+    }
+    popped
 }
 
 /// Takes from `spare` the kept chunks to map into a run of `pages`: largest first, each that
