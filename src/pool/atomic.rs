@@ -3,6 +3,6 @@
 //! `RUSTFLAGS="--cfg gpumem_loom"` for the model check in `tests/it/reliability/model_check.rs`.
 
 #[cfg(gpumem_loom)]
-pub use loom::sync::atomic::AtomicU64;
+pub(super) use loom::sync::atomic::AtomicU64;
 #[cfg(not(gpumem_loom))]
 pub(super) use std::sync::atomic::AtomicU64;
