@@ -67,6 +67,20 @@ impl Raw<'_> {
         })
     }
 
+    /// Like [`parse`](Self::parse), for parsers whose error is already a whole sentence naming
+    /// the value and what was expected (sizes, durations).
+    fn parse_explained<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        let text = self
+            .text()
+            .ok_or_else(|| ConfigError::new(key, format!("{} is not {expected}", self.shown())))?;
+        parse(text.trim()).map_err(|why| ConfigError::new(key, why))
+    }
+
     fn boolean(&self, key: &str) -> Result<bool, ConfigError> {
         self.parse(key, "true or false", |t| {
             match t.to_ascii_lowercase().as_str() {
@@ -90,11 +104,11 @@ impl Raw<'_> {
     }
 
     fn bytes(&self, key: &str) -> Result<u64, ConfigError> {
-        self.parse(key, "a byte size (e.g. 512MiB, 2G)", parse_bytes)
+        self.parse_explained(key, "a byte size (e.g. 512MiB, 2G)", parse_bytes)
     }
 
     fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
-        self.parse(key, "a duration (e.g. 500ms, 10s, 10m)", parse_duration)
+        self.parse_explained(key, "a duration (e.g. 500ms, 10s, 10m)", parse_duration)
     }
 
     /// A duration, or "off"/"never" for none.
@@ -454,6 +468,23 @@ mod tests {
         assert!(err.to_string().contains("enable_memory_tracking"), "{err}");
         let err = from_file("max_cached_buffers = -1\n").unwrap_err();
         assert!(err.to_string().contains("max_cached_buffers"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_size_or_duration_is_named_once() {
+        // The parsers' own sentences name the value; the key's message does not repeat it.
+        for (key, value) in [("max_chunk_bytes", "abc"), ("leak_age", "5x")] {
+            let from_file = from_file(&format!("{key} = \"{value}\"\n")).unwrap_err();
+            let env_key = format!("GPUMEM_{}", key.to_uppercase());
+            let from_env = from_env(&[(env_key.as_str(), value)]).unwrap_err();
+            for err in [from_file.to_string(), from_env.to_string()] {
+                assert!(
+                    err.contains(&key.to_uppercase()) || err.contains(key),
+                    "{err}"
+                );
+                assert_eq!(err.matches(value).count(), 1, "{err}");
+            }
+        }
     }
 
     #[test]
