@@ -1,6 +1,7 @@
 //! The simulated device: capacity, 2 MiB granularity, address ranges and page mapping like the
-//! CUDA driver, memory used by other processes, and faults injected on demand — so the pools run
-//! the same code on a laptop or in CI as on a GPU.
+//! CUDA driver, memory used by other processes, faults injected on demand, and optionally what
+//! the driver's calls cost on an H100 — so the pools run the same code on a laptop or in CI as on
+//! a GPU.
 
 use super::{
     BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalChunk, StreamId,
@@ -38,11 +39,13 @@ impl Default for SimDeviceSpec {
     }
 }
 
-/// The simulated host: its devices and the page size they allocate in.
+/// The simulated host: its devices, the page size they allocate in, and what its driver calls
+/// cost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
     pub devices: Vec<SimDeviceSpec>,
     pub granularity: u64,
+    pub driver_costs: DriverCosts,
 }
 
 impl Default for SimConfig {
@@ -50,7 +53,78 @@ impl Default for SimConfig {
         SimConfig {
             devices: vec![SimDeviceSpec::default()],
             granularity: 2 * MIB,
+            driver_costs: DriverCosts::Free,
         }
+    }
+}
+
+/// How long the simulated driver's calls take. `Free` answers at once (tests, the demo);
+/// `H100` spends, by spinning on the calling thread, what each call cost on an H100 80GB HBM3
+/// with driver 580 (`benches/gpu/vmm_probe.c`, medians, docs/gpu-results.md), so that replays
+/// and benchmarks on the simulated device show what misses cost on a GPU. A model: per call
+/// and per physical chunk, as the driver charges, not the driver itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum DriverCosts {
+    #[default]
+    Free,
+    H100,
+}
+
+impl DriverCosts {
+    /// Nanoseconds of one call that creates `created` chunks and maps `mapped` chunks (created
+    /// ones included), granting access once.
+    fn map(self, created: u64, mapped: u64) -> u64 {
+        match self {
+            DriverCosts::Free => 0,
+            // cuMemCreate 8 µs; cuMemMap 0.6 µs; cuMemSetAccess 34 µs for one chunk, 158 µs for
+            // eight in one call.
+            DriverCosts::H100 => created * 8_000 + mapped * 600 + 14_000 + mapped * 20_000,
+        }
+    }
+
+    /// An unmap of `chunks` chunks (cuMemUnmap: 21.7 µs for one, 111 µs for eight).
+    fn unmap(self, chunks: u64) -> u64 {
+        match self {
+            DriverCosts::Free => 0,
+            DriverCosts::H100 => 8_000 + chunks * 13_000,
+        }
+    }
+
+    /// Releasing one chunk of `bytes` (cuMemRelease: 9.8 µs at 2 MiB, 33 µs at 64 MiB).
+    fn release(self, bytes: u64) -> u64 {
+        match self {
+            DriverCosts::Free => 0,
+            DriverCosts::H100 => 9_000 + bytes / MIB * 375,
+        }
+    }
+
+    /// cuMemAlloc (42 µs) and cuMemFree (35 µs) on the host these were measured on.
+    fn direct(self, allocating: bool) -> u64 {
+        match (self, allocating) {
+            (DriverCosts::Free, _) => 0,
+            (DriverCosts::H100, true) => 42_000,
+            (DriverCosts::H100, false) => 35_000,
+        }
+    }
+
+    /// cuStreamSynchronize on an idle stream (0.5 µs).
+    fn sync(self) -> u64 {
+        match self {
+            DriverCosts::Free => 0,
+            DriverCosts::H100 => 500,
+        }
+    }
+}
+
+/// Spends `ns` nanoseconds on this thread, as a driver call would.
+fn spend(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
     }
 }
 
@@ -200,6 +274,7 @@ impl SimDevice {
 #[derive(Debug)]
 pub struct SimBackend {
     granularity: u64,
+    costs: DriverCosts,
     devices: Vec<Mutex<SimDevice>>,
     faults: Arc<SimFaults>,
 }
@@ -226,6 +301,7 @@ impl SimBackend {
             .collect();
         SimBackend {
             granularity: config.granularity,
+            costs: config.driver_costs,
             devices,
             faults: Arc::new(SimFaults::default()),
         }
@@ -337,6 +413,7 @@ impl DeviceBackend for SimBackend {
             });
         };
         state.direct.insert(ptr, rounded);
+        spend(self.costs.direct(true));
         Ok(ptr)
     }
 
@@ -349,6 +426,7 @@ impl DeviceBackend for SimBackend {
             .ok_or(BackendError::InvalidAddress { device, ptr })?;
         state.used -= size;
         state.addresses.give_back(ptr, size);
+        spend(self.costs.direct(false));
         Ok(())
     }
 
@@ -443,6 +521,10 @@ impl DeviceBackend for SimBackend {
                 pages,
             });
         }
+        spend(
+            self.costs
+                .map(fresh.len() as u64, (reuse.len() + fresh.len()) as u64),
+        );
         let mut at = addr;
         for chunk in reuse.drain(..).chain(fresh) {
             state.unmapped.remove(&chunk.handle);
@@ -492,6 +574,7 @@ impl DeviceBackend for SimBackend {
         for chunk in &chunks {
             state.unmapped.insert(chunk.handle, chunk.pages);
         }
+        spend(self.costs.unmap(chunks.len() as u64));
         into.extend(chunks);
         Ok(())
     }
@@ -517,6 +600,7 @@ impl DeviceBackend for SimBackend {
             }
             state.unmapped.remove(&chunk.handle);
             state.used -= chunk.pages as u64 * self.granularity;
+            spend(self.costs.release(chunk.pages as u64 * self.granularity));
             chunks.pop();
         }
         Ok(())
@@ -524,6 +608,8 @@ impl DeviceBackend for SimBackend {
 
     fn synchronize_stream(&self, device: usize, _stream: StreamId) -> Result<(), BackendError> {
         // Simulated work completes as it is queued, so there is never anything to wait for.
-        self.device(device).map(|_| ())
+        self.device(device)?;
+        spend(self.costs.sync());
+        Ok(())
     }
 }

@@ -2,12 +2,11 @@
 
 use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs, Given};
-use crate::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use crate::backend::sim::SimBackend;
 use crate::backend::{BackendKind, DeviceBackend};
 use crate::demo::{self, DemoError, DemoSettings};
 use crate::exporter::ExporterError;
 use crate::manager::MemoryConfig;
-use crate::units::parse_bytes;
 use crate::units::parse_duration;
 use clap::Args;
 use std::sync::Arc;
@@ -99,7 +98,7 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         BackendKind::Sim => {
             // The demo changes what "other processes" hold, which needs the concrete simulated
             // backend; the opened one is behind `dyn`, so build the same one again.
-            let sim = Arc::new(SimBackend::new(sim_config(&args.common)?));
+            let sim = Arc::new(SimBackend::new(args.common.sim_config()?));
             (Arc::clone(&sim) as Arc<dyn DeviceBackend>, Some(sim))
         }
     };
@@ -121,21 +120,6 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => bind_error(bind),
         DemoError::Publish(publish) => CliError::usage(format!("--publish-dir: {publish}")),
         other => CliError::runtime(other.to_string()),
-    })
-}
-
-/// The simulated devices `--sim-memory` and `--sim-devices` describe (already validated by
-/// `CommonArgs::open`, so errors here are only reported, not expected).
-fn sim_config(common: &CommonArgs) -> Result<SimConfig, CliError> {
-    let total = parse_bytes(&common.sim_memory)
-        .map_err(|e| CliError::usage(format!("--sim-memory: {e}")))?;
-    let spec = SimDeviceSpec {
-        total_bytes: total,
-        ..SimDeviceSpec::default()
-    };
-    Ok(SimConfig {
-        devices: vec![spec; common.sim_devices],
-        ..SimConfig::default()
     })
 }
 

@@ -123,6 +123,18 @@ pub(crate) struct CommonArgs {
     /// Number of simulated devices.
     #[arg(long, env = "GPUMEM_SIM_DEVICES", default_value_t = 1, global = true)]
     pub sim_devices: usize,
+
+    /// What the simulated driver's calls cost: free (at once), or h100 (spent on the calling
+    /// thread as an H100 took, per call and per physical chunk), so that `replay` and `bench`
+    /// on the simulated device show what misses cost on a GPU.
+    #[arg(
+        long,
+        env = "GPUMEM_SIM_DRIVER_COSTS",
+        value_enum,
+        default_value = "free",
+        global = true
+    )]
+    pub sim_driver_costs: sim::DriverCosts,
 }
 
 /// The largest simulated device: far above any GPU, and small enough that every pool's
@@ -157,6 +169,7 @@ impl CommonArgs {
         };
         Ok(sim::SimConfig {
             devices: vec![spec; self.sim_devices],
+            driver_costs: self.sim_driver_costs,
             ..sim::SimConfig::default()
         })
     }

@@ -29,6 +29,7 @@ pub(crate) fn small_sim(total: u64) -> Arc<SimBackend> {
             used_by_others: 0,
         }],
         granularity: 2 * MIB,
+        ..SimConfig::default()
     }))
 }
 

@@ -159,6 +159,7 @@ fn sim_counts_memory_of_other_processes() {
             used_by_others: 256 * MIB,
         }],
         granularity: 2 * MIB,
+        ..SimConfig::default()
     });
     assert_eq!(sim.mem_info(0).unwrap().free, 768 * MIB);
     let err = sim.alloc(0, 770 * MIB).unwrap_err();

@@ -163,6 +163,49 @@ fn replay_reports_the_promised_json_fields() {
 }
 
 #[test]
+fn the_simulated_driver_can_cost_what_an_h100_took() {
+    let dir = tempdir();
+    let trace = write_trace(
+        &dir,
+        "grow.trace",
+        "# {\"name\": \"grow\"}\na 1 5000000 0\na 2 9000000 0\nf 1\nf 2\n",
+    );
+    let replay = |costs: &str| {
+        let out = gpumem(&[
+            "replay",
+            "--backend",
+            "sim",
+            "--sim-driver-costs",
+            costs,
+            "--json",
+            trace.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // Each miss creates, maps and grants access to a chunk: 42.6 µs at least, spent on the
+    // allocating thread (a lower bound, which spinning guarantees; no upper bound is asserted).
+    let h100 = replay("h100");
+    assert!(h100["miss_p50_ns"].as_u64() >= Some(40_000), "{h100}");
+    let free = replay("free");
+    assert_eq!(free["misses"], h100["misses"], "the same work, only slower");
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--sim-driver-costs",
+        "a100",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--sim-driver-costs"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
     let dir = tempdir();
     let trace = write_trace(

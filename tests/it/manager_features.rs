@@ -22,6 +22,7 @@ fn sims(totals: &[u64]) -> Arc<SimBackend> {
             })
             .collect(),
         granularity: 2 * MIB,
+        ..SimConfig::default()
     }))
 }
 

@@ -113,6 +113,7 @@ fn an_out_of_memory_retry_releases_the_kept_pages_too() {
             used_by_others: 0,
         }],
         granularity: 2 * MIB,
+        ..SimConfig::default()
     }));
     let m = manager(sim.clone(), 64);
     drop(m.alloc(0, 40 * MIB, &AllocOptions::default()).unwrap());
