@@ -32,6 +32,13 @@ enum Raw<'a> {
     Text(&'a str),
 }
 
+/// What a value parser's error is: a detail of the message, or the whole message.
+#[derive(Clone, Copy)]
+enum Why {
+    Detail,
+    Sentence,
+}
+
 impl Raw<'_> {
     fn text(&self) -> Option<String> {
         match self {
@@ -53,36 +60,30 @@ impl Raw<'_> {
         }
     }
 
+    /// Parses the value as text. A parser's error is a detail after "VALUE is not EXPECTED:",
+    /// unless it is already a whole sentence naming the value (`Why::Sentence`: sizes,
+    /// durations), which is then the message as it is.
     fn parse<T>(
         &self,
         key: &str,
         expected: &str,
+        why: Why,
         parse: impl Fn(&str) -> Result<T, String>,
     ) -> Result<T, ConfigError> {
         let text = self
             .text()
             .ok_or_else(|| ConfigError::new(key, format!("{} is not {expected}", self.shown())))?;
-        parse(text.trim()).map_err(|why| {
-            ConfigError::new(key, format!("{} is not {expected}: {why}", self.shown()))
+        parse(text.trim()).map_err(|detail| {
+            let message = match why {
+                Why::Detail => format!("{} is not {expected}: {detail}", self.shown()),
+                Why::Sentence => detail,
+            };
+            ConfigError::new(key, message)
         })
     }
 
-    /// Like [`parse`](Self::parse), for parsers whose error is already a whole sentence naming
-    /// the value and what was expected (sizes, durations).
-    fn parse_explained<T>(
-        &self,
-        key: &str,
-        expected: &str,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<T, ConfigError> {
-        let text = self
-            .text()
-            .ok_or_else(|| ConfigError::new(key, format!("{} is not {expected}", self.shown())))?;
-        parse(text.trim()).map_err(|why| ConfigError::new(key, why))
-    }
-
     fn boolean(&self, key: &str) -> Result<bool, ConfigError> {
-        self.parse(key, "true or false", |t| {
+        self.parse(key, "true or false", Why::Detail, |t| {
             match t.to_ascii_lowercase().as_str() {
                 "true" | "1" | "yes" | "on" => Ok(true),
                 "false" | "0" | "no" | "off" => Ok(false),
@@ -92,23 +93,33 @@ impl Raw<'_> {
     }
 
     fn number(&self, key: &str) -> Result<f64, ConfigError> {
-        self.parse(key, "a number", |t| {
+        self.parse(key, "a number", Why::Detail, |t| {
             t.parse::<f64>().map_err(|e| e.to_string())
         })
     }
 
     fn count(&self, key: &str) -> Result<usize, ConfigError> {
-        self.parse(key, "a whole number", |t| {
+        self.parse(key, "a whole number", Why::Detail, |t| {
             t.parse::<usize>().map_err(|e| e.to_string())
         })
     }
 
     fn bytes(&self, key: &str) -> Result<u64, ConfigError> {
-        self.parse_explained(key, "a byte size (e.g. 512MiB, 2G)", parse_bytes)
+        self.parse(
+            key,
+            "a byte size (e.g. 512MiB, 2G)",
+            Why::Sentence,
+            parse_bytes,
+        )
     }
 
     fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
-        self.parse_explained(key, "a duration (e.g. 500ms, 10s, 10m)", parse_duration)
+        self.parse(
+            key,
+            "a duration (e.g. 500ms, 10s, 10m)",
+            Why::Sentence,
+            parse_duration,
+        )
     }
 
     /// A duration, or "off"/"never" for none.
@@ -127,11 +138,16 @@ impl Raw<'_> {
                 .iter()
                 .map(|item| Raw::Toml(item).count(key))
                 .collect(),
-            _ => self.parse(key, "a list of device indices (e.g. 0,1)", |t| {
-                t.split(',')
-                    .map(|part| part.trim().parse::<usize>().map_err(|e| e.to_string()))
-                    .collect()
-            }),
+            _ => self.parse(
+                key,
+                "a list of device indices (e.g. 0,1)",
+                Why::Detail,
+                |t| {
+                    t.split(',')
+                        .map(|part| part.trim().parse::<usize>().map_err(|e| e.to_string()))
+                        .collect()
+                },
+            ),
         }
     }
 }
@@ -145,7 +161,9 @@ type Setter = fn(&mut MemoryConfig, &Raw, &str) -> Result<(), ConfigError>;
 /// against it).
 const SETTERS: &[(&str, Setter)] = &[
     ("preset", |c, raw, key| {
-        *c = MemoryConfig::preset(&raw.parse(key, "a preset name", |t| Ok(t.to_string()))?)?;
+        *c = MemoryConfig::preset(
+            &raw.parse(key, "a preset name", Why::Detail, |t| Ok(t.to_string()))?,
+        )?;
         Ok(())
     }),
     ("pooling", |c, raw, key| {
@@ -157,7 +175,7 @@ const SETTERS: &[(&str, Setter)] = &[
         Ok(())
     }),
     ("strategy", |c, raw, key| {
-        c.strategy = raw.parse(key, "pooled or direct", |t| match t {
+        c.strategy = raw.parse(key, "pooled or direct", Why::Detail, |t| match t {
             "pooled" => Ok(Strategy::Pooled),
             "direct" => Ok(Strategy::Direct),
             _ => Err("expected pooled or direct".to_string()),
