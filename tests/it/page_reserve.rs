@@ -166,3 +166,25 @@ fn the_device_peak_in_use_is_exact_across_pools_with_one_shard() {
     );
     drop(held);
 }
+
+#[test]
+fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
+    // 20 MiB on the simulated device: ten pages, mapped as chunks of 4, 4 and 2 under the
+    // default 8 MiB cap, and as one chunk under a 32 MiB cap. Unmapping counts one call per
+    // chunk, as the driver unmaps chunks whole.
+    for (cap, chunks) in [(8 * MIB, 3), (32 * MIB, 1)] {
+        let config = ManagerConfig {
+            devices: Some(vec![0]),
+            cleanup_interval: None,
+            max_chunk_bytes: cap,
+            ..ManagerConfig::default()
+        };
+        let m = MemoryManager::new(sim_backend(), config).unwrap();
+        let buffer = m.alloc(0, 20 * MIB, &AllocOptions::default()).unwrap();
+        drop(buffer);
+        let before = m.device_stats(0).unwrap().counters.driver_frees;
+        assert_eq!(m.unmap_cached(), 20 * MIB);
+        let after = m.device_stats(0).unwrap().counters.driver_frees;
+        assert_eq!(after - before, chunks, "cap {cap}");
+    }
+}
