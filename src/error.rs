@@ -34,6 +34,12 @@ pub enum BackendError {
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument { call: &'static str, reason: String },
 
+    #[error(
+        "device {device}: stream {stream:#x} is capturing a CUDA graph, so its work cannot be \
+         waited for until the graph is replayed"
+    )]
+    StreamCapturing { device: usize, stream: u64 },
+
     #[error("injected fault: {0}")]
     Injected(&'static str),
 }

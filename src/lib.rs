@@ -65,4 +65,6 @@ pub use backend::{BackendChoice, BackendKind, DeviceBackend, StreamId};
 pub use error::{AllocError, BackendError};
 #[cfg(feature = "exporter")]
 pub use exporter::{Exporter, ExporterHandle};
-pub use manager::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, Strategy, Tag};
+pub use manager::{
+    AllocOptions, DeviceBuffer, GraphPoolId, ManagerConfig, MemoryManager, Strategy, Tag,
+};

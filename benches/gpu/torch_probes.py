@@ -1,6 +1,7 @@
 # Behaviour of gpumem as PyTorch's allocator at its edges, each case in its own process (a case
-# may crash): CUDA graph capture, an allocation larger than the device, side streams, and
-# gpumem for one region of code through torch.cuda.MemPool. Same set-up as torch_workloads.py.
+# may crash): an allocation larger than the device, side streams, and gpumem for one region of
+# code through torch.cuda.MemPool (CUDA graphs: torch_graphs.py). Same set-up as
+# torch_workloads.py.
 #
 # usage: python3 benches/gpu/torch_probes.py [--library PATH] [--python-dir DIR]
 # Prints one JSON line per case: its exit code and the last lines it printed.
@@ -13,41 +14,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 CASES = {
-    # A graph whose capture allocates: gpumem refuses (the graph would replay into memory the
-    # pools hand to other tensors); what does PyTorch make of the refusal?
-    "graph_capture_allocating": """
-import torch, gpumem.torch as gt
-gt.use()
-x = torch.randn(1 << 20, device="cuda")
-g = torch.cuda.CUDAGraph()
-try:
-    with torch.cuda.graph(g):
-        y = x * 2
-    g.replay(); torch.cuda.synchronize()
-    print("captured; y ok:", bool((y == x * 2).all()))
-except Exception as e:
-    print("refused:", type(e).__name__, str(e).splitlines()[0][:300])
-x.add_(1); torch.cuda.synchronize()
-print("process still usable:", float(x.sum()) != 0)
-""",
-    # Capture that allocates nothing: outputs preallocated.
-    "graph_capture_preallocated": """
-import torch, gpumem.torch as gt
-gt.use()
-x = torch.randn(1 << 20, device="cuda"); y = torch.empty_like(x)
-s = torch.cuda.Stream()
-with torch.cuda.stream(s):
-    torch.mul(x, 2, out=y)
-torch.cuda.synchronize()
-g = torch.cuda.CUDAGraph()
-try:
-    with torch.cuda.graph(g):
-        torch.mul(x, 2, out=y)
-    x.fill_(3); g.replay(); torch.cuda.synchronize()
-    print("captured; replay correct:", bool((y == 6).all()))
-except Exception as e:
-    print("refused:", type(e).__name__, str(e).splitlines()[0][:300])
-""",
     "out_of_memory": """
 import torch, gpumem.torch as gt
 gt.use()

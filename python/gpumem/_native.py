@@ -47,6 +47,14 @@ def _declare(lib):
         "gpumem_set_default_tag": ([c_char_p], ctypes.c_int),
         "gpumem_empty_cache": ([], ctypes.c_int64),
         "gpumem_reset_peak_stats": ([], ctypes.c_int),
+        "gpumem_graph_pool_begin": (
+            [ctypes.c_int, void_p, ctypes.c_uint64, ctypes.c_uint64],
+            ctypes.c_int,
+        ),
+        "gpumem_graph_pool_release": (
+            [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64],
+            ctypes.c_int64,
+        ),
         "gpumem_snapshot_json": ([], owned),
         "gpumem_memory_stats_json": ([ctypes.c_int], owned),
         "gpumem_serve": ([c_char_p], ctypes.c_int),

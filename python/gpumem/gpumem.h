@@ -23,6 +23,12 @@ int gpumem_set_default_tag(const char *tag);  /* threads without a tag of their 
 int64_t gpumem_empty_cache(void);             /* bytes released, or -1 */
 int gpumem_reset_peak_stats(void);
 
+/* CUDA graphs: the capture running on `stream` allocates from PyTorch's pool (high, low), which
+ * one more graph now uses; release once per graph when it is gone (bytes released, or -1). */
+int gpumem_graph_pool_begin(int device, gpumem_stream_t stream, uint64_t pool_high,
+                            uint64_t pool_low);
+int64_t gpumem_graph_pool_release(int device, uint64_t pool_high, uint64_t pool_low);
+
 char *gpumem_snapshot_json(void);             /* the /api/v1/snapshot document */
 char *gpumem_memory_stats_json(int device);   /* torch.cuda.memory_stats() keys */
 int gpumem_serve(const char *listen);         /* port bound, or -1; NULL: 127.0.0.1:9400 */

@@ -12,6 +12,8 @@ without PyTorch too (the C library is loaded through ctypes).
 """
 import contextlib
 import threading
+import warnings
+import weakref
 
 from . import _native
 from ._native import GpumemError
@@ -60,6 +62,52 @@ def use():
                 f"first CUDA tensor is created ({error})"
             ) from error
         _allocator = allocator
+        import torch.cuda
+
+        _follow_graph_pools(torch.cuda.CUDAGraph, torch.cuda)
+
+
+def _follow_graph_pools(graph_class, cuda):
+    """Tells gpumem which memory pool each CUDA graph capture uses and when its graph is gone.
+
+    PyTorch keeps this to itself with a pluggable allocator. gpumem sees a capture on its own
+    (allocations on a capturing stream go to a graph pool that stays mapped), but only this
+    says which captures share a pool (`torch.cuda.graph(pool=...)`) and when the memory can be
+    reused: when the last graph captured into the pool is garbage collected.
+    """
+    if getattr(graph_class, "_gpumem_follows_pools", False):
+        return
+    begin = graph_class.capture_begin
+
+    def capture_begin(self, pool=None, *args, **kwargs):
+        # A graph's pool id is readable only after its capture: give it one now, as
+        # `torch.cuda.graph(pool=torch.cuda.graph_pool_handle())` would.
+        if pool is None:
+            pool = cuda.graph_pool_handle()
+        begin(self, pool, *args, **kwargs)
+        device = cuda.current_device()
+        stream = cuda.current_stream(device).cuda_stream
+        high, low = pool
+        if _native.lib().gpumem_graph_pool_begin(device, stream, high, low) != 0:
+            warnings.warn(
+                f"gpumem could not follow this graph's memory pool ({_native.last_error()}); "
+                "its allocations are kept until the process ends",
+                stacklevel=2,
+            )
+            return
+        weakref.finalize(self, _release_graph_pool, device, high, low)
+
+    capture_begin.__doc__ = begin.__doc__
+    graph_class.capture_begin = capture_begin
+    graph_class._gpumem_follows_pools = True
+
+
+def _release_graph_pool(device, high, low):
+    # Runs when a graph is collected, possibly as the interpreter shuts down: never raises.
+    try:
+        _native.lib().gpumem_graph_pool_release(device, high, low)
+    except Exception:  # noqa: BLE001 - a finalizer has nobody to report to
+        pass
 
 
 def in_use():

@@ -255,6 +255,25 @@ class UseWithPyTorchsApi(unittest.TestCase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("path " + gpumem.library_path(), done.stdout)
 
+    def test_use_gives_each_graph_capture_a_pool_gpumem_can_follow(self):
+        # The stand-in's streams never capture, so gpumem says it cannot follow the pool (on a
+        # GPU the same call names the capture's pool): the point is what reaches PyTorch.
+        code = (
+            "import warnings, torch.cuda as c\nimport gpumem.torch as gt\ngt.use()\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    fresh, shared = c.CUDAGraph(), c.CUDAGraph()\n"
+            "    fresh.capture_begin()\n"
+            "    shared.capture_begin((7, 9), capture_error_mode='thread_local')\n"
+            "print('fresh', fresh.began_with)\nprint('shared', shared.began_with)\n"
+            "print('warned', [str(w.message) for w in caught])\n"
+        )
+        done = run_python(code, self.env())
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("fresh ((0, 1), 'global')", done.stdout)
+        self.assertIn("shared ((7, 9), 'thread_local')", done.stdout)
+        self.assertIn("is not capturing a CUDA graph", done.stdout)
+
     def test_use_after_pytorch_allocated_says_what_to_do(self):
         code = "import torch.cuda.memory as m\nm.allocate(16)\nimport gpumem.torch as gt\ngt.use()\n"
         done = run_python(code, self.env())

@@ -36,6 +36,10 @@ pub struct StreamId(pub u64);
 
 impl StreamId {
     pub const DEFAULT: StreamId = StreamId(0);
+    /// Not a stream: "work on any stream may still use this memory". Synchronising it waits
+    /// for the whole device. The pools of CUDA graphs use it, since a graph may be replayed on
+    /// any stream. No driver hands out this handle (it is not an aligned pointer).
+    pub const ANY: StreamId = StreamId(u64::MAX);
 }
 
 /// Free and total bytes of one device, as `cuMemGetInfo` reports them.
@@ -174,8 +178,15 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError>;
 
-    /// Waits until all work queued on `stream` has finished.
+    /// Waits until all work queued on `stream` has finished ([`StreamId::ANY`]: on every stream
+    /// of the device). A stream that is capturing a CUDA graph has no finished work to wait for:
+    /// that is an error, and the capture goes on unharmed (the driver's own synchronisation
+    /// would end it).
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError>;
+
+    /// The id of the CUDA graph capture `stream` takes part in (`cuStreamGetCaptureInfo`), or
+    /// `None` when it is not capturing. Unique among the process's captures.
+    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError>;
 
     /// Page-locked host memory `device` can reach (`cuMemHostAlloc`), for the CPU fallback.
     /// Backends without it say so, and the fallback uses ordinary host memory.

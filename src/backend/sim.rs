@@ -277,6 +277,18 @@ pub struct SimBackend {
     costs: DriverCosts,
     devices: Vec<Mutex<SimDevice>>,
     faults: Arc<SimFaults>,
+    captures: SimCaptures,
+}
+
+/// Streams capturing a CUDA graph, as a test sets them up with
+/// [`SimBackend::begin_capture`]: what a host such as PyTorch does around the allocator.
+#[derive(Debug, Default)]
+struct SimCaptures {
+    /// (device, stream) -> capture id.
+    active: Mutex<HashMap<(usize, StreamId), u64>>,
+    next_id: AtomicU64,
+    /// Synchronisations refused because they would have waited on a capture.
+    refused_syncs: AtomicU64,
 }
 
 impl SimBackend {
@@ -304,7 +316,41 @@ impl SimBackend {
             costs: config.driver_costs,
             devices,
             faults: Arc::new(SimFaults::default()),
+            captures: SimCaptures::default(),
         }
+    }
+
+    /// `stream` starts capturing a CUDA graph (as `cuStreamBeginCapture`); returns the
+    /// capture's id. An error when it is capturing already.
+    pub fn begin_capture(&self, device: usize, stream: StreamId) -> Result<u64, BackendError> {
+        self.device(device)?;
+        let mut active = self.captures.active.lock();
+        if active.contains_key(&(device, stream)) {
+            return Err(BackendError::InvalidArgument {
+                call: "begin_capture",
+                reason: format!("stream {:#x} is capturing already", stream.0),
+            });
+        }
+        let id = self.captures.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        active.insert((device, stream), id);
+        Ok(id)
+    }
+
+    /// `stream` stops capturing (as `cuStreamEndCapture`). An error when it was not capturing.
+    pub fn end_capture(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+        match self.captures.active.lock().remove(&(device, stream)) {
+            Some(_) => Ok(()),
+            None => Err(BackendError::InvalidArgument {
+                call: "end_capture",
+                reason: format!("stream {:#x} is not capturing", stream.0),
+            }),
+        }
+    }
+
+    /// How many synchronisations were refused because they would have waited on a capture: on
+    /// CUDA each would have been an error, and without the backend's check, a broken capture.
+    pub fn refused_syncs(&self) -> u64 {
+        self.captures.refused_syncs.load(Ordering::Relaxed)
     }
 
     /// The fault switches, for tests and the demo.
@@ -606,10 +652,29 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
-    fn synchronize_stream(&self, device: usize, _stream: StreamId) -> Result<(), BackendError> {
-        // Simulated work completes as it is queued, so there is never anything to wait for.
+    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+        // Simulated work completes as it is queued, so there is never anything to wait for,
+        // except on a capturing stream, whose work runs only when the graph is replayed.
         self.device(device)?;
+        let waits_on_capture = self
+            .captures
+            .active
+            .lock()
+            .keys()
+            .any(|&(d, s)| d == device && (s == stream || stream == StreamId::ANY));
+        if waits_on_capture {
+            self.captures.refused_syncs.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::StreamCapturing {
+                device,
+                stream: stream.0,
+            });
+        }
         spend(self.costs.sync());
         Ok(())
+    }
+
+    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
+        self.device(device)?;
+        Ok(self.captures.active.lock().get(&(device, stream)).copied())
     }
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 /// The alignment PyTorch's own allocator gives every block; kernels may rely on it.
 const ALIGNMENT: u64 = 512;
 
-fn device_index(device: i32) -> Result<usize, String> {
+pub(super) fn device_index(device: i32) -> Result<usize, String> {
     usize::try_from(device).map_err(|_| format!("device {device} is not a device index"))
 }
 
@@ -32,11 +32,11 @@ pub(super) fn alloc(
     let runtime = runtime()?;
     let stream = StreamId(stream);
     runtime.keeping_host_context(|| {
-        runtime.check_not_capturing(device, stream)?;
         let options = AllocOptions {
             alignment: ALIGNMENT,
             tag,
             stream,
+            graph_pool: runtime.graph_pool_for(device, stream)?,
         };
         let buffer = runtime
             .manager
@@ -162,6 +162,20 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     put("pool_requests", c.requests);
     put("pool_hits", c.hits);
     put("ffi_live_allocations", runtime.live.len() as u64);
+    let graph_pools = runtime
+        .manager
+        .graph_pools(device)
+        .map_err(|e| e.to_string())?;
+    let held: Vec<_> = graph_pools.iter().filter(|pool| pool.pinned).collect();
+    put("graph_pools.current", held.len() as u64);
+    put(
+        "graph_pool_reserved_bytes.current",
+        held.iter().map(|pool| pool.mapped_bytes).sum(),
+    );
+    put(
+        "graph_pool_allocated_bytes.current",
+        held.iter().map(|pool| pool.in_use_bytes).sum(),
+    );
     Ok(Value::Object(out))
 }
 

@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 mod calls;
+mod graphs;
 mod live;
 mod runtime;
 
@@ -130,6 +131,39 @@ pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) 
 pub extern "C" fn gpumem_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
     guarded("gpumem_free", (), || {
         calls::free(ptr as usize as u64, size, device, stream as usize as u64)
+    })
+}
+
+/// The CUDA graph capture now running on `stream` allocates from the graph pool PyTorch names
+/// `(pool_high, pool_low)` (`CUDAGraph.pool()`), shared with other graphs captured into it; one
+/// more graph now uses that pool. Without this call a capture allocates from a pool of its own,
+/// kept for the life of the process. Returns 0, or -1 when the stream is not capturing.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_begin(
+    device: c_int,
+    stream: *mut c_void,
+    pool_high: u64,
+    pool_low: u64,
+) -> c_int {
+    guarded("gpumem_graph_pool_begin", -1, || {
+        let device = calls::device_index(device)?;
+        let pool = graphs::named_pool(pool_high, pool_low);
+        let stream = crate::backend::StreamId(stream as usize as u64);
+        runtime::runtime()?.begin_graph_pool(device, stream, pool)?;
+        Ok(0)
+    })
+}
+
+/// A graph captured into pool `(pool_high, pool_low)` is gone. When no graph uses the pool any
+/// more, its free memory goes back to the cache (what is still allocated from it follows when
+/// freed). Returns the bytes released now, or -1.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_release(device: c_int, pool_high: u64, pool_low: u64) -> i64 {
+    guarded("gpumem_graph_pool_release", -1, || {
+        let device = calls::device_index(device)?;
+        let pool = graphs::named_pool(pool_high, pool_low);
+        let released = runtime::runtime()?.release_graph_pool(device, pool)?;
+        Ok(i64::try_from(released).unwrap_or(i64::MAX))
     })
 }
 

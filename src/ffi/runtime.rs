@@ -2,9 +2,10 @@
 //! (`cuda`, the default, or `sim` for tests without a GPU), `GPUMEM_CONFIG` and the `GPUMEM_*`
 //! settings the command line reads too. Also the exporter and publisher it may run.
 
+use super::graphs::GraphCaptures;
 use super::live::LiveBuffers;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::{open_backend, BackendChoice, DeviceBackend, StreamId};
+use crate::backend::{open_backend, BackendChoice, DeviceBackend};
 use crate::cli::{parse_device_selection, CommonArgs};
 use crate::exporter::ExporterHandle;
 use crate::manager::MemoryManager;
@@ -15,10 +16,11 @@ use std::sync::{Arc, OnceLock};
 
 pub(super) struct Runtime {
     pub manager: MemoryManager,
-    /// The same backend as the manager's, when it is the CUDA driver: for the calls that only
-    /// make sense there (graph capture, the host's current context).
+    /// The same backend as the manager's, when it is the CUDA driver: for the host's current
+    /// context, which only it has.
     pub cuda: Option<Arc<CudaBackend>>,
     pub live: LiveBuffers,
+    pub graphs: GraphCaptures,
     pub exporter: Mutex<Option<ExporterHandle>>,
     pub publisher: Mutex<Option<PublisherHandle>>,
 }
@@ -44,9 +46,9 @@ static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
 /// Makes `manager` the one the C ABI uses, instead of opening one from the environment: for a
 /// Rust program that hosts Python and wants one manager for both, and for tests. Only before
-/// the first call of the C ABI; an error afterwards. A CUDA manager installed this way gets no
-/// graph-capture check and does not restore the host's current context (the library knows the
-/// CUDA backend only when it opened it itself).
+/// the first call of the C ABI; an error afterwards. A CUDA manager installed this way does not
+/// restore the host's current context (the library knows the CUDA backend only when it opened
+/// it itself).
 pub fn install(manager: MemoryManager) -> Result<(), String> {
     RUNTIME
         .set(Ok(Runtime::new(manager, None)))
@@ -108,6 +110,7 @@ impl Runtime {
             manager,
             cuda,
             live: LiveBuffers::new(),
+            graphs: GraphCaptures::default(),
             exporter: Mutex::new(None),
             publisher: Mutex::new(None),
         }
@@ -118,36 +121,6 @@ impl Runtime {
         match &self.cuda {
             Some(cuda) => cuda.keeping_current_context(f),
             None => f(),
-        }
-    }
-
-    /// Refuses allocation on a stream that is capturing a CUDA graph (see `docs/pytorch.md`):
-    /// a graph replays into its addresses long after capture, while the pools would hand them
-    /// to other tensors as soon as they are freed.
-    pub(super) fn check_not_capturing(
-        &self,
-        device: usize,
-        stream: StreamId,
-    ) -> Result<(), String> {
-        let Some(cuda) = &self.cuda else {
-            return Ok(());
-        };
-        match cuda.stream_capturing(device, stream) {
-            Ok(false) => Ok(()),
-            Ok(true) => Err(format!(
-                "stream {:#x} is capturing a CUDA graph, and gpumem does not allocate during \
-                 capture (the graph would replay into memory the pools hand to other tensors); \
-                 capture graphs with PyTorch's own allocator",
-                stream.0
-            )),
-            Err(invalid @ crate::error::BackendError::InvalidDevice { .. }) => {
-                Err(invalid.to_string())
-            }
-            Err(why) => Err(format!(
-                "cannot tell whether stream {:#x} is capturing a CUDA graph ({why}); gpumem does \
-                 not allocate during capture",
-                stream.0
-            )),
         }
     }
 }

@@ -17,7 +17,17 @@ pub struct AllocOptions {
     pub tag: Option<Tag>,
     /// The stream that will use the buffer; its memory is reused at once on the same stream.
     pub stream: StreamId,
+    /// For a CUDA graph being captured: the buffer comes from that graph pool, whose memory no
+    /// other allocation reaches and which stays mapped until
+    /// [`release_graph_pool`](super::MemoryManager::release_graph_pool) (a graph replays into
+    /// the addresses it captured, those of buffers freed since included).
+    pub graph_pool: Option<GraphPoolId>,
 }
+
+/// Names a pool of memory for CUDA graphs. Graphs captured into the same pool share its memory,
+/// as PyTorch's `torch.cuda.graph(pool=...)` does; their replays must not overlap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GraphPoolId(pub u128);
 
 impl Default for AllocOptions {
     fn default() -> Self {
@@ -25,6 +35,7 @@ impl Default for AllocOptions {
             alignment: 256,
             tag: None,
             stream: StreamId::DEFAULT,
+            graph_pool: None,
         }
     }
 }
@@ -44,6 +55,11 @@ impl AllocOptions {
 
     pub fn on_stream(mut self, stream: StreamId) -> Self {
         self.stream = stream;
+        self
+    }
+
+    pub fn in_graph_pool(mut self, pool: GraphPoolId) -> Self {
+        self.graph_pool = Some(pool);
         self
     }
 }

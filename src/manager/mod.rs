@@ -10,6 +10,7 @@ pub mod config;
 mod config_file;
 pub mod external;
 pub mod fallback;
+mod graphs;
 mod handles;
 pub mod leaks;
 pub mod ooms;
@@ -20,7 +21,7 @@ mod upkeep;
 pub mod views;
 pub mod workspace;
 
-pub use buffer::{AllocOptions, DeviceBuffer};
+pub use buffer::{AllocOptions, DeviceBuffer, GraphPoolId};
 pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
 #[cfg(feature = "config-file")]
 pub use config_file::{
@@ -29,6 +30,7 @@ pub use config_file::{
 };
 pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
+pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use tag::Tag;
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
@@ -98,6 +100,8 @@ pub(crate) struct ManagedDevice {
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
     other_streams: RwLock<HashMap<StreamId, Arc<[Arc<Pool>]>>>,
+    /// Pools of CUDA graphs (`graphs.rs`).
+    graph_pools: RwLock<HashMap<GraphPoolId, Arc<Pool>>>,
     pub direct: Arc<DirectPool>,
     pub reserve: Arc<DeviceReserve>,
     /// Physical pages unmapped but kept, for the next miss on any pool of the device.
@@ -113,7 +117,7 @@ impl ManagedDevice {
             .collect()
     }
 
-    /// Every pool of the device, default stream first.
+    /// Every pool of the device, default stream first, graph pools last.
     pub(crate) fn pools(&self) -> Vec<Arc<Pool>> {
         let mut pools: Vec<Arc<Pool>> = self.default_stream.to_vec();
         let others = self.other_streams.read();
@@ -122,21 +126,17 @@ impl ManagedDevice {
         for stream in streams {
             pools.extend(others[&stream].iter().cloned());
         }
+        drop(others);
+        let graphs = self.graph_pools.read();
+        let mut ids: Vec<_> = graphs.keys().copied().collect();
+        ids.sort();
+        pools.extend(ids.iter().map(|id| Arc::clone(&graphs[id])));
         pools
     }
 
     /// Bytes handed out to live buffers, pooled and direct.
     pub(crate) fn in_use_bytes(&self) -> u64 {
-        let pooled: u64 = self
-            .pools()
-            .iter()
-            .map(|p| {
-                [PoolKind::Small, PoolKind::Large]
-                    .iter()
-                    .map(|&kind| p.slot(kind).counters.read().in_use_bytes)
-                    .sum::<u64>()
-            })
-            .sum();
+        let pooled: u64 = self.pools().iter().map(|p| p.in_use_bytes()).sum();
         pooled + self.direct.counters.read().in_use_bytes
     }
 }
@@ -253,6 +253,7 @@ impl MemoryManager {
             settings: config.pool_settings(align_up(total, page_size)),
             default_stream: Box::new([]),
             other_streams: RwLock::new(HashMap::new()),
+            graph_pools: RwLock::new(HashMap::new()),
             direct,
             reserve,
             pages,
@@ -390,7 +391,10 @@ impl MemoryManager {
         let (ptr, backing) = match self.shared.config.strategy {
             Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
             Strategy::Pooled => {
-                let pool = self.pool_for(managed, options.stream, thread_slot);
+                let pool = match options.graph_pool {
+                    None => self.pool_for(managed, options.stream, thread_slot),
+                    Some(id) => managed.graph_pool(id),
+                };
                 self.alloc_pooled(managed, pool, block_size, align, live)?
             }
         };
@@ -430,9 +434,16 @@ impl MemoryManager {
         live: LiveInfo,
     ) -> Result<(u64, Backing), AllocError> {
         let kind = pool.kind_for(size);
-        let within_budget = |bytes: u64| match self.cache_budget_check(managed, bytes) {
-            MapDecision::Allow => self.may_map(managed, bytes),
-            other => other,
+        // A graph's pool keeps all it maps: it has nothing to make room with, and asking the
+        // other pools to unmap would wait on their streams, one of which may be capturing.
+        let within_budget = |bytes: u64| {
+            if pool.is_pinned() {
+                return self.may_map(managed, bytes);
+            }
+            match self.cache_budget_check(managed, bytes) {
+                MapDecision::Allow => self.may_map(managed, bytes),
+                other => other,
+            }
         };
         let outcome = match pool.alloc(kind, size, align, &live, within_budget) {
             Ok(placed) => {

@@ -227,6 +227,10 @@ pub struct Pool {
     /// Set once, before the slots are locked to wind down; read under a slot's lock, whose
     /// release and acquire order it, so a relaxed flag is enough.
     retired: AtomicBool,
+    /// A CUDA graph's pool: a graph replays into the addresses it captured, including those of
+    /// blocks freed since, so none of its pages may be unmapped or counted as idle until the
+    /// graphs are gone ([`unpin`](Self::unpin)).
+    pinned: AtomicBool,
     small: ArenaSlot,
     large: ArenaSlot,
 }
@@ -245,9 +249,32 @@ impl Pool {
             stream,
             settings,
             retired: AtomicBool::new(false),
+            pinned: AtomicBool::new(false),
             small: ArenaSlot::new(Arc::clone(&reserve)),
             large: ArenaSlot::new(reserve),
         }
+    }
+
+    /// A pool for CUDA graphs: pinned from the start, waiting for the whole device before it
+    /// unmaps anything once unpinned (a graph may have been replayed on any stream).
+    pub fn for_graphs(reserve: Arc<PageReserve>, settings: PoolSettings) -> Self {
+        let pool = Pool::new(reserve, StreamId::ANY, settings);
+        pool.pin();
+        pool
+    }
+
+    /// Keeps every page mapped and counted as in use, whatever is freed.
+    pub fn pin(&self) {
+        self.pinned.store(true, Relaxed);
+    }
+
+    /// Lets the pool's free pages go idle and back to the driver like any other pool's.
+    pub fn unpin(&self) {
+        self.pinned.store(false, Relaxed);
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.load(Relaxed)
     }
 
     #[inline]
@@ -367,13 +394,25 @@ impl Pool {
         self.retired.load(Relaxed)
     }
 
-    /// (mapped, live) pages of both arenas, read lock-free: live pages hold a live block.
+    /// Bytes of live blocks in both arenas.
+    pub fn in_use_bytes(&self) -> u64 {
+        [&self.small, &self.large]
+            .iter()
+            .map(|slot| slot.counters.read().in_use_bytes)
+            .sum()
+    }
+
+    /// (mapped, live) pages of both arenas, read lock-free: live pages hold a live block (in a
+    /// pinned pool, every page does).
     pub fn page_census(&self) -> (u64, u64) {
         let (mut mapped, mut live) = (0, 0);
         for slot in [&self.small, &self.large] {
             let (m, l) = slot.counters.pages();
             mapped += m;
             live += l;
+        }
+        if self.is_pinned() {
+            live = mapped;
         }
         (mapped, live)
     }
@@ -402,12 +441,15 @@ impl Pool {
     }
 
     /// Unmaps idle pages of both arenas into the device's page reserve, oldest first, while
-    /// `keep_going(bytes_unmapped_so_far, idle_since)` says so.
+    /// `keep_going(bytes_unmapped_so_far, idle_since)` says so. A pinned pool has none.
     pub fn release_idle(
         &self,
         mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> Result<u64, BackendError> {
         let mut total = 0;
+        if self.is_pinned() {
+            return Ok(total);
+        }
         for slot in [&self.small, &self.large] {
             let mut guard = slot.state.lock();
             let SlotState {

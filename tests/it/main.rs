@@ -10,6 +10,7 @@ mod doc_figures;
 mod e2e;
 mod estimate;
 mod ffi;
+mod graphs;
 mod guide_parity;
 mod manager_features;
 mod page_reserve;

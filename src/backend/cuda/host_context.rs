@@ -1,16 +1,14 @@
 //! Living inside a host that drives CUDA itself (PyTorch, through the C ABI in `ffi`): leave the
-//! calling thread's current context as the host set it, and tell whether a stream is capturing
-//! a CUDA graph. Both use driver calls that the rest of the backend does not need, so their
-//! symbols are checked when first used instead of at `open`.
+//! calling thread's current context as the host set it. The driver call this needs is one the
+//! rest of the backend does not, so its symbol is checked when first used instead of at `open`.
 
-use super::{check, stream_handle, CudaBackend};
-use crate::backend::StreamId;
+use super::{check, CudaBackend};
 use crate::error::BackendError;
-use cudarc::driver::sys::{self, CUcontext, CUstreamCaptureStatus};
+use cudarc::driver::sys::{self, CUcontext};
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-const HOST_CONTEXT_SYMBOLS: [&str; 2] = ["cuCtxGetCurrent", "cuStreamIsCapturing"];
+const HOST_CONTEXT_SYMBOLS: [&str; 1] = ["cuCtxGetCurrent"];
 
 thread_local! {
     /// How many `keeping_current_context` scopes are open on this thread.
@@ -97,22 +95,5 @@ impl CudaBackend {
             }
         });
         false
-    }
-
-    /// Whether `stream` (of `device`) is capturing a CUDA graph. An error means the driver
-    /// refused to say, which it does for the legacy default stream while another stream captures
-    /// in global mode: callers treat that as "capturing" too.
-    pub fn stream_capturing(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
-        self.host_context_calls()?;
-        // The driver answers only with a context current, which a host thread may not have yet.
-        self.make_current(device)?;
-        let raw = stream_handle("stream_capturing", stream)?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: valid out-pointer; the stream handle comes from the host, which created it in
-        // the current context (or is 0, the legacy stream); the driver only reads the handle.
-        check("cuStreamIsCapturing", unsafe {
-            sys::cuStreamIsCapturing(raw, &mut status)
-        })?;
-        Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 }

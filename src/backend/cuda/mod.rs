@@ -6,11 +6,13 @@
 //! Submodules: `probe` (library, symbols, `cuInit`, device count), `properties` (what
 //! `gpumem devices` prints; no context needed), `vmm` (reserve address space; create, map,
 //! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
-//! baseline), `host` (pinned host memory for the CPU fallback) and `host_context` (leaving the
-//! calling thread's current context as a host such as PyTorch set it).
+//! baseline), `host` (pinned host memory for the CPU fallback), `host_context` (leaving the
+//! calling thread's current context as a host such as PyTorch set it) and `capture` (CUDA graph
+//! capture: which capture a stream is in, and not breaking it).
 
 #![allow(unsafe_code)]
 
+mod capture;
 mod host;
 mod host_context;
 mod probe;
@@ -250,7 +252,7 @@ impl DeviceBackend for CudaBackend {
         reuse: &mut Vec<PhysicalChunk>,
         new_chunk_pages: u32,
     ) -> Result<u64, BackendError> {
-        self.map_chunks(device, addr, size, reuse, new_chunk_pages)
+        self.relaxed(|| self.map_chunks(device, addr, size, reuse, new_chunk_pages))
     }
 
     fn unmap_keeping(
@@ -260,7 +262,7 @@ impl DeviceBackend for CudaBackend {
         size: u64,
         into: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
-        self.unmap_chunks(device, addr, size, into)
+        self.relaxed(|| self.unmap_chunks(device, addr, size, into))
     }
 
     fn release_chunks(
@@ -268,7 +270,7 @@ impl DeviceBackend for CudaBackend {
         device: usize,
         chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
-        self.release_physical(device, chunks)
+        self.relaxed(|| self.release_physical(device, chunks))
     }
 
     fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
@@ -280,13 +282,11 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
-        self.make_current(device)?;
-        let raw = stream_handle("synchronize_stream", stream)?;
-        // SAFETY: the caller hands us a CUstream it created in this device's context (or 0, the
-        // legacy default stream, which the null handle denotes); the driver only reads the handle.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(raw)
-        })
+        self.wait_for(device, stream)
+    }
+
+    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
+        self.capture_id(device, stream)
     }
 }
 

@@ -8,7 +8,7 @@
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::ffi::{self, *};
 use gpumem::manager::MemoryConfig;
-use gpumem::MemoryManager;
+use gpumem::{MemoryManager, StreamId};
 use serde_json::Value;
 use std::ffi::{c_void, CStr, CString};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -18,8 +18,16 @@ const GIB: u64 = 1 << 30;
 
 /// Installs the 4 GiB simulated device once; returns the lock the tests take turns with.
 fn abi() -> MutexGuard<'static, ()> {
-    static INSTALLED: OnceLock<Mutex<()>> = OnceLock::new();
-    let turn = INSTALLED.get_or_init(|| {
+    installed()
+        .1
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The simulated device behind the C ABI (for starting captures), and the turn lock.
+fn installed() -> &'static (Arc<SimBackend>, Mutex<()>) {
+    static INSTALLED: OnceLock<(Arc<SimBackend>, Mutex<()>)> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
         let spec = SimDeviceSpec {
             total_bytes: 4 * GIB,
             ..SimDeviceSpec::default()
@@ -28,11 +36,11 @@ fn abi() -> MutexGuard<'static, ()> {
             devices: vec![spec],
             ..SimConfig::default()
         }));
-        let manager = MemoryManager::new(backend, MemoryConfig::default()).expect("manager");
+        let manager = MemoryManager::new(Arc::clone(&backend) as _, MemoryConfig::default())
+            .expect("manager");
         ffi::install(manager).expect("the first install succeeds");
-        Mutex::new(())
-    });
-    turn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        (backend, Mutex::new(()))
+    })
 }
 
 /// Takes a string the library returned, releasing it.
@@ -181,4 +189,62 @@ fn empty_cache_and_peaks() {
         stat("reserved_bytes.all.current"),
         reserved - released as u64
     );
+}
+
+#[test]
+fn a_capture_allocates_from_a_graph_pool_that_other_allocations_never_reach() {
+    let _turn = abi();
+    let sim = &installed().0;
+    let capturing = StreamId(0x7100);
+    let capture_stream = stream(0x7100);
+    let size = 3 * MIB;
+
+    // Unnamed: the capture gets a pool of its own, reused within the capture.
+    sim.begin_capture(0, capturing).unwrap();
+    let first = gpumem_alloc(size, 0, capture_stream);
+    assert!(!first.is_null(), "{}", last_error());
+    gpumem_free(first, size, 0, capture_stream);
+    assert_eq!(gpumem_alloc(size, 0, capture_stream), first);
+    gpumem_free(first, size, 0, capture_stream);
+    sim.end_capture(0, capturing).unwrap();
+    assert_eq!(stat("graph_pools.current"), 1);
+    let after = gpumem_alloc(size, 0, capture_stream);
+    assert!(
+        !after.is_null() && after != first,
+        "the graph's memory stays the graph's"
+    );
+    gpumem_free(after, size, 0, capture_stream);
+
+    // Named (as the Python package names PyTorch's pools): released with its last graph.
+    assert_eq!(gpumem_graph_pool_begin(0, capture_stream, 1, 2), -1);
+    assert!(last_error().contains("not capturing"), "{}", last_error());
+    for _graph in 0..2 {
+        sim.begin_capture(0, capturing).unwrap();
+        assert_eq!(
+            gpumem_graph_pool_begin(0, capture_stream, 1, 2),
+            0,
+            "{}",
+            last_error()
+        );
+        let ptr = gpumem_alloc(size, 0, capture_stream);
+        assert!(!ptr.is_null(), "{}", last_error());
+        gpumem_free(ptr, size, 0, capture_stream);
+        sim.end_capture(0, capturing).unwrap();
+    }
+    assert_eq!(stat("graph_pools.current"), 2);
+    assert_eq!(stat("graph_pool_reserved_bytes.current"), 8 << 20);
+    assert_eq!(
+        gpumem_graph_pool_release(0, 1, 2),
+        0,
+        "one graph still uses it"
+    );
+    assert_eq!(gpumem_graph_pool_release(0, 1, 2), 4 << 20);
+    assert_eq!(stat("graph_pools.current"), 1);
+    assert_eq!(gpumem_graph_pool_release(0, 1, 2), -1);
+    assert!(
+        last_error().contains("no graph was captured"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(sim.refused_syncs(), 0);
 }
