@@ -13,6 +13,28 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+RECORD_STREAM = """
+side = torch.cuda.Stream()
+wrong, seen_waiting = 0, 0
+for trial in range(20):
+    x = torch.full((1 << 24,), 1.0, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        a = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+        total = x.sum()
+    x.record_stream(side)
+    del x
+    y = torch.full((1 << 24,), 7.0, device="cuda")
+    if "gt" in globals():
+        seen_waiting = max(seen_waiting, gt.memory_stats(0)["ffi_frees_waiting_for_streams"])
+    torch.cuda.synchronize()
+    wrong += float(total) != float(1 << 24)
+    del y, a
+print("trials with a wrong sum:", wrong, "of 20")
+"""
+
 CASES = {
     "out_of_memory": """
 import torch, gpumem.torch as gt
@@ -44,6 +66,22 @@ s = gt.memory_stats(0)
 print("correct:", ok, "live:", s["allocation.all.current"], "hits/requests:", s["pool_hits"], s["pool_requests"])
 print("current device kept:", torch.cuda.current_device() == 0)
 """,
+    # A tensor read on a side stream and freed before that stream is done: with record_stream
+    # its memory must not be reused at once on its own stream (the fill below would overwrite
+    # it before the side stream's sum reads it).
+    "record_stream": """
+import torch, gpumem.torch as gt
+gt.use()
+""" + RECORD_STREAM + """
+print("waiting frees seen:", seen_waiting)
+""",
+    # The same with the forwarding bypassed: shows the hazard the case above guards against.
+    "record_stream_unforwarded": """
+import torch, gpumem.torch as gt
+gt.use()
+torch.Tensor.record_stream = torch._C.TensorBase.record_stream
+""" + RECORD_STREAM,
+    "record_stream_default": "import torch\n" + RECORD_STREAM,
     # GPUMEM_TORCH=1 through the package's .pth (site.addsitedir reads it as site-packages would).
     "gpumem_torch_variable": """
 import os, site, sys

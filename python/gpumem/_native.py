@@ -43,6 +43,7 @@ def _declare(lib):
     signatures = {
         "gpumem_alloc": ([ctypes.c_ssize_t, ctypes.c_int, void_p], void_p),
         "gpumem_free": ([void_p, ctypes.c_ssize_t, ctypes.c_int, void_p], None),
+        "gpumem_record_stream": ([void_p, void_p], ctypes.c_int),
         "gpumem_set_tag": ([c_char_p], ctypes.c_int),
         "gpumem_set_default_tag": ([c_char_p], ctypes.c_int),
         "gpumem_empty_cache": ([], ctypes.c_int64),

@@ -18,6 +18,10 @@ typedef struct CUstream_st *gpumem_stream_t; /* cudaStream_t; NULL is the defaul
 void *gpumem_alloc(ssize_t size, int device, gpumem_stream_t stream);
 void gpumem_free(void *ptr, ssize_t size, int device, gpumem_stream_t stream);
 
+/* The allocation is used on `stream` too (Tensor.record_stream): freed, its memory waits for
+ * that stream's work queued by then. 0, or -1 for a pointer that is not a live allocation. */
+int gpumem_record_stream(void *ptr, gpumem_stream_t stream);
+
 int gpumem_set_tag(const char *tag);          /* this thread; NULL or "" clears */
 int gpumem_set_default_tag(const char *tag);  /* threads without a tag of their own */
 int64_t gpumem_empty_cache(void);             /* bytes released, or -1 */

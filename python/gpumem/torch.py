@@ -62,9 +62,33 @@ def use():
                 f"first CUDA tensor is created ({error})"
             ) from error
         _allocator = allocator
-        import torch.cuda
+        import torch
 
         _follow_graph_pools(torch.cuda.CUDAGraph, torch.cuda)
+        _follow_record_stream(torch.Tensor)
+
+
+def _follow_record_stream(tensor_class):
+    """Forwards `Tensor.record_stream(stream)` to gpumem, which PyTorch does not do for a
+    pluggable allocator: the tensor's memory, once freed, then waits for the work queued on
+    `stream` by then instead of being reused at once on the tensor's own stream."""
+    if getattr(tensor_class, "_gpumem_follows_streams", False):
+        return
+    record = tensor_class.record_stream
+
+    def record_stream(self, stream):
+        record(self, stream)
+        ptr = self.untyped_storage().data_ptr()
+        if ptr and _native.lib().gpumem_record_stream(ptr, stream.cuda_stream) != 0:
+            warnings.warn(
+                f"gpumem cannot follow record_stream for this tensor ({_native.last_error()}); "
+                "keep it alive until the stream is done with it",
+                stacklevel=2,
+            )
+
+    record_stream.__doc__ = record.__doc__
+    tensor_class.record_stream = record_stream
+    tensor_class._gpumem_follows_streams = True
 
 
 def _follow_graph_pools(graph_class, cuda):

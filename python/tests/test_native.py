@@ -274,6 +274,29 @@ class UseWithPyTorchsApi(unittest.TestCase):
         self.assertIn("shared ((7, 9), 'thread_local')", done.stdout)
         self.assertIn("is not capturing a CUDA graph", done.stdout)
 
+    def test_use_forwards_record_stream_to_gpumem(self):
+        code = (
+            "import warnings, torch, torch.cuda as c, torch.cuda.memory as m\n"
+            "import gpumem.torch as gt\ngt.use()\n"
+            "class Side:\n    cuda_stream = 0x5100\n"
+            "ours, stranger = torch.Tensor(m.allocate(1 << 20)), torch.Tensor(0x1234)\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    ours.record_stream(Side())\n"
+            "    quiet = len(caught)\n"
+            "    stranger.record_stream(Side())\n"
+            "print('recorded', len(ours.recorded), 'quiet', quiet)\n"
+            "print('warned', [str(w.message) for w in caught])\n"
+            "m.free(ours.storage.ptr, 1 << 20)\n"
+            "print('waiting', gt.memory_stats(0)['ffi_frees_waiting_for_streams'])\n"
+        )
+        done = run_python(code, self.env())
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("recorded 1 quiet 0", done.stdout)
+        self.assertIn("0x1234 is not a live allocation", done.stdout)
+        # Until the next allocation or free looks at its fence, the memory waits.
+        self.assertIn("waiting 1", done.stdout)
+
     def test_use_after_pytorch_allocated_says_what_to_do(self):
         code = "import torch.cuda.memory as m\nm.allocate(16)\nimport gpumem.torch as gt\ngt.use()\n"
         done = run_python(code, self.env())

@@ -42,6 +42,11 @@ impl StreamId {
     pub const ANY: StreamId = StreamId(u64::MAX);
 }
 
+/// A point in a stream's work (a CUDA event): passed once everything queued on the stream
+/// before it has run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fence(pub u64);
+
 /// Free and total bytes of one device, as `cuMemGetInfo` reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct MemInfo {
@@ -183,6 +188,14 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// that is an error, and the capture goes on unharmed (the driver's own synchronisation
     /// would end it).
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Marks the work queued on `stream` so far (`cuEventRecord`). A capturing stream has no
+    /// work to mark: an error.
+    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError>;
+
+    /// Whether the work before `fence` has finished (`cuEventQuery`). A fence that has passed,
+    /// or whose query failed, is gone: ask about it no more.
+    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError>;
 
     /// The id of the CUDA graph capture `stream` takes part in (`cuStreamGetCaptureInfo`), or
     /// `None` when it is not capturing. Unique among the process's captures.

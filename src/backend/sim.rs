@@ -4,7 +4,8 @@
 //! a GPU.
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalChunk, StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
+    StreamId,
 };
 use crate::error::BackendError;
 use crate::units::{align_up, GIB, MIB};
@@ -278,6 +279,7 @@ pub struct SimBackend {
     devices: Vec<Mutex<SimDevice>>,
     faults: Arc<SimFaults>,
     captures: SimCaptures,
+    fences: SimFences,
 }
 
 /// Streams capturing a CUDA graph, as a test sets them up with
@@ -289,6 +291,16 @@ struct SimCaptures {
     next_id: AtomicU64,
     /// Synchronisations refused because they would have waited on a capture.
     refused_syncs: AtomicU64,
+}
+
+/// Fences recorded and not yet passed. Simulated work finishes as it is queued, so a fence
+/// passes at once, unless a test holds them ([`SimBackend::hold_fences`]) to play a stream
+/// still busy.
+#[derive(Debug, Default)]
+struct SimFences {
+    outstanding: Mutex<HashSet<(usize, u64)>>,
+    next: AtomicU64,
+    held: AtomicBool,
 }
 
 impl SimBackend {
@@ -317,7 +329,18 @@ impl SimBackend {
             devices,
             faults: Arc::new(SimFaults::default()),
             captures: SimCaptures::default(),
+            fences: SimFences::default(),
         }
+    }
+
+    /// While held, no fence passes: the streams play busy, as a GPU still running a long kernel.
+    pub fn hold_fences(&self, held: bool) {
+        self.fences.held.store(held, Ordering::Relaxed);
+    }
+
+    /// Fences recorded and not yet seen passed.
+    pub fn outstanding_fences(&self) -> usize {
+        self.fences.outstanding.lock().len()
     }
 
     /// `stream` starts capturing a CUDA graph (as `cuStreamBeginCapture`); returns the
@@ -671,6 +694,35 @@ impl DeviceBackend for SimBackend {
         }
         spend(self.costs.sync());
         Ok(())
+    }
+
+    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
+        self.device(device)?;
+        if self.capture_of(device, stream)?.is_some() {
+            return Err(BackendError::StreamCapturing {
+                device,
+                stream: stream.0,
+            });
+        }
+        let fence = self.fences.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.fences.outstanding.lock().insert((device, fence));
+        Ok(Fence(fence))
+    }
+
+    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+        self.device(device)?;
+        let mut outstanding = self.fences.outstanding.lock();
+        if !outstanding.contains(&(device, fence.0)) {
+            return Err(BackendError::InvalidArgument {
+                call: "fence_passed",
+                reason: format!("fence {} of device {device} is unknown or passed", fence.0),
+            });
+        }
+        if self.fences.held.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        outstanding.remove(&(device, fence.0));
+        Ok(true)
     }
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {

@@ -32,6 +32,7 @@ pub(super) fn alloc(
     let runtime = runtime()?;
     let stream = StreamId(stream);
     runtime.keeping_host_context(|| {
+        runtime.free_what_streams_finished();
         let options = AllocOptions {
             alignment: ALIGNMENT,
             tag,
@@ -61,15 +62,29 @@ pub(super) fn free(ptr: u64, size: isize, device: i32, stream: u64) -> Result<()
         return Ok(());
     }
     let runtime = runtime()?;
-    let Some(buffer) = runtime.live.remove(ptr) else {
+    let Some(live) = runtime.live.remove(ptr) else {
         return Err(format!(
             "{ptr:#x} was not allocated by gpumem_alloc, or was freed already"
         ));
     };
-    let mismatch = describe_mismatch(&buffer, size, device, stream);
-    runtime.keeping_host_context(|| buffer.free().map_err(|e| e.to_string()))?;
+    let mismatch = describe_mismatch(&live.buffer, size, device, stream);
+    runtime.keeping_host_context(|| {
+        runtime.free_what_streams_finished();
+        runtime.free_when_streams_done(live)
+    })?;
     // Freed anyway: the pointer is what identifies the allocation.
     mismatch.map_or(Ok(()), Err)
+}
+
+/// The host used the allocation at `ptr` on `stream` too: when freed, its memory waits for the
+/// work queued on `stream` by then.
+pub(super) fn record_stream(ptr: u64, stream: u64) -> Result<(), String> {
+    let runtime = runtime()?;
+    if runtime.live.record_use(ptr, StreamId(stream)) {
+        Ok(())
+    } else {
+        Err(format!("{ptr:#x} is not a live allocation of gpumem_alloc"))
+    }
 }
 
 /// The host's idea of the allocation differs from ours: worth saying, not worth leaking over.
@@ -162,6 +177,10 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     put("pool_requests", c.requests);
     put("pool_hits", c.hits);
     put("ffi_live_allocations", runtime.live.len() as u64);
+    put(
+        "ffi_frees_waiting_for_streams",
+        runtime.deferred.len() as u64,
+    );
     let graph_pools = runtime
         .manager
         .graph_pools(device)

@@ -1,7 +1,9 @@
 //! The live buffers handed out through the C ABI, by device pointer: a C caller frees by address,
-//! so every `DeviceBuffer` waits here until then. Sharded by address, so threads allocating at
+//! so every `DeviceBuffer` waits here until then, with the other streams the host said it used
+//! the buffer on. Sharded by address, so threads allocating at
 //! once rarely meet on a lock, and hashed with one multiplication instead of SipHash.
 
+use crate::backend::StreamId;
 use crate::manager::DeviceBuffer;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -33,7 +35,15 @@ impl Hasher for AddressHasher {
 
 const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 
-type Shard = HashMap<u64, DeviceBuffer, BuildHasherDefault<AddressHasher>>;
+/// A buffer handed out, and the streams other than its own that the host has used it on
+/// (`Tensor.record_stream`): its memory is free only once their work queued before the free
+/// has run.
+pub(super) struct LiveBuffer {
+    pub buffer: DeviceBuffer,
+    pub used_on: Vec<StreamId>,
+}
+
+type Shard = HashMap<u64, LiveBuffer, BuildHasherDefault<AddressHasher>>;
 
 pub(super) struct LiveBuffers {
     shards: Box<[Mutex<Shard>]>,
@@ -57,11 +67,30 @@ impl LiveBuffers {
     /// the caller can report it rather than silently lose it.
     pub(super) fn insert(&self, buffer: DeviceBuffer) -> Option<DeviceBuffer> {
         let ptr = buffer.ptr();
-        self.shard(ptr).lock().insert(ptr, buffer)
+        let live = LiveBuffer {
+            buffer,
+            used_on: Vec::new(),
+        };
+        self.shard(ptr)
+            .lock()
+            .insert(ptr, live)
+            .map(|old| old.buffer)
     }
 
-    pub(super) fn remove(&self, ptr: u64) -> Option<DeviceBuffer> {
+    pub(super) fn remove(&self, ptr: u64) -> Option<LiveBuffer> {
         self.shard(ptr).lock().remove(&ptr)
+    }
+
+    /// Notes that the buffer at `ptr` is used on `stream` too; false when no live buffer is there.
+    pub(super) fn record_use(&self, ptr: u64, stream: StreamId) -> bool {
+        let mut shard = self.shard(ptr).lock();
+        let Some(live) = shard.get_mut(&ptr) else {
+            return false;
+        };
+        if live.buffer.stream() != stream && !live.used_on.contains(&stream) {
+            live.used_on.push(stream);
+        }
+        true
     }
 
     pub(super) fn len(&self) -> usize {

@@ -14,6 +14,7 @@ mod calls;
 mod graphs;
 mod live;
 mod runtime;
+mod streams;
 
 pub use runtime::install;
 
@@ -125,8 +126,8 @@ pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) 
 }
 
 /// PyTorch's `free_fn`: gives back memory from `gpumem_alloc`. Its memory is reused at once on
-/// the stream it was allocated for; `size`, `device` and `stream` are checked against the
-/// allocation's own.
+/// the stream it was allocated for (after the other streams named with `gpumem_record_stream`
+/// are done with it); `size`, `device` and `stream` are checked against the allocation's own.
 #[no_mangle]
 pub extern "C" fn gpumem_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
     guarded("gpumem_free", (), || {
@@ -164,6 +165,16 @@ pub extern "C" fn gpumem_graph_pool_release(device: c_int, pool_high: u64, pool_
         let pool = graphs::named_pool(pool_high, pool_low);
         let released = runtime::runtime()?.release_graph_pool(device, pool)?;
         Ok(i64::try_from(released).unwrap_or(i64::MAX))
+    })
+}
+
+/// The allocation at `ptr` is used on `stream` too (PyTorch's `Tensor.record_stream`): when it
+/// is freed, its memory is reused only after the work queued on `stream` by then has run.
+/// Returns 0, or -1 when `ptr` is not a live allocation of `gpumem_alloc`.
+#[no_mangle]
+pub extern "C" fn gpumem_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+    guarded("gpumem_record_stream", -1, || {
+        calls::record_stream(ptr as usize as u64, stream as usize as u64).map(|()| 0)
     })
 }
 

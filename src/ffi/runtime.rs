@@ -4,6 +4,7 @@
 
 use super::graphs::GraphCaptures;
 use super::live::LiveBuffers;
+use super::streams::DeferredFrees;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{open_backend, BackendChoice, DeviceBackend};
 use crate::cli::{parse_device_selection, CommonArgs};
@@ -21,6 +22,7 @@ pub(super) struct Runtime {
     pub cuda: Option<Arc<CudaBackend>>,
     pub live: LiveBuffers,
     pub graphs: GraphCaptures,
+    pub deferred: DeferredFrees,
     pub exporter: Mutex<Option<ExporterHandle>>,
     pub publisher: Mutex<Option<PublisherHandle>>,
 }
@@ -111,6 +113,7 @@ impl Runtime {
             cuda,
             live: LiveBuffers::new(),
             graphs: GraphCaptures::default(),
+            deferred: DeferredFrees::default(),
             exporter: Mutex::new(None),
             publisher: Mutex::new(None),
         }

@@ -7,12 +7,13 @@
 //! `gpumem devices` prints; no context needed), `vmm` (reserve address space; create, map,
 //! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
 //! baseline), `host` (pinned host memory for the CPU fallback), `host_context` (leaving the
-//! calling thread's current context as a host such as PyTorch set it) and `capture` (CUDA graph
-//! capture: which capture a stream is in, and not breaking it).
+//! calling thread's current context as a host such as PyTorch set it), `capture` (CUDA graph
+//! capture: which capture a stream is in, and not breaking it) and `events` (fences).
 
 #![allow(unsafe_code)]
 
 mod capture;
+mod events;
 mod host;
 mod host_context;
 mod probe;
@@ -23,7 +24,8 @@ mod vmm;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, MemInfo, PhysicalChunk, StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
+    StreamId,
 };
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
@@ -283,6 +285,14 @@ impl DeviceBackend for CudaBackend {
 
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.wait_for(device, stream)
+    }
+
+    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
+        self.record_event(device, stream)
+    }
+
+    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+        self.query_event(device, fence)
     }
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {

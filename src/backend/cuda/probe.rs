@@ -33,6 +33,11 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemUnmap",
     "cuMemRelease",
     "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventDestroy_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
 ];

@@ -248,3 +248,54 @@ fn a_capture_allocates_from_a_graph_pool_that_other_allocations_never_reach() {
     );
     assert_eq!(sim.refused_syncs(), 0);
 }
+
+#[test]
+fn memory_used_on_another_stream_waits_for_that_stream_before_reuse() {
+    let _turn = abi();
+    let sim = &installed().0;
+    let (own, side) = (stream(0x7200), stream(0x7300));
+    let size = 3 * MIB;
+    let used = gpumem_alloc(size, 0, own);
+    assert!(!used.is_null(), "{}", last_error());
+    assert_eq!(gpumem_record_stream(used, side), 0, "{}", last_error());
+
+    sim.hold_fences(true); // the side stream is still running a kernel that reads `used`
+    gpumem_free(used, size, 0, own);
+    assert_eq!(stat("ffi_frees_waiting_for_streams"), 1);
+    let others: Vec<_> = (0..3).map(|_| gpumem_alloc(size, 0, own)).collect();
+    assert!(
+        others.iter().all(|&p| !p.is_null() && p != used),
+        "reused while in use"
+    );
+    for ptr in others {
+        gpumem_free(ptr, size, 0, own);
+    }
+    assert_eq!(stat("ffi_frees_waiting_for_streams"), 1);
+
+    sim.hold_fences(false); // the side stream finished: the next call frees the memory
+    let next = gpumem_alloc(size, 0, own);
+    assert_eq!(stat("ffi_frees_waiting_for_streams"), 0);
+    assert_eq!(sim.outstanding_fences(), 0);
+    gpumem_free(next, size, 0, own);
+
+    assert_eq!(gpumem_record_stream(0x1234 as *mut c_void, side), -1);
+    assert!(
+        last_error().contains("not a live allocation"),
+        "{}",
+        last_error()
+    );
+
+    // Used on a stream that is capturing a graph: no fence can be recorded, so the memory is
+    // kept rather than handed out while the graph may use it.
+    let capturing = StreamId(0x7400);
+    let kept = gpumem_alloc(size, 0, own);
+    sim.begin_capture(0, capturing).unwrap();
+    assert_eq!(gpumem_record_stream(kept, stream(0x7400)), 0);
+    gpumem_free(kept, size, 0, own);
+    assert!(
+        last_error().contains("kept until the process ends"),
+        "{}",
+        last_error()
+    );
+    sim.end_capture(0, capturing).unwrap();
+}

@@ -1,0 +1,57 @@
+//! Fences as CUDA events: one event recorded on a stream marks the work queued so far, and a
+//! query says whether that work has run. Events are created per fence and destroyed once it has
+//! passed (or its query failed), so the backend holds no event nobody will ask about again
+//! except those of fences still outstanding.
+
+use super::{check, stream_handle, CudaBackend};
+use crate::backend::{Fence, StreamId};
+use crate::error::BackendError;
+use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUresult};
+
+impl CudaBackend {
+    pub(super) fn record_event(
+        &self,
+        device: usize,
+        stream: StreamId,
+    ) -> Result<Fence, BackendError> {
+        self.make_current(device)?;
+        if self.capture_id(device, stream)?.is_some() {
+            // Recorded on a capturing stream, the event would become a node of the graph and
+            // mark nothing that runs now.
+            return Err(BackendError::StreamCapturing {
+                device,
+                stream: stream.0,
+            });
+        }
+        let raw = stream_handle("record_fence", stream)?;
+        let mut event: CUevent = std::ptr::null_mut();
+        let flags = CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: valid out-pointer; a context for `device` is current.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut event, flags)
+        })?;
+        // SAFETY: `event` was just created in the current context; the stream handle comes
+        // from the host, which created it in that context (or is 0, the legacy stream).
+        let recorded = check("cuEventRecord", unsafe { sys::cuEventRecord(event, raw) });
+        if let Err(error) = recorded {
+            // SAFETY: created above and never handed out.
+            unsafe { sys::cuEventDestroy_v2(event) };
+            return Err(error);
+        }
+        Ok(Fence(event as u64))
+    }
+
+    pub(super) fn query_event(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+        self.make_current(device)?;
+        let event = fence.0 as CUevent;
+        // SAFETY: `fence` came from `record_event` and has not passed yet (the trait's
+        // contract), so the event is alive.
+        let status = unsafe { sys::cuEventQuery(event) };
+        if status == CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        // SAFETY: as above; after this the fence is gone and never queried again.
+        unsafe { sys::cuEventDestroy_v2(event) };
+        check("cuEventQuery", status).map(|()| true)
+    }
+}
