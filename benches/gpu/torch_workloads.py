@@ -11,7 +11,11 @@
 #
 # usage: python3 benches/gpu/torch_workloads.py [--quick] [--library PATH] [--python-dir DIR]
 #                                               [--workloads gpt2_train,hf_generate,cnn_serve]
-# Prints one JSON line per run, then a short table. With $OUT set, every run's result is appended
+#                                               [--modes default,gpumem] [--repeat N]
+# Prints one JSON line per run, then a short table. --repeat N runs the modes N times in turn
+# (default, gpumem, default, gpumem, ...): step times drift between processes on these hosts by
+# more than the allocators differ, and interleaving spreads the drift over both; the table then
+# gives each mode's median step time over its runs and the ratio of the medians. With $OUT set, every run's result is appended
 # to $OUT/results.jsonl (`--table FILE` prints the table of such a file), and the gpumem training
 # run leaves its /metrics scrape and snapshot, taken after its last step, there (metrics.txt,
 # snapshot.json).
@@ -298,13 +302,23 @@ def mib(b):
     return f"{b / (1 << 20):,.0f}" if isinstance(b, (int, float)) else "-"
 
 
+def median_step(results, workload, mode):
+    steps = [r["step_seconds"] for r in results
+             if r["workload"] == workload and r["mode"] == mode and "step_seconds" in r]
+    return (statistics.median(steps), len(steps)) if steps else (None, 0)
+
+
 def table(results):
     rows = ["| workload | allocator | outputs | NVML peak MiB | context MiB | peak allocated MiB | "
-            "peak reserved MiB | NVML / allocated | step ms | vs default | driver maps |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "peak reserved MiB | NVML / allocated | step ms | vs default | runs | driver maps |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for workload in dict.fromkeys(r["workload"] for r in results):
-        runs = {r["mode"]: r for r in results if r["workload"] == workload}
+        runs = {}
+        for r in results:  # the first run of each mode stands for its outputs and memory
+            if r["workload"] == workload:
+                runs.setdefault(r["mode"], r)
         reference = runs.get("default", {})
+        reference_step, _ = median_step(results, workload, "default")
         for mode in MODES:
             r = runs.get(mode)
             if r is None:
@@ -316,11 +330,12 @@ def table(results):
             differ = sum(1 for a, b in zip(r["outputs"], theirs) if a != b) + abs(len(r["outputs"]) - len(theirs))
             same = "identical" if differ == 0 else f"{differ}/{len(r['outputs'])} differ"
             ratio = r["nvml_peak_bytes"] / reference["peak_allocated_bytes"] if reference.get("peak_allocated_bytes") else 0
-            speed = r["step_seconds"] / reference["step_seconds"] if reference.get("step_seconds") else 0
+            step, count = median_step(results, workload, mode)
+            speed = step / reference_step if reference_step else 0
             rows.append(f"| {workload} | {mode} | {same} | {mib(r['nvml_peak_bytes'])} | "
                         f"{mib(r['nvml_context_bytes'])} | {mib(r['peak_allocated_bytes'])} | "
-                        f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {r['step_seconds'] * 1e3:.2f} | "
-                        f"{speed:.3f} | {r.get('driver_maps', '-')} |")
+                        f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {step * 1e3:.2f} | "
+                        f"{speed:.3f} | {count} | {r.get('driver_maps', '-')} |")
     return "\n".join(rows)
 
 
@@ -333,6 +348,7 @@ def main():
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    parser.add_argument("--repeat", type=int, default=1, help="run the modes this many times in turn")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -343,9 +359,11 @@ def main():
     if args.table:
         with open(args.table) as f:
             return print(table([json.loads(line) for line in f if line.strip()]))
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     results = []
     for workload in args.workloads.split(","):
-        for mode in args.modes.split(","):
+        for mode in args.modes.split(",") * args.repeat:
             started = time.time()
             try:
                 result = run_child(workload, mode, args)
