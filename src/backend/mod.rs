@@ -189,6 +189,10 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// would end it).
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError>;
 
+    /// Whether all work queued on `stream` has finished, without waiting (`cuStreamQuery`). A
+    /// capturing stream, and [`StreamId::ANY`], count as busy.
+    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError>;
+
     /// Marks the work queued on `stream` so far (`cuEventRecord`). A capturing stream has no
     /// work to mark: an error.
     fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError>;

@@ -291,6 +291,8 @@ struct SimCaptures {
     next_id: AtomicU64,
     /// Synchronisations refused because they would have waited on a capture.
     refused_syncs: AtomicU64,
+    /// Synchronisations done (each would have stalled the host on a GPU).
+    syncs: AtomicU64,
 }
 
 /// Fences recorded and not yet passed. Simulated work finishes as it is queued, so a fence
@@ -333,7 +335,14 @@ impl SimBackend {
         }
     }
 
-    /// While held, no fence passes: the streams play busy, as a GPU still running a long kernel.
+    /// Synchronisations done so far: on a GPU, each stalls the calling thread until the stream
+    /// drains, and the stream then idles until the host queues more.
+    pub fn syncs(&self) -> u64 {
+        self.captures.syncs.load(Ordering::Relaxed)
+    }
+
+    /// While held, no fence passes and every stream is busy, as a GPU still running a long
+    /// kernel.
     pub fn hold_fences(&self, held: bool) {
         self.fences.held.store(held, Ordering::Relaxed);
     }
@@ -692,8 +701,15 @@ impl DeviceBackend for SimBackend {
                 stream: stream.0,
             });
         }
+        self.captures.syncs.fetch_add(1, Ordering::Relaxed);
         spend(self.costs.sync());
         Ok(())
+    }
+
+    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
+        let capturing = self.capture_of(device, stream)?.is_some();
+        let busy = self.fences.held.load(Ordering::Relaxed);
+        Ok(!capturing && !busy && stream != StreamId::ANY)
     }
 
     fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {

@@ -2,7 +2,7 @@
 //! before every mapping, trimming, emptying, age-based release, and peaks.
 
 use super::{ManagedDevice, MemoryManager};
-use crate::pool::MapDecision;
+use crate::pool::{BusyStreams, MapDecision};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -56,12 +56,14 @@ impl MemoryManager {
 
     /// Unmaps idle pages on one device, oldest first, while `keep_going(bytes_so_far,
     /// idle_since)`, into the device's page reserve; with [`Unmapped::Released`] the reserve's
-    /// pages (those kept before included) then go back to the driver. Returns the bytes
-    /// unmapped (`Kept`) or released (`Released`). A driver error is logged and stops the pool.
+    /// pages (those kept before included) then go back to the driver. Pools whose stream is
+    /// still busy are waited for or skipped, as `busy` says. Returns the bytes unmapped
+    /// (`Kept`) or released (`Released`). A driver error is logged and stops the pool.
     pub(super) fn release_cached_on(
         &self,
         managed: &ManagedDevice,
         unmapped: Unmapped,
+        busy: BusyStreams,
         mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> u64 {
         let mut done = 0;
@@ -71,7 +73,7 @@ impl MemoryManager {
         }
         for pool in managed.pools() {
             let before = done;
-            match pool.release_idle(|bytes, since| keep_going(before + bytes, since)) {
+            match pool.release_idle(busy, |bytes, since| keep_going(before + bytes, since)) {
                 Ok(bytes) if unmapped == Unmapped::Kept => done += bytes,
                 Ok(_) => done = before + self.trim_reserve_on(managed, 0),
                 Err(error) => {
@@ -101,7 +103,9 @@ impl MemoryManager {
         self.shared()
             .devices
             .iter()
-            .map(|managed| self.release_cached_on(managed, Unmapped::Kept, |_, _| true))
+            .map(|managed| {
+                self.release_cached_on(managed, Unmapped::Kept, BusyStreams::Wait, |_, _| true)
+            })
             .sum()
     }
 
@@ -115,8 +119,12 @@ impl MemoryManager {
                 break;
             }
             let excess = held - target_bytes;
-            released +=
-                self.release_cached_on(managed, Unmapped::Released, |bytes, _| bytes < excess);
+            released += self.release_cached_on(
+                managed,
+                Unmapped::Released,
+                BusyStreams::Wait,
+                |bytes, _| bytes < excess,
+            );
         }
         released
     }
@@ -132,10 +140,11 @@ impl MemoryManager {
     }
 
     pub(super) fn empty_cache_on(&self, managed: &ManagedDevice) -> u64 {
-        self.release_cached_on(managed, Unmapped::Released, |_, _| true)
+        self.release_cached_on(managed, Unmapped::Released, BusyStreams::Wait, |_, _| true)
     }
 
-    /// Returns pages idle for at least `age`, keeping `preallocate_bytes` per device.
+    /// Returns pages idle for at least `age`, keeping `preallocate_bytes` per device. Run by
+    /// the upkeep thread: pools whose stream is busy wait for a later round.
     pub fn release_idle_older_than(&self, age: Duration) -> u64 {
         let now = crate::clock::now();
         let floor = self.config().preallocate_bytes;
@@ -145,14 +154,18 @@ impl MemoryManager {
             .map(|managed| {
                 let held = managed.reserve.reserved_bytes.load(Relaxed);
                 let spare = held.saturating_sub(floor);
-                self.release_cached_on(managed, Unmapped::Released, |bytes, since| {
-                    bytes < spare && crate::clock::between(since, now) >= age
-                })
+                self.release_cached_on(
+                    managed,
+                    Unmapped::Released,
+                    BusyStreams::Skip,
+                    |bytes, since| bytes < spare && crate::clock::between(since, now) >= age,
+                )
             })
             .sum()
     }
 
-    /// Returns the oldest idle pages of each device beyond `max_cached_bytes`.
+    /// Returns the oldest idle pages of each device beyond `max_cached_bytes` (pools whose
+    /// stream is busy wait for a later round of upkeep).
     pub(super) fn enforce_max_cached(&self) -> u64 {
         let Some(cap) = self.config().max_cached_bytes else {
             return 0;
@@ -170,7 +183,12 @@ impl MemoryManager {
                 if excess == 0 {
                     return 0;
                 }
-                self.release_cached_on(managed, Unmapped::Released, |bytes, _| bytes < excess)
+                self.release_cached_on(
+                    managed,
+                    Unmapped::Released,
+                    BusyStreams::Skip,
+                    |bytes, _| bytes < excess,
+                )
             })
             .sum()
     }

@@ -8,7 +8,7 @@
 
 use super::{GraphPoolId, ManagedDevice, MemoryManager};
 use crate::error::BackendError;
-use crate::pool::Pool;
+use crate::pool::{BusyStreams, Pool};
 use std::sync::Arc;
 
 impl ManagedDevice {
@@ -41,7 +41,7 @@ impl MemoryManager {
             return Ok(0);
         };
         pool.unpin();
-        pool.release_idle(|_, _| true)
+        pool.release_idle(BusyStreams::Wait, |_, _| true)
     }
 
     /// The graph pools of `device`: (id, pinned, bytes in use, pages mapped).

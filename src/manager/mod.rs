@@ -39,8 +39,8 @@ pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Placed, Pool,
-    PoolKind, PoolSettings, MIN_BLOCK,
+    ArenaError, BusyStreams, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Placed,
+    Pool, PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::{align_up, Bytes};
 use buffer::{Backing, PooledBlock};
@@ -488,9 +488,16 @@ impl MemoryManager {
         let mut outcome = Err(refusal);
         if let Err(ArenaError::NeedsRoom(excess)) = outcome {
             // The arena's own idle pages were not enough: other pools unmap their oldest into
-            // the reserve, where this mapping takes them, so mapping never lifts the device
-            // above its recent peak plus slack and creates no page.
-            self.release_cached_on(managed, cache::Unmapped::Kept, |bytes, _| bytes < excess);
+            // the reserve, where this mapping takes them, so mapping does not lift the device
+            // above its recent peak plus slack and creates no page — except from pools whose
+            // stream is busy, which are not waited for: the mapping then goes past the budget,
+            // and a later miss brings the device back within it.
+            self.release_cached_on(
+                managed,
+                cache::Unmapped::Kept,
+                BusyStreams::Skip,
+                |bytes, _| bytes < excess,
+            );
             outcome = pool.alloc(kind, size, align, &live, may_map);
         }
         if let Err(
@@ -504,7 +511,12 @@ impl MemoryManager {
             // memory, which may be all the minimum-free rule wants (without this, retries stayed
             // 0 while pages sat idle).
             managed.events.retries.fetch_add(1, Relaxed);
-            self.release_cached_on(managed, cache::Unmapped::Released, |_, _| true);
+            self.release_cached_on(
+                managed,
+                cache::Unmapped::Released,
+                BusyStreams::Wait,
+                |_, _| true,
+            );
             outcome = pool.alloc(kind, size, align, &live, may_map);
         }
         if let Ok(placed) = &outcome {

@@ -5,6 +5,7 @@
 use super::pages::{PageRun, PageTable};
 use super::reserve::PageReserve;
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
+use super::BusyStreams;
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
 
@@ -309,6 +310,7 @@ impl Arena {
         std::mem::take(&mut self.kept_after_failed_map)
     }
 
+    /// Making room for a mapping within the cache budget: worth no wait on the stream.
     fn release_idle_sparing(
         &mut self,
         reserve: &PageReserve,
@@ -316,18 +318,20 @@ impl Arena {
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
-        self.release_pages(reserve, |taken, _| taken < pages, spare)
+        self.release_pages(reserve, |taken, _| taken < pages, spare, BusyStreams::Skip)
     }
 
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
-    /// into the device's page reserve (held until the reserve is trimmed). Waits for the
-    /// arena's stream first: its queued work may still touch the pages.
+    /// into the device's page reserve (held until the reserve is trimmed). The arena's stream
+    /// may still have work queued that touches them: `busy` says whether to wait for it or to
+    /// release nothing.
     pub(crate) fn release_idle(
         &mut self,
         reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
+        busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
-        self.release_pages(reserve, keep_going, |_| false)
+        self.release_pages(reserve, keep_going, |_| false, busy)
     }
 
     fn release_pages(
@@ -335,7 +339,16 @@ impl Arena {
         reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
+        busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
+        let backend = reserve.backend();
+        if busy == BusyStreams::Skip
+            && !backend
+                .stream_idle(self.device, self.stream)
+                .unwrap_or(false)
+        {
+            return Ok(Released::default());
+        }
         // Complete a parked block's free first: its pages can then go idle and be released
         // (a cache being emptied must reach them), and it is never handed out again after.
         self.unpark();
@@ -343,10 +356,12 @@ impl Arena {
         if chunks.is_empty() {
             return Ok(Released::default());
         }
-        if let Err(error) = reserve
-            .backend()
-            .synchronize_stream(self.device, self.stream)
-        {
+        // An idle stream has nothing queued that could touch the pages.
+        let waited = match busy {
+            BusyStreams::Skip => Ok(()),
+            BusyStreams::Wait => backend.synchronize_stream(self.device, self.stream),
+        };
+        if let Err(error) = waited {
             let now = crate::clock::now();
             for chunk in chunks {
                 self.pages.restore_idle(chunk, now);
@@ -413,7 +428,7 @@ impl Arena {
     /// be gone.
     pub(crate) fn destroy(mut self, reserve: &PageReserve) -> Result<Released, BackendError> {
         let released = self
-            .release_idle(reserve, |_, _| true)
+            .release_idle(reserve, |_, _| true, BusyStreams::Wait)
             .map_err(|e| e.error)?;
         reserve
             .backend()
@@ -504,7 +519,9 @@ mod tests {
         let (backend, mut arena) = setup();
         let first = alloc(&backend, &mut arena, 4096, 1);
         arena.free(first.block);
-        let released = arena.release_idle(&backend, |_, _| true).unwrap();
+        let released = arena
+            .release_idle(&backend, |_, _| true, BusyStreams::Wait)
+            .unwrap();
         assert_eq!((released.bytes, arena.mapped_pages()), (2 * MIB, 0));
         let again = alloc(&backend, &mut arena, 4096, 2);
         assert_eq!(again.map_calls, 1, "the page is mapped again, not assumed");

@@ -105,6 +105,48 @@ fn a_full_cache_budget_moves_idle_pages_instead_of_creating_new_ones() {
 }
 
 #[test]
+fn the_cache_budget_never_waits_for_a_busy_stream() {
+    // On a GPU a host queues work ahead of the device; waiting for a stream to move its idle
+    // pages would let it run dry. With every stream busy, the budget leaves them mapped and the
+    // mapping goes past it; once the streams are idle, the next miss comes back within it.
+    let sim = sim_backend();
+    let m = manager(sim.clone(), 0);
+    let first = m.alloc(0, 8 * MIB, &on_stream(1)).unwrap();
+    let small = m.alloc(0, 128 * 1024, &on_stream(1)).unwrap();
+    // Freed first, the small block is the one parked; the large one's four pages go idle.
+    drop(small);
+    drop(first);
+    sim.hold_fences(true);
+    let syncs = sim.syncs();
+    let busy = m.alloc(0, 8 * MIB, &on_stream(2)).unwrap();
+    assert_eq!(sim.syncs(), syncs, "no wait on a busy stream");
+    assert_eq!(m.device_stats(0).unwrap().pages_reused, 0);
+    assert_eq!(
+        m.reserved_bytes(),
+        18 * MIB,
+        "past the budget while the streams are busy"
+    );
+
+    sim.hold_fences(false);
+    let idle = m.alloc(0, 8 * MIB, &on_stream(3)).unwrap();
+    assert_eq!(sim.syncs(), syncs, "an idle stream needs no wait either");
+    assert_eq!(m.device_stats(0).unwrap().pages_reused, 4);
+    assert_eq!(
+        m.reserved_bytes(),
+        18 * MIB,
+        "stream 1's idle pages moved to stream 3"
+    );
+    drop((busy, idle));
+
+    // Emptying the cache is asked for: it waits for busy streams.
+    sim.hold_fences(true);
+    m.empty_cache();
+    assert!(sim.syncs() > syncs);
+    assert_eq!(m.reserved_bytes(), 0);
+    sim.hold_fences(false);
+}
+
+#[test]
 fn an_out_of_memory_retry_releases_the_kept_pages_too() {
     let sim = Arc::new(SimBackend::new(SimConfig {
         devices: vec![SimDeviceSpec {

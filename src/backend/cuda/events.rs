@@ -1,5 +1,5 @@
 //! Fences as CUDA events: one event recorded on a stream marks the work queued so far, and a
-//! query says whether that work has run. Events are created per fence and destroyed once it has
+//! query says whether that work has run; and whether a stream has any work left at all. Events are created per fence and destroyed once it has
 //! passed (or its query failed), so the backend holds no event nobody will ask about again
 //! except those of fences still outstanding.
 
@@ -39,6 +39,24 @@ impl CudaBackend {
             return Err(error);
         }
         Ok(Fence(event as u64))
+    }
+
+    pub(super) fn query_stream(
+        &self,
+        device: usize,
+        stream: StreamId,
+    ) -> Result<bool, BackendError> {
+        if stream == StreamId::ANY || self.capture_id(device, stream)?.is_some() {
+            return Ok(false);
+        }
+        let raw = stream_handle("stream_idle", stream)?;
+        // SAFETY: the handle comes from the host, which created it in this device's context
+        // (made current by `capture_id`), or is 0, the legacy stream; the driver only reads it.
+        match unsafe { sys::cuStreamQuery(raw) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuStreamQuery", other).map(|()| false),
+        }
     }
 
     pub(super) fn query_event(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {

@@ -287,6 +287,10 @@ impl DeviceBackend for CudaBackend {
         self.wait_for(device, stream)
     }
 
+    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
+        self.query_stream(device, stream)
+    }
+
     fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
         self.record_event(device, stream)
     }

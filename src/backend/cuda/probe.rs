@@ -33,6 +33,7 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemUnmap",
     "cuMemRelease",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuCtxSynchronize",
     "cuEventCreate",
     "cuEventRecord",
