@@ -310,7 +310,6 @@ impl Arena {
         std::mem::take(&mut self.kept_after_failed_map)
     }
 
-    /// Making room for a mapping within the cache budget: worth no wait on the stream.
     fn release_idle_sparing(
         &mut self,
         reserve: &PageReserve,
@@ -318,7 +317,7 @@ impl Arena {
         spare: impl Fn(u32) -> bool,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
-        self.release_pages(reserve, |taken, _| taken < pages, spare, BusyStreams::Skip)
+        self.release_pages(reserve, |taken, _| taken < pages, spare, BusyStreams::Wait)
     }
 
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,

@@ -185,9 +185,9 @@ struct SlotState {
 pub enum BusyStreams {
     /// Wait for the stream (`cuStreamSynchronize`): the memory must come back.
     Wait,
-    /// Leave that pool's pages alone. A host such as PyTorch queues work ahead of the GPU; a
-    /// wait mid-step lets the stream run dry, which cost GPT-2 training 17 % of its step time
-    /// when the cache budget waited to move pages. The budget can be kept at the next miss.
+    /// Leave that pool's pages alone, for a later try: the upkeep thread's rounds, which would
+    /// otherwise hold the pool's lock, and so its allocating threads, for as long as the
+    /// stream's queued work takes.
     Skip,
 }
 
