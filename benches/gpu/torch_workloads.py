@@ -30,8 +30,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # "default_again" repeats the default run: outputs that differ between two default runs are the
-# workload's own run-to-run variation, not the allocator's doing.
-MODES = ("default", "default_again", "expandable", "gpumem")
+# workload's own run-to-run variation, not the allocator's doing. "gpumem_unserved" is gpumem
+# without the exporter the gpumem training run serves /metrics from (its sampler thread reads
+# NVML and the pools every second).
+MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved")
 WORKLOADS = ("gpt2_train", "hf_generate", "cnn_serve")
 MARK = "RESULT "
 
@@ -208,7 +210,7 @@ def child(args):
     import contextlib
 
     gpumem_torch = None
-    if args.mode == "gpumem":
+    if args.mode.startswith("gpumem"):
         import gpumem.torch as gpumem_torch
 
         gpumem_torch.use()
@@ -225,7 +227,8 @@ def child(args):
 
     if gpumem_torch is not None:
         tags = gpumem_torch.tag
-        url = gpumem_torch.serve("127.0.0.1:0") if args.workload == "gpt2_train" else None
+        serves = args.workload == "gpt2_train" and args.mode == "gpumem"
+        url = gpumem_torch.serve("127.0.0.1:0") if serves else None
     else:
         def tags(name, all_threads=False):
             return contextlib.nullcontext()
