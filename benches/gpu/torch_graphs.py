@@ -6,13 +6,11 @@
 #
 # usage: python3 benches/gpu/torch_graphs.py [--library PATH] [--python-dir DIR] [--cases a,b]
 # Prints one JSON line per case and allocator: exit code, the case's own JSON result (last line).
-import argparse
 import json
-import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import case_env
 
 PRELUDE = """
 import gc, hashlib, json, os, sys, torch
@@ -166,17 +164,8 @@ def run(name, allocator, env):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--library")
-    parser.add_argument("--python-dir", default=os.path.join(HERE, "..", "..", "python"))
-    parser.add_argument("--cases", help="comma-separated case names (default: all)")
-    args = parser.parse_args()
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if args.library:
-        env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [os.path.abspath(args.python_dir), env.get("PYTHONPATH")]))
+    args = case_env.parse_args(__doc__)
+    env = case_env.child_env(args)
     for name in args.cases.split(",") if args.cases else list(CASES):
         rows = [run(name, allocator, env) for allocator in ("default", "gpumem")]
         digests = [row.get("result", {}).get("digest") for row in rows]

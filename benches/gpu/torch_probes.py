@@ -5,13 +5,11 @@
 #
 # usage: python3 benches/gpu/torch_probes.py [--library PATH] [--python-dir DIR]
 # Prints one JSON line per case: its exit code and the last lines it printed.
-import argparse
 import json
-import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import case_env
 
 RECORD_STREAM = """
 side = torch.cuda.Stream()
@@ -124,17 +122,8 @@ print("freed back:", gt.memory_stats(0)["allocated_bytes.all.current"])
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--library")
-    parser.add_argument("--python-dir", default=os.path.join(HERE, "..", "..", "python"))
-    parser.add_argument("--cases", help="comma-separated case names (default: all)")
-    args = parser.parse_args()
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if args.library:
-        env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
-    env["GPUMEM_PYTHON_DIR"] = os.path.abspath(args.python_dir)  # holds gpumem-torch.pth too
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(args.python_dir), env.get("PYTHONPATH")]))
+    args = case_env.parse_args(__doc__)
+    env = case_env.child_env(args)
     cases = dict(CASES)
     cases["alloc_cost_gpumem"] = "import gpumem.torch as gt\ngt.use()\n" + CASES["alloc_cost_default"]
     chosen = args.cases.split(",") if args.cases else list(cases)

@@ -2,23 +2,10 @@
 //! reach until the pool is released, and nothing done for a capture waits on a capturing
 //! stream (which would break the capture on CUDA).
 
-use crate::support::{all_backends, sim_backend};
+use crate::support::{all_backends, sim_backend, tight_manager};
 use gpumem::units::MIB;
-use gpumem::{AllocOptions, DeviceBackend, GraphPoolId, ManagerConfig, MemoryManager, StreamId};
+use gpumem::{AllocOptions, DeviceBackend, GraphPoolId, StreamId};
 use std::sync::Arc;
-
-fn manager(backend: Arc<dyn DeviceBackend>) -> MemoryManager {
-    let config = ManagerConfig {
-        devices: Some(vec![0]),
-        idle_pages_kept: 0,
-        idle_per_mille: 0,
-        gpu_memory_fraction: 1.0,
-        cleanup_interval: None,
-        release_idle_after: None,
-        ..ManagerConfig::default()
-    };
-    MemoryManager::new(backend, config).unwrap()
-}
 
 const POOL: GraphPoolId = GraphPoolId(7);
 
@@ -29,7 +16,7 @@ fn in_graph() -> AllocOptions {
 #[test]
 fn a_graph_pool_keeps_freed_memory_from_other_allocations_until_released() {
     for backend in all_backends() {
-        let m = manager(backend);
+        let m = tight_manager(backend, 0);
         let graph_block = m.alloc(0, 3 * MIB, &in_graph()).unwrap();
         let graph_ptr = graph_block.ptr();
         drop(graph_block);
@@ -73,7 +60,7 @@ fn a_graph_pool_keeps_freed_memory_from_other_allocations_until_released() {
 
 #[test]
 fn a_buffer_still_live_when_its_pool_is_released_is_freed_as_ordinary_memory() {
-    let m = manager(sim_backend());
+    let m = tight_manager(sim_backend(), 0);
     let output = m.alloc(0, 5 * MIB, &in_graph()).unwrap();
     assert_eq!(
         m.release_graph_pool(0, POOL).unwrap(),
@@ -90,7 +77,7 @@ fn a_buffer_still_live_when_its_pool_is_released_is_freed_as_ordinary_memory() {
 fn graph_pages_count_as_in_use_in_the_cache_budget() {
     // With no idle pages allowed, an ordinary miss must make room from idle pages: a graph
     // pool's free pages are not idle, so they are not what it takes.
-    let m = manager(sim_backend());
+    let m = tight_manager(sim_backend(), 0);
     let graph_block = m.alloc(0, 6 * MIB, &in_graph()).unwrap();
     drop(graph_block);
     let ordinary = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
@@ -103,7 +90,7 @@ fn graph_pages_count_as_in_use_in_the_cache_budget() {
 #[test]
 fn nothing_waits_on_a_capturing_stream() {
     let sim = sim_backend();
-    let m = manager(Arc::clone(&sim) as Arc<dyn DeviceBackend>);
+    let m = tight_manager(Arc::clone(&sim) as Arc<dyn DeviceBackend>, 0);
     let capturing = StreamId(0x5000);
     // Cached pages of the stream's ordinary pool, from before the capture.
     let before = m

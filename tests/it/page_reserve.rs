@@ -2,24 +2,11 @@
 //! again by the next miss without the driver creating memory, and go back to the driver whenever
 //! memory must be freed (emptying the cache, an out-of-memory retry, a run they cannot back).
 
-use crate::support::{all_backends, sim_backend};
+use crate::support::{all_backends, sim_backend, tight_manager};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::units::MIB;
-use gpumem::{AllocError, AllocOptions, DeviceBackend, ManagerConfig, MemoryManager, StreamId};
+use gpumem::{AllocError, AllocOptions, ManagerConfig, MemoryManager, StreamId};
 use std::sync::Arc;
-
-fn manager(backend: Arc<dyn DeviceBackend>, idle_pages_kept: usize) -> MemoryManager {
-    let config = ManagerConfig {
-        devices: Some(vec![0]),
-        idle_pages_kept,
-        idle_per_mille: 0,
-        gpu_memory_fraction: 1.0,
-        cleanup_interval: None,
-        release_idle_after: None,
-        ..ManagerConfig::default()
-    };
-    MemoryManager::new(backend, config).unwrap()
-}
 
 fn on_stream(stream: u64) -> AllocOptions {
     AllocOptions {
@@ -39,7 +26,7 @@ fn held(m: &MemoryManager, baseline: u64) -> (u64, u64) {
 fn kept_pages_are_reserved_and_mapped_again_without_creating_memory() {
     for backend in all_backends() {
         let baseline = backend.mem_info(0).unwrap().used();
-        let m = manager(backend, 4);
+        let m = tight_manager(backend, 4);
         let first = m.alloc(0, 8 * MIB, &AllocOptions::default()).unwrap();
         drop(first);
         assert_eq!(m.unmap_cached(), 8 * MIB);
@@ -78,7 +65,7 @@ fn kept_pages_are_reserved_and_mapped_again_without_creating_memory() {
 #[test]
 fn a_full_cache_budget_moves_idle_pages_instead_of_creating_new_ones() {
     let sim = sim_backend();
-    let m = manager(sim.clone(), 0);
+    let m = tight_manager(sim.clone(), 0);
     let page = 2 * MIB;
     for stream in 0..6 {
         // Four pages for one buffer and a fifth under a small one; the small one is freed
@@ -157,7 +144,7 @@ fn an_out_of_memory_retry_releases_the_kept_pages_too() {
         granularity: 2 * MIB,
         ..SimConfig::default()
     }));
-    let m = manager(sim.clone(), 64);
+    let m = tight_manager(sim.clone(), 64);
     drop(m.alloc(0, 40 * MIB, &AllocOptions::default()).unwrap());
     m.unmap_cached();
     sim.set_used_by_others(0, 24 * MIB).unwrap();

@@ -9,8 +9,27 @@ pub(crate) use promtool::promtool_check_metrics;
 
 use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::sim::{SimBackend, SimConfig};
-use gpumem::DeviceBackend;
+use gpumem::{DeviceBackend, ManagerConfig, MemoryManager};
 use std::sync::Arc;
+
+/// A manager of device 0 whose cache keeps exactly `idle_pages_kept` idle pages (none per
+/// mille), may use the whole device, and runs no upkeep thread: what the cache-budget tests need
+/// to know exactly which pages move.
+pub(crate) fn tight_manager(
+    backend: Arc<dyn DeviceBackend>,
+    idle_pages_kept: usize,
+) -> MemoryManager {
+    let config = ManagerConfig {
+        devices: Some(vec![0]),
+        idle_pages_kept,
+        idle_per_mille: 0,
+        gpu_memory_fraction: 1.0,
+        cleanup_interval: None,
+        release_idle_after: None,
+        ..ManagerConfig::default()
+    };
+    MemoryManager::new(backend, config).unwrap()
+}
 
 /// True when `GPUMEM_REQUIRE_GPU=1`: GPU tests must then run and pass, never skip.
 pub(crate) fn gpu_required() -> bool {
