@@ -44,7 +44,8 @@ impl MemoryManager {
         pool.release_idle(BusyStreams::Wait, |_, _| true)
     }
 
-    /// The graph pools of `device`: (id, pinned, bytes in use, pages mapped).
+    /// The graph pools of `device`, by id: whether each is still held, its bytes in use and
+    /// its bytes mapped.
     pub fn graph_pools(&self, device: usize) -> Result<Vec<GraphPoolView>, BackendError> {
         let managed = self.device(device)?;
         let pools = managed.graph_pools.read();

@@ -1,7 +1,7 @@
-//! Fences as CUDA events: one event recorded on a stream marks the work queued so far, and a
-//! query says whether that work has run; and whether a stream has any work left at all. Events are created per fence and destroyed once it has
-//! passed (or its query failed), so the backend holds no event nobody will ask about again
-//! except those of fences still outstanding.
+//! Fences as CUDA events, and whether a stream has work left. One event recorded on a stream
+//! marks the work queued so far, and a query says whether that work has run. Events are created
+//! per fence and destroyed once it has passed (or its query failed): the backend holds events
+//! only for fences still outstanding.
 
 use super::{check, stream_handle, CudaBackend};
 use crate::backend::{Fence, StreamId};
