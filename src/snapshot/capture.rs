@@ -81,6 +81,13 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                 },
             };
             device.recent_ooms.extend(manager.recent_ooms(index));
+            for pool in manager.graph_pools(index).unwrap_or_default() {
+                if pool.pinned {
+                    device.graphs.pools += 1;
+                    device.graphs.reserved_bytes += pool.mapped_bytes;
+                    device.graphs.in_use_bytes += pool.in_use_bytes;
+                }
+            }
             match manager.device_stats(index) {
                 Ok(stats) => add_stats(&mut device.stats, &stats),
                 Err(error) => problems.push(format!(

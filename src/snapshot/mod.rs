@@ -75,6 +75,20 @@ pub struct DeviceSnapshot {
     /// workspaces, an engine's own `cuMemAlloc`): not part of any pool figure above.
     #[serde(default)]
     pub external: ExternalSummary,
+    /// Memory held for CUDA graphs: pools of graphs not yet released. Part of the pool figures
+    /// above, but out of every other allocation's reach.
+    #[serde(default)]
+    pub graphs: GraphSummary,
+}
+
+/// The graph pools of one device that still hold memory for their graphs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphSummary {
+    pub pools: u64,
+    /// Mapped for the graphs, whether a tensor uses it now or a replay will.
+    pub reserved_bytes: u64,
+    /// In live allocations (a graph's static inputs and outputs, for one).
+    pub in_use_bytes: u64,
 }
 
 /// The outside buffers registered on one device.

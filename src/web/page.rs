@@ -85,6 +85,8 @@ pub(crate) struct DeviceView {
     pub external: Vec<GroupRow>,
     /// "3 buffers, 1.50 GiB" (empty when none are registered).
     pub external_total: String,
+    /// "2 pools, 52.00 MiB (35.00 MiB in use)" when CUDA graphs hold memory, else empty.
+    pub graphs_total: String,
 }
 
 /// One device's row in the overview shown when there are several.
@@ -425,6 +427,21 @@ impl DeviceView {
                 })
                 .collect(),
             external: device.external.by_tag.iter().map(group_row).collect(),
+            graphs_total: if device.graphs.pools == 0 {
+                String::new()
+            } else {
+                format!(
+                    "{} {}, {} ({} in use)",
+                    format::count(device.graphs.pools),
+                    if device.graphs.pools == 1 {
+                        "pool"
+                    } else {
+                        "pools"
+                    },
+                    format::bytes(device.graphs.reserved_bytes),
+                    format::bytes(device.graphs.in_use_bytes)
+                )
+            },
             external_total: if device.external.count == 0 {
                 String::new()
             } else {

@@ -13,7 +13,8 @@ use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::exporter::ExporterError;
 use gpumem::units::{GIB, MIB};
 use gpumem::{
-    AllocOptions, DeviceBuffer, Exporter, ExporterHandle, ManagerConfig, MemoryManager, Tag,
+    AllocOptions, DeviceBuffer, Exporter, ExporterHandle, GraphPoolId, ManagerConfig,
+    MemoryManager, Tag,
 };
 use http::samples;
 use serde_json::Value;
@@ -54,6 +55,9 @@ impl Fixture {
                 .alloc(0, 4096, &AllocOptions::default())
                 .expect("small alloc"),
         );
+        // A CUDA graph's output: two 2 MiB pages held for the graph.
+        let graph = AllocOptions::tagged(Tag::new("graph_output")).in_graph_pool(GraphPoolId(1));
+        buffers.push(manager.alloc(0, 3 * MIB, &graph).expect("graph alloc"));
         let exporter = Exporter::builder()
             .manager(manager)
             .listen(([127, 0, 0, 1], 0))
@@ -88,6 +92,7 @@ fn the_status_page_shows_devices_pools_and_tags() {
         "weights",
         "/static/chart.js",
         "/static/style.css",
+        "CUDA graphs <small>1 pool, 4.00 MiB (3.00 MiB in use)",
     ] {
         assert!(reply.body.contains(expected), "the page lacks {expected:?}");
     }
@@ -114,6 +119,8 @@ const DEVICE_FAMILIES: &[(&str, &str)] = &[
     ("gpumem_host_fallback_bytes", "gauge"),
     ("gpumem_external_bytes", "gauge"),
     ("gpumem_external_buffers", "gauge"),
+    ("gpumem_graph_pool_bytes", "gauge"),
+    ("gpumem_graph_pools", "gauge"),
     ("gpumem_live_allocations", "gauge"),
     ("gpumem_live_bytes", "gauge"),
     ("gpumem_live_age_band_bytes", "gauge"),
@@ -156,6 +163,9 @@ fn metrics_have_the_exact_content_type_and_every_family() {
         assert_eq!(types.get(name), Some(kind), "{name} should be a {kind}");
     }
     let series = samples(&reply.body);
+    let graphs = |name| value_of(&reply.body, name, "gpu=\"0\"");
+    assert_eq!(graphs("gpumem_graph_pool_bytes"), Some((4 * MIB) as f64));
+    assert_eq!(graphs("gpumem_graph_pools"), Some(1.0));
     // The largest tags by name (10 unless --top-tags says otherwise), the rest as "other".
     let tags: std::collections::BTreeSet<&str> = series
         .iter()
@@ -197,7 +207,8 @@ fn metrics_have_the_exact_content_type_and_every_family() {
     assert_eq!(value_of(text, "gpumem_up", ""), Some(1.0));
     assert_eq!(
         value_of(text, "gpumem_live_allocations", "gpu=\"0\""),
-        Some(3.0)
+        Some(4.0),
+        "three buffers and a graph's output"
     );
     assert_eq!(
         value_of(text, "gpumem_live_allocations", "gpu=\"1\""),
@@ -238,7 +249,10 @@ fn the_json_api_has_the_snapshot_and_history() {
     assert!(device["uuid"]
         .as_str()
         .is_some_and(|u| u.starts_with("GPU-")));
-    assert_eq!(device["live"]["count"], 3);
+    assert_eq!(device["live"]["count"], 4);
+    assert_eq!(device["graphs"]["pools"], 1);
+    assert_eq!(device["graphs"]["reserved_bytes"], 4 * MIB);
+    assert_eq!(device["graphs"]["in_use_bytes"], 3 * MIB);
     assert_eq!(device["pressure"]["level"], "low");
     assert!(device["pools"].as_array().is_some_and(|p| p.len() >= 2));
     assert!(device["by_tag"]
