@@ -110,7 +110,11 @@ fn describe_mismatch(
 
 pub(super) fn empty_cache() -> Result<i64, String> {
     let runtime = runtime()?;
-    let released = runtime.keeping_host_context(|| runtime.manager.empty_cache());
+    let released = runtime.keeping_host_context(|| {
+        // Memory whose other streams are done is free: it goes back with the rest.
+        runtime.free_what_streams_finished();
+        runtime.manager.empty_cache()
+    });
     Ok(i64::try_from(released).unwrap_or(i64::MAX))
 }
 

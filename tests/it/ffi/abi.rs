@@ -278,6 +278,16 @@ fn memory_used_on_another_stream_waits_for_that_stream_before_reuse() {
     assert_eq!(sim.outstanding_fences(), 0);
     gpumem_free(next, size, 0, own);
 
+    // Emptying the cache frees what waited, once its streams are done.
+    let again = gpumem_alloc(size, 0, own);
+    assert_eq!(gpumem_record_stream(again, side), 0);
+    sim.hold_fences(true);
+    gpumem_free(again, size, 0, own);
+    sim.hold_fences(false);
+    assert_eq!(stat("ffi_frees_waiting_for_streams"), 1);
+    assert!(gpumem_empty_cache() >= 0, "{}", last_error());
+    assert_eq!(stat("ffi_frees_waiting_for_streams"), 0);
+
     assert_eq!(gpumem_record_stream(0x1234 as *mut c_void, side), -1);
     assert!(
         last_error().contains("not a live allocation"),
