@@ -1,7 +1,9 @@
 //! Allocator speed, every baseline measured in the same run: a gpumem pool hit (alloc + free),
 //! a pool miss (pages mapped and unmapped each time), the driver's `cuMemAlloc`/`cuMemFree` and,
 //! on CUDA, `cuMemAllocAsync`/`cuMemFreeAsync`; one and eight threads; 100 vs 100,000 live
-//! allocations. `GPUMEM_BENCH_BACKEND=cuda|sim|auto` (default auto) picks the device.
+//! allocations; and a pool hit through the C ABI PyTorch calls (`gpumem_alloc`/`gpumem_free`)
+//! beside the same manager called from Rust. `GPUMEM_BENCH_BACKEND=cuda|sim|auto` (default
+//! auto) picks the device.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use gpumem::backend::cuda::CudaBackend;
@@ -183,6 +185,29 @@ fn live_count(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the C ABI adds to a pool hit: the live-buffer table keyed by address, the graph-capture
+/// check (a driver call on CUDA), the host-context scope, and the check for frees waiting on
+/// other streams. The C ABI has one manager per process: this bench installs it.
+fn c_abi(c: &mut Criterion) {
+    let backend = backend();
+    let rust = manager(&backend, ManagerConfig::default());
+    let abi = manager(&backend, ManagerConfig::default());
+    gpumem::ffi::install(abi).expect("the bench installs the C ABI's manager first");
+    let options = AllocOptions::default();
+    let mut group = c.benchmark_group("c_abi");
+    group.bench_function("rust_pool_hit/4.00KiB", |b| {
+        b.iter(|| drop(black_box(rust.alloc(0, 4 * KIB, &options).unwrap())))
+    });
+    group.bench_function("c_abi_pool_hit/4.00KiB", |b| {
+        b.iter(|| {
+            let ptr = gpumem::ffi::gpumem_alloc(4 * KIB as isize, 0, std::ptr::null_mut());
+            assert!(!ptr.is_null());
+            gpumem::ffi::gpumem_free(black_box(ptr), 4 * KIB as isize, 0, std::ptr::null_mut());
+        })
+    });
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .sample_size(30)
@@ -193,6 +218,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = single_thread, threaded, live_count
+    targets = single_thread, threaded, live_count, c_abi
 }
 criterion_main!(benches);
