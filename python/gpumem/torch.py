@@ -7,7 +7,10 @@
         model = build_model().cuda()
 
 With gpumem as the allocator, PyTorch's own `torch.cuda.memory_stats()` and `empty_cache()` do
-not see its memory: use the functions of this module instead. Everything except `use()` works
+not see its memory: use the functions of this module instead. `use()` also wraps
+`torch.cuda.CUDAGraph.capture_begin` and `torch.Tensor.record_stream`, which PyTorch does not
+forward to a pluggable allocator: gpumem then knows which memory pool each graph capture uses
+and when a graph is gone, and which other streams a tensor was used on. Everything except `use()` works
 without PyTorch too (the C library is loaded through ctypes).
 """
 import contextlib
