@@ -76,9 +76,7 @@ impl Runtime {
             .then_some(())
             .ok_or_else(|| format!("device {device} is not managed by gpumem"))?;
         let capture = self
-            .manager
-            .backend()
-            .capture_of(device, stream)
+            .keeping_host_context(|| self.manager.backend().capture_of(device, stream))
             .map_err(|e| e.to_string())?
             .ok_or_else(|| {
                 format!(
