@@ -125,18 +125,36 @@ impl MemoryManager {
         let mut views = Vec::new();
         for kind in [PoolKind::Small, PoolKind::Large] {
             let mut counters = CounterValues::default();
-            let (mut largest, mut idle) = (0, 0);
+            let (mut largest, mut idle, mut held_for_graphs) = (0, 0, 0);
             for pool in &pools {
-                counters.add(&pool.slot(kind).counters.read());
+                let pool_counters = pool.slot(kind).counters.read();
+                counters.add(&pool_counters);
+                if pool.is_pinned() {
+                    // A graph's free space is its replays' memory, not cache anyone can use.
+                    held_for_graphs += pool_counters
+                        .reserved_bytes
+                        .saturating_sub(pool_counters.in_use_bytes);
+                    continue;
+                }
                 let arena = pool.arena_view(kind);
                 largest = largest.max(arena.largest_cached_free_block);
                 idle += arena.idle_pages;
             }
-            views.push(pool_view(managed.index, kind, counters, largest, idle));
+            let free = Free {
+                largest,
+                idle_pages: idle,
+                held_for_graphs,
+            };
+            views.push(pool_view(managed.index, kind, counters, free));
         }
         let direct = managed.direct.counters.read();
         if direct.requests > 0 {
-            views.push(pool_view(managed.index, PoolKind::Direct, direct, 0, 0));
+            views.push(pool_view(
+                managed.index,
+                PoolKind::Direct,
+                direct,
+                Free::default(),
+            ));
         }
         views
     }
@@ -176,23 +194,28 @@ impl MemoryManager {
     }
 }
 
-fn pool_view(
-    device: usize,
-    pool: PoolKind,
-    counters: CounterValues,
+/// The free space of one kind of pool on a device.
+#[derive(Default)]
+struct Free {
+    /// The largest free block within mapped pages, over the pools that are not pinned.
     largest: u64,
     idle_pages: u64,
-) -> PoolView {
+    /// Free bytes of pinned (graph) pools: reserved, but not cache.
+    held_for_graphs: u64,
+}
+
+fn pool_view(device: usize, pool: PoolKind, counters: CounterValues, free: Free) -> PoolView {
     let cached_free = counters
         .reserved_bytes
-        .saturating_sub(counters.in_use_bytes);
+        .saturating_sub(counters.in_use_bytes)
+        .saturating_sub(free.held_for_graphs);
     PoolView {
         device,
         pool,
         counters,
         cached_free_bytes: cached_free,
-        largest_cached_free_block_bytes: largest.min(cached_free),
-        fragmentation_ratio: fragmentation(largest, cached_free),
-        idle_pages,
+        largest_cached_free_block_bytes: free.largest.min(cached_free),
+        fragmentation_ratio: fragmentation(free.largest, cached_free),
+        idle_pages: free.idle_pages,
     }
 }

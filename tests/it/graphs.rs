@@ -74,6 +74,26 @@ fn a_buffer_still_live_when_its_pool_is_released_is_freed_as_ordinary_memory() {
 }
 
 #[test]
+fn a_graphs_free_space_is_not_reported_as_cache() {
+    // Cached free bytes and fragmentation describe memory other requests could use: a graph's
+    // free blocks are its replays' memory, so they stay out (while its pages stay reserved).
+    let m = tight_manager(sim_backend(), 0);
+    let graph_block = m.alloc(0, 3 * MIB, &in_graph()).unwrap();
+    let output = m.alloc(0, 5 * MIB, &in_graph()).unwrap();
+    drop(graph_block);
+    let large = m
+        .pool_views()
+        .into_iter()
+        .find(|view| view.pool.name() == "large")
+        .unwrap();
+    assert_eq!(large.counters.reserved_bytes, 8 * MIB);
+    assert_eq!(large.counters.in_use_bytes, 5 * MIB);
+    assert_eq!(large.cached_free_bytes, 0);
+    assert_eq!(large.fragmentation_ratio, 0.0);
+    drop(output);
+}
+
+#[test]
 fn graph_pages_count_as_in_use_in_the_cache_budget() {
     // With no idle pages allowed, an ordinary miss must make room from idle pages: a graph
     // pool's free pages are not idle, so they are not what it takes.
