@@ -103,6 +103,13 @@ class ProcessMemory:
 
 
 # ---------------------------------------------------------------- the workloads (child side)
+def step_times(times):
+    """The median step, and every step in order (ms): a median hides a run that is slow only
+    some of the time."""
+    return {"step_seconds": statistics.median(times), "steps": len(times),
+            "step_ms": [round(t * 1e3, 3) for t in times]}
+
+
 def gpt2_train(torch, quick, tags, at_end):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -131,7 +138,7 @@ def gpt2_train(torch, quick, tags, at_end):
                 times.append(time.perf_counter() - started)
             losses.append(float(loss.item()))
     at_end()  # while the model, its gradients and the optimizer's state are alive
-    return {"outputs": losses, "step_seconds": statistics.median(times), "steps": len(times)}
+    return {"outputs": losses, **step_times(times)}
 
 
 def hf_generate(torch, quick, tags, at_end):
@@ -157,7 +164,7 @@ def hf_generate(torch, quick, tags, at_end):
                 times.append(time.perf_counter() - started)
             digests.append(int(out.long().sum().item()) * 1000003 + int((out.long() * out.long()).sum().item()))
     at_end()
-    return {"outputs": digests, "step_seconds": statistics.median(times), "steps": len(times)}
+    return {"outputs": digests, **step_times(times)}
 
 
 def cnn_model(torch):
@@ -202,7 +209,7 @@ def cnn_serve(torch, quick, tags, at_end):
                 times.append(time.perf_counter() - started)
             sums.append(repr(float(logits.float().sum().item())))
     at_end()
-    return {"outputs": sums, "step_seconds": statistics.median(times), "steps": len(times), "model": name}
+    return {"outputs": sums, **step_times(times), "model": name}
 
 
 def child(args):
@@ -373,7 +380,7 @@ def main():
             except subprocess.TimeoutExpired:
                 result = {"workload": workload, "mode": mode, "error": f"timed out after {args.timeout} s"}
             result["process_seconds"] = round(time.time() - started, 1)
-            print(json.dumps({k: v for k, v in result.items() if k != "outputs"}), flush=True)
+            print(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "step_ms")}), flush=True)
             results.append(result)
             if os.environ.get("OUT"):  # everything, outputs included, in case the run is cut short
                 with open(os.path.join(os.environ["OUT"], "results.jsonl"), "a") as f:
