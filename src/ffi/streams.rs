@@ -39,21 +39,39 @@ impl Runtime {
             return buffer.free().map_err(|e| e.to_string());
         }
         let backend = self.manager.backend();
+        let device = buffer.device();
+        // Every stream is checked before any fence is recorded, so that a refusal leaves no
+        // event behind that nobody would ever query (and destroy).
+        let unfenceable =
+            used_on
+                .iter()
+                .find_map(|&stream| match backend.capture_of(device, stream) {
+                    Ok(None) => None,
+                    Ok(Some(_)) => Some((stream, "it is capturing a CUDA graph".to_string())),
+                    Err(why) => Some((stream, why.to_string())),
+                });
         let mut fences = Vec::with_capacity(used_on.len());
-        for stream in used_on {
-            match backend.record_fence(buffer.device(), stream) {
-                Ok(fence) => fences.push(fence),
-                Err(why) => {
-                    let ptr = buffer.ptr();
-                    // Dropping the buffer would free it for reuse while `stream` may use it.
-                    std::mem::forget(buffer);
-                    return Err(format!(
-                        "{ptr:#x} was used on stream {:#x}, whose work cannot be waited for \
-                         ({why}); its memory is kept until the process ends",
-                        stream.0
-                    ));
-                }
-            }
+        let refused = match unfenceable {
+            Some(refusal) => Some(refusal),
+            None => used_on
+                .iter()
+                .find_map(|&stream| match backend.record_fence(device, stream) {
+                    Ok(fence) => {
+                        fences.push(fence);
+                        None
+                    }
+                    Err(why) => Some((stream, why.to_string())),
+                }),
+        };
+        if let Some((stream, why)) = refused {
+            let ptr = buffer.ptr();
+            // Dropping the buffer would free it for reuse while `stream` may use it.
+            std::mem::forget(buffer);
+            return Err(format!(
+                "{ptr:#x} was used on stream {:#x}, whose work cannot be waited for ({why}); \
+                 its memory is kept until the process ends",
+                stream.0
+            ));
         }
         let mut waiting = self.deferred.waiting.lock();
         waiting.push(Waiting { buffer, fences });

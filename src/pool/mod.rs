@@ -460,11 +460,14 @@ impl Pool {
         mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> Result<u64, BackendError> {
         let mut total = 0;
-        if self.is_pinned() {
-            return Ok(total);
-        }
         for slot in [&self.small, &self.large] {
             let mut guard = slot.state.lock();
+            // Read under the slot's lock: a capture pins the pool before it takes this lock to
+            // allocate, so a release running beside a new capture into a released pool cannot
+            // unmap what that capture has just freed.
+            if self.is_pinned() {
+                break;
+            }
             let SlotState {
                 arena: Some(arena),
                 reserve: Some(reserve),

@@ -59,6 +59,19 @@ fn a_graph_pool_keeps_freed_memory_from_other_allocations_until_released() {
 }
 
 #[test]
+fn a_released_pool_captured_into_again_is_held_again() {
+    let m = tight_manager(sim_backend(), 0);
+    drop(m.alloc(0, 3 * MIB, &in_graph()).unwrap());
+    assert_eq!(m.release_graph_pool(0, POOL).unwrap(), 4 * MIB);
+    // A new graph captured into the same pool: its freed block must survive emptying.
+    drop(m.alloc(0, 3 * MIB, &in_graph()).unwrap());
+    m.empty_cache();
+    let pools = m.graph_pools(0).unwrap();
+    assert!(pools[0].pinned);
+    assert_eq!(pools[0].mapped_bytes, 4 * MIB);
+}
+
+#[test]
 fn a_buffer_still_live_when_its_pool_is_released_is_freed_as_ordinary_memory() {
     let m = tight_manager(sim_backend(), 0);
     let output = m.alloc(0, 5 * MIB, &in_graph()).unwrap();
