@@ -11,15 +11,17 @@
 #
 # usage: python3 benches/gpu/torch_workloads.py [--quick] [--library PATH] [--python-dir DIR]
 #                                               [--workloads gpt2_train,hf_generate,cnn_serve]
-#                                               [--modes default,gpumem] [--repeat N]
+#                                               [--modes default,gpumem] [--repeat N] [--profile]
 # Prints one JSON line per run, then a short table. --repeat N runs the modes N times in turn
 # (default, gpumem, default, gpumem, ...): step times drift between processes on these hosts by
 # more than the allocators differ, and interleaving spreads the drift over both; the table then
 # gives each mode's median step time over its runs and the ratio of the medians. With $OUT set, every run's result is appended
 # to $OUT/results.jsonl (`--table FILE` prints the table of such a file), and the gpumem training
 # run leaves its /metrics scrape and snapshot, taken after its last step, there (metrics.txt,
-# snapshot.json).
+# snapshot.json). Each step is timed whole, up to its last kernel queued (host) and between CUDA
+# events around its work (device); --profile adds one round under torch.profiler.
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -103,14 +105,70 @@ class ProcessMemory:
 
 
 # ---------------------------------------------------------------- the workloads (child side)
-def step_times(times):
-    """The median step, and every step in order (ms): a median hides a run that is slow only
-    some of the time."""
-    return {"step_seconds": statistics.median(times), "steps": len(times),
-            "step_ms": [round(t * 1e3, 3) for t in times]}
+class StepClock:
+    """Times each step three ways: wall time between two device synchronisations; the host's
+    share, until the step's last kernel is queued; and the device's, between CUDA events recorded
+    before and after its work. A gap between allocators in the host share is host-side cost (the
+    allocator's calls, its threads); one only in the device share is in the kernels themselves.
+    Every step is kept, not only the median: a median hides a run that is slow some of the time.
+    With `profile`, the last round is run once more under torch.profiler, untimed. `misses`,
+    under gpumem, reads its count of misses and their time in all: each step's share is kept."""
+
+    def __init__(self, torch, profile, misses=None):
+        self.torch = torch
+        self.profile = profile
+        self.misses = misses
+        self.wall, self.host, self.device, self.miss_counts, self.miss_ms = [], [], [], [], []
+
+    @contextlib.contextmanager
+    def step(self, timed):
+        torch = self.torch
+        torch.cuda.synchronize()
+        misses_before = self.misses() if self.misses else None
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        started = time.perf_counter()
+        begin.record()
+        yield
+        end.record()
+        queued = time.perf_counter()
+        torch.cuda.synchronize()
+        if timed:
+            self.wall.append(time.perf_counter() - started)
+            self.host.append(queued - started)
+            self.device.append(begin.elapsed_time(end) / 1e3)
+            if misses_before:
+                count, ns = self.misses()
+                self.miss_counts.append(count - misses_before[0])
+                self.miss_ms.append((ns - misses_before[1]) / 1e6)
+
+    def profiled(self, run_round):
+        """Runs `run_round()` under torch.profiler; the busiest operators, per step."""
+        if not self.profile:
+            return {}
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            steps = run_round()
+        rows = prof.key_averages()
+        device_us = sum(getattr(r, "self_device_time_total", 0) for r in rows)
+        cpu_us = sum(r.self_cpu_time_total for r in rows)
+        top = sorted(rows, key=lambda r: r.self_cpu_time_total, reverse=True)[:20]
+        return {"profile": {
+            "steps": steps, "self_cpu_ms_per_step": cpu_us / 1e3 / steps,
+            "device_ms_per_step": device_us / 1e3 / steps,
+            "top_cpu": [[r.key, round(r.self_cpu_time_total / steps), r.count // steps] for r in top]}}
+
+    def result(self):
+        ms = lambda times: [round(t * 1e3, 3) for t in times]  # noqa: E731
+        return {"step_seconds": statistics.median(self.wall), "steps": len(self.wall),
+                "host_seconds": statistics.median(self.host),
+                "device_seconds": statistics.median(self.device),
+                "step_ms": ms(self.wall), "host_ms": ms(self.host), "device_ms": ms(self.device),
+                **({"step_misses": self.miss_counts, "step_miss_ms": [round(t, 3) for t in self.miss_ms]}
+                   if self.misses else {})}
 
 
-def gpt2_train(torch, quick, tags, at_end):
+def gpt2_train(torch, quick, tags, at_end, clock):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
@@ -120,28 +178,30 @@ def gpt2_train(torch, quick, tags, at_end):
         model = GPT2LMHeadModel(config).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     generator = torch.Generator(device="cpu").manual_seed(1)
-    losses, times = [], []
-    for r in range(rounds + 1):
+    losses = []
+
+    def run_round(timed):
         for batch, length in shapes:
             ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator).cuda()
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            with tags("activations"), torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, labels=ids).loss
-            with tags("gradients", all_threads=True):
-                loss.backward()
-            with tags("optimizer"):
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            if r > 0:  # round 0 warms up every shape
-                times.append(time.perf_counter() - started)
+            with clock.step(timed):
+                with tags("activations"), torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(ids, labels=ids).loss
+                with tags("gradients", all_threads=True):
+                    loss.backward()
+                with tags("optimizer"):
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss.item()))
+        return len(shapes)
+
+    for r in range(rounds + 1):
+        run_round(timed=r > 0)  # round 0 warms up every shape
     at_end()  # while the model, its gradients and the optimizer's state are alive
-    return {"outputs": losses, **step_times(times)}
+    outputs = list(losses)
+    return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False))}
 
 
-def hf_generate(torch, quick, tags, at_end):
+def hf_generate(torch, quick, tags, at_end, clock):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     shapes = [(1, 32), (8, 128), (4, 512), (16, 64), (2, 256), (8, 32), (32, 128), (4, 64)]
@@ -150,21 +210,22 @@ def hf_generate(torch, quick, tags, at_end):
         config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
         model = GPT2LMHeadModel(config).to(device="cuda", dtype=torch.float16).eval()
     generator = torch.Generator(device="cpu").manual_seed(2)
-    digests, times = [], []
-    for r in range(rounds + 1):
+    digests = []
+
+    def run_round(timed):
         for batch, length in shapes:
             ids = torch.randint(0, config.vocab_size, (batch, length), generator=generator).cuda()
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            with torch.inference_mode(), tags("kv_cache"):
+            with clock.step(timed), torch.inference_mode(), tags("kv_cache"):
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32,
                                      do_sample=False, pad_token_id=config.eos_token_id)
-            torch.cuda.synchronize()
-            if r > 0:
-                times.append(time.perf_counter() - started)
             digests.append(int(out.long().sum().item()) * 1000003 + int((out.long() * out.long()).sum().item()))
+        return len(shapes)
+
+    for r in range(rounds + 1):
+        run_round(timed=r > 0)
     at_end()
-    return {"outputs": digests, **step_times(times)}
+    outputs = list(digests)
+    return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False))}
 
 
 def cnn_model(torch):
@@ -188,34 +249,34 @@ def cnn_model(torch):
     return "small CNN", nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
 
 
-def cnn_serve(torch, quick, tags, at_end):
+def cnn_serve(torch, quick, tags, at_end, clock):
     batches = [1, 8, 32, 4, 64, 16, 2, 48, 128, 8]
     rounds = 2 if quick else 5
     with tags("weights"):
         name, model = cnn_model(torch)
         model = model.to(device="cuda", dtype=torch.float16, memory_format=torch.channels_last).eval()
     generator = torch.Generator(device="cpu").manual_seed(3)
-    sums, times = [], []
-    for r in range(rounds + 1):
+    sums = []
+
+    def run_round(timed):
         for batch in batches:
             images = torch.randn((batch, 3, 224, 224), generator=generator).to(
                 device="cuda", dtype=torch.float16, memory_format=torch.channels_last)
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            with torch.inference_mode(), tags("activations"):
+            with clock.step(timed), torch.inference_mode(), tags("activations"):
                 logits = model(images)
-            torch.cuda.synchronize()
-            if r > 0:
-                times.append(time.perf_counter() - started)
             sums.append(repr(float(logits.float().sum().item())))
+        return len(batches)
+
+    for r in range(rounds + 1):
+        run_round(timed=r > 0)
     at_end()
-    return {"outputs": sums, **step_times(times), "model": name}
+    outputs = list(sums)
+    return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False)),
+            "model": name}
 
 
 def child(args):
     """One workload under one allocator, in this process; prints one RESULT line."""
-    import contextlib
-
     gpumem_torch = None
     if args.mode.startswith("gpumem"):
         import gpumem.torch as gpumem_torch
@@ -248,7 +309,13 @@ def child(args):
             scrape(url, scraped)
 
     started = time.perf_counter()
-    result = globals()[args.workload](torch, args.quick, tags, at_end)
+    misses = None
+    if gpumem_torch is not None:
+        def misses():
+            stats = gpumem_torch.memory_stats(0)
+            return stats["pool_misses"], stats["pool_miss_ns_total"]
+    clock = StepClock(torch, args.profile, misses)
+    result = globals()[args.workload](torch, args.quick, tags, at_end, clock)
     wall = time.perf_counter() - started
     result.update(scraped)
     torch.cuda.synchronize()
@@ -300,6 +367,8 @@ def run_child(workload, mode, args):
     command = [sys.executable, os.path.abspath(__file__), "--child", "--workload", workload, "--mode", mode]
     if args.quick:
         command.append("--quick")
+    if args.profile:
+        command.append("--profile")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
@@ -358,6 +427,8 @@ def main():
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed rounds, run one more under torch.profiler and report its busiest operators")
     parser.add_argument("--repeat", type=int, default=1, help="run the modes this many times in turn")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -380,7 +451,7 @@ def main():
             except subprocess.TimeoutExpired:
                 result = {"workload": workload, "mode": mode, "error": f"timed out after {args.timeout} s"}
             result["process_seconds"] = round(time.time() - started, 1)
-            print(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "step_ms")}), flush=True)
+            print(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "step_ms", "host_ms", "device_ms", "profile", "step_misses", "step_miss_ms")}), flush=True)
             results.append(result)
             if os.environ.get("OUT"):  # everything, outputs included, in case the run is cut short
                 with open(os.path.join(os.environ["OUT"], "results.jsonl"), "a") as f:

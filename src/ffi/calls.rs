@@ -180,6 +180,8 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     put("num_alloc_retries", stats.oom_retries);
     put("pool_requests", c.requests);
     put("pool_hits", c.hits);
+    put("pool_misses", stats.misses);
+    put("pool_miss_ns_total", stats.miss_ns_total);
     put("ffi_live_allocations", runtime.live.len() as u64);
     put(
         "ffi_frees_waiting_for_streams",

@@ -234,6 +234,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("max_chunk_bytes", |c, raw, key| {
         raw.bytes(key).map(|v| c.max_chunk_bytes = v)
     }),
+    ("chunks_per_miss", |c, raw, key| {
+        raw.count(key).map(|v| c.chunks_per_miss = v)
+    }),
     ("pressure.medium", |c, raw, key| {
         raw.number(key).map(|v| c.pressure.medium = v)
     }),

@@ -39,8 +39,8 @@ pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, BusyStreams, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Placed,
-    Pool, PoolKind, PoolSettings, MIN_BLOCK,
+    ArenaError, BusyStreams, ChunkSizes, DeviceReserve, DirectPool, LiveInfo, MapDecision,
+    PageReserve, Placed, Pool, PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::{align_up, Bytes};
 use buffer::{Backing, PooledBlock};
@@ -243,7 +243,7 @@ impl MemoryManager {
             Arc::clone(backend),
             index,
             Arc::clone(&reserve),
-            config.max_chunk_bytes,
+            ChunkSizes::new(config.max_chunk_bytes, config.chunks_per_miss),
         )?);
         let mut device = ManagedDevice {
             index,

@@ -451,8 +451,13 @@ mod tests {
     fn setup() -> (PageReserve, Arena) {
         let backend = Arc::new(SimBackend::new(SimConfig::default()));
         let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, 64 * MIB).unwrap();
-        let reserve =
-            PageReserve::new(backend, 0, Arc::new(DeviceReserve::default()), 64 * MIB).unwrap();
+        let reserve = PageReserve::new(
+            backend,
+            0,
+            Arc::new(DeviceReserve::default()),
+            crate::pool::ChunkSizes::new(64 * MIB, 0),
+        )
+        .unwrap();
         (reserve, arena)
     }
 

@@ -14,7 +14,7 @@ pub(crate) mod tlsf;
 
 pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
 pub use direct::DirectPool;
-pub use reserve::PageReserve;
+pub use reserve::{ChunkSizes, PageReserve};
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
 

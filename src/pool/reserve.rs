@@ -19,8 +19,10 @@ pub struct PageReserve {
     device: usize,
     page_size: u64,
     held: Arc<DeviceReserve>,
-    /// Largest chunk a miss creates, in pages (see [`PageReserve::map`]).
+    /// Largest chunk an ordinary miss creates, in pages (see [`PageReserve::map`])...
     max_chunk_pages: u32,
+    /// ...and the most chunks one miss creates (0: no limit), so a long run gets larger ones.
+    chunks_per_miss: u64,
     spare: Mutex<Vec<PhysicalChunk>>,
     /// The pages of `spare`, readable without the lock (cache budget checks, snapshots).
     spare_pages: AtomicU64,
@@ -30,6 +32,24 @@ pub struct PageReserve {
     pub pages_released: AtomicU64,
     /// How long allocations that called the driver took, in nanoseconds.
     pub miss_ns: LatencyHistogram,
+}
+
+/// How a miss cuts the pages it creates into physical chunks (`max_chunk_bytes` and
+/// `chunks_per_miss` of the configuration).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSizes {
+    pub max_bytes: u64,
+    /// 0: no limit, every chunk at most `max_bytes`.
+    pub per_miss: usize,
+}
+
+impl ChunkSizes {
+    pub fn new(max_bytes: u64, per_miss: usize) -> Self {
+        ChunkSizes {
+            max_bytes,
+            per_miss,
+        }
+    }
 }
 
 /// What one [`PageReserve::map`] did.
@@ -42,12 +62,12 @@ pub struct Mapped {
 }
 
 impl PageReserve {
-    /// A reserve whose misses create chunks of at most `max_chunk_bytes` (at least one page).
+    /// A reserve whose misses create chunks as `chunks` says.
     pub fn new(
         backend: Arc<dyn DeviceBackend>,
         device: usize,
         held: Arc<DeviceReserve>,
-        max_chunk_bytes: u64,
+        chunks: ChunkSizes,
     ) -> Result<Self, BackendError> {
         let page_size = backend.granularity(device)?;
         Ok(PageReserve {
@@ -55,7 +75,8 @@ impl PageReserve {
             device,
             page_size,
             held,
-            max_chunk_pages: (max_chunk_bytes / page_size).clamp(1, u32::MAX as u64) as u32,
+            max_chunk_pages: (chunks.max_bytes / page_size).clamp(1, u32::MAX as u64) as u32,
+            chunks_per_miss: chunks.per_miss as u64,
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
             pages_created: AtomicU64::new(0),
@@ -88,10 +109,12 @@ impl PageReserve {
     }
 
     /// Maps `[addr, addr + size)`: kept chunks first, the largest that still fit, then new
-    /// chunks of at most `max_chunk_pages` for the rest. Access is granted per call and the
-    /// driver charges it (and a later unmap) per chunk: one chunk for a whole run is what makes
-    /// a miss cheap; the cap keeps a chunk from pinning much more than the block that made it,
-    /// since only a chunk with no live block on any of its pages can be unmapped.
+    /// chunks for the rest ([`chunk_pages_for`](Self::chunk_pages_for)). Access is granted per
+    /// call and the driver charges it (and a later unmap) per chunk: one chunk for a whole run
+    /// is what makes a miss cheap; the cap keeps a chunk from pinning much more than the block
+    /// that made it, since only a chunk with no live block on any of its pages can be unmapped.
+    /// A run longer than `chunks_per_miss` capped chunks lies under one large block, whose
+    /// pages are freed together: there larger chunks pin nothing more.
     pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
         let mut spare = self.spare.lock();
@@ -104,11 +127,12 @@ impl PageReserve {
         if creating > 0 && !spare.is_empty() {
             self.release_kept(&mut spare, creating);
         }
+        let chunk_pages = self.chunk_pages_for(creating);
         let mut chunks: Vec<u32> = reuse.iter().map(|c| c.pages).collect();
-        chunks.extend(crate::backend::new_chunks(creating, self.max_chunk_pages));
-        let result =
-            self.backend
-                .map_reusing(self.device, addr, size, &mut reuse, self.max_chunk_pages);
+        chunks.extend(crate::backend::new_chunks(creating, chunk_pages));
+        let result = self
+            .backend
+            .map_reusing(self.device, addr, size, &mut reuse, chunk_pages);
         // On an error the lent chunks are still ours, unmapped.
         spare.append(&mut reuse);
         let created = match result {
@@ -127,6 +151,16 @@ impl PageReserve {
             reused_pages,
             chunks,
         })
+    }
+
+    /// Pages per new chunk for a miss creating `creating` pages: `max_chunk_pages`, or, where
+    /// that would take more than `chunks_per_miss` chunks, an equal share of the run.
+    fn chunk_pages_for(&self, creating: u64) -> u32 {
+        if self.chunks_per_miss == 0 {
+            return self.max_chunk_pages;
+        }
+        let share = creating.div_ceil(self.chunks_per_miss).min(u32::MAX as u64) as u32;
+        share.max(self.max_chunk_pages)
     }
 
     /// Releases kept chunks, smallest first, until `pages` pages are gone or none is left.

@@ -217,3 +217,38 @@ fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
         assert_eq!(after - before, chunks, "cap {cap}");
     }
 }
+
+#[test]
+fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
+    // 128 MiB is 64 pages: sixteen 8 MiB chunks with no limit on their number, eight of 16 MiB
+    // under the default limit of 8, and four 32 MiB chunks under a limit of 4. A short miss
+    // keeps the 8 MiB cap whatever the limit.
+    for (per_miss, size, chunks) in [
+        (0, 128 * MIB, 16),
+        (8, 128 * MIB, 8),
+        (4, 128 * MIB, 4),
+        (4, 20 * MIB, 3),
+    ] {
+        let config = ManagerConfig {
+            devices: Some(vec![0]),
+            cleanup_interval: None,
+            chunks_per_miss: per_miss,
+            ..ManagerConfig::default()
+        };
+        let m = MemoryManager::new(sim_backend(), config).unwrap();
+        drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
+        let before = m.device_stats(0).unwrap().counters.driver_frees;
+        assert_eq!(m.unmap_cached(), size);
+        let after = m.device_stats(0).unwrap().counters.driver_frees;
+        assert_eq!(
+            after - before,
+            chunks,
+            "chunks_per_miss {per_miss}, {size} bytes"
+        );
+        // Kept chunks are mapped again as they are, one call each.
+        drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
+        let stats = m.device_stats(0).unwrap();
+        assert_eq!(stats.pages_reused * 2 * MIB, size);
+        assert_eq!(stats.pages_created * 2 * MIB, size);
+    }
+}
