@@ -23,11 +23,23 @@ pub struct PhysicalChunk {
     pub pages: u32,
 }
 
-/// How [`DeviceBackend::map_reusing`] cuts `pages` new pages into chunks: `chunk_pages` each,
-/// the last one shorter.
+/// `pages` new pages cut into chunks of `chunk_pages` each, the last one shorter.
 pub fn new_chunks(pages: u64, chunk_pages: u32) -> impl Iterator<Item = u32> {
     let chunk = chunk_pages.max(1) as u64;
     (0..pages.div_ceil(chunk)).map(move |i| (pages - i * chunk).min(chunk) as u32)
+}
+
+/// The check every [`DeviceBackend::map_reusing`] makes of its `new_chunks`: no empty chunk,
+/// and `pages` pages in all.
+pub fn check_new_chunks(new_chunks: &[u32], pages: u64) -> Result<(), BackendError> {
+    let total: u64 = new_chunks.iter().map(|&c| c as u64).sum();
+    if total != pages || new_chunks.contains(&0) {
+        return Err(BackendError::InvalidArgument {
+            call: "map",
+            reason: format!("new chunks {new_chunks:?} do not cut the {pages} pages left to map"),
+        });
+    }
+    Ok(())
 }
 
 /// A stream handle: 0 is the device's default (legacy) stream; on CUDA other values are `CUstream`s.
@@ -134,7 +146,9 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// Backs `[addr, addr + size)` — page aligned, inside a reserved range, not yet mapped —
     /// with new physical memory readable and writable by the device.
     fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        self.map_reusing(device, addr, size, &mut Vec::new(), u32::MAX)
+        let pages = size / self.granularity(device)?;
+        let chunks: Vec<u32> = new_chunks(pages, u32::MAX).collect();
+        self.map_reusing(device, addr, size, &mut Vec::new(), &chunks)
             .map(|_| ())
     }
 
@@ -149,7 +163,7 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// physical memory readable and writable by the device: first the chunks in `reuse`, in
     /// order from `addr` (chunks of `device` the caller owns, from
     /// [`unmap_keeping`](Self::unmap_keeping), together no larger than the range), then new
-    /// chunks of `new_chunk_pages` (the last one shorter) for the rest (`cuMemCreate`). Device
+    /// chunks of `new_chunks` pages each, in order, for the rest (`cuMemCreate`). Device
     /// access is granted once for the whole range. Returns how many pages were created. On
     /// success `reuse` is empty; on an error nothing in the range is mapped, `reuse` is as it
     /// was, and nothing created by the call is kept.
@@ -159,7 +173,7 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         addr: DevicePtr,
         size: u64,
         reuse: &mut Vec<PhysicalChunk>,
-        new_chunk_pages: u32,
+        new_chunks: &[u32],
     ) -> Result<u64, BackendError>;
 
     /// Unmaps `[addr, addr + size)`, which must cover whole chunks mapped by this backend (the

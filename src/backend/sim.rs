@@ -552,7 +552,7 @@ impl DeviceBackend for SimBackend {
         addr: DevicePtr,
         size: u64,
         reuse: &mut Vec<PhysicalChunk>,
-        new_chunk_pages: u32,
+        new_chunks: &[u32],
     ) -> Result<u64, BackendError> {
         let mut state = self.device(device)?.lock();
         self.check_pages("map", addr, size)?;
@@ -588,11 +588,12 @@ impl DeviceBackend for SimBackend {
                 reason: format!("{reused} pages of chunks to map into a range of {count}"),
             });
         }
-        self.faults.on_alloc_call()?;
         let created = count - reused;
+        super::check_new_chunks(new_chunks, created)?;
+        self.faults.on_alloc_call()?;
         state.take_physical(device, created * self.granularity)?;
         let mut fresh = Vec::new();
-        for pages in super::new_chunks(created, new_chunk_pages) {
+        for &pages in new_chunks {
             state.next_chunk += 1;
             fresh.push(PhysicalChunk {
                 handle: state.next_chunk,

@@ -29,7 +29,10 @@ impl Hasher for AddressHasher {
     }
 
     fn write_u64(&mut self, value: u64) {
-        self.0 = value.wrapping_mul(MIX);
+        let mixed = value.wrapping_mul(MIX);
+        // The table picks a key's bucket by the hash's low bits and tags it with the top seven;
+        // a product of aligned addresses has its low bits all zero, so fold the top half down.
+        self.0 = mixed ^ (mixed >> 32);
     }
 }
 

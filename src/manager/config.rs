@@ -78,10 +78,11 @@ pub struct MemoryConfig {
     /// chunk, not per byte. A chunk goes back to the driver only once no live block touches any
     /// of its pages, so a larger cap makes misses cheaper and may keep more cached.
     pub max_chunk_bytes: u64,
-    /// Most new chunks one miss creates (0: no limit). A run of pages longer than this many
-    /// `max_chunk_bytes` chunks is cut into this many equal ones instead: the pages under one
-    /// large block are freed together anyway, and a 460 MB block then costs 8 grants of access,
-    /// not 58. Kept chunks are mapped again whatever their size.
+    /// How many larger chunks a long miss gets (0: none). A run of new pages longer than this
+    /// many + 2 `max_chunk_bytes` chunks gets one such chunk at each end and this many equal
+    /// larger ones between: the pages under one large block are freed together anyway, and a
+    /// 460 MB block then costs 10 grants of access, not 58. Kept chunks are mapped again
+    /// whatever their size.
     pub chunks_per_miss: usize,
 }
 

@@ -109,12 +109,10 @@ impl PageReserve {
     }
 
     /// Maps `[addr, addr + size)`: kept chunks first, the largest that still fit, then new
-    /// chunks for the rest ([`chunk_pages_for`](Self::chunk_pages_for)). Access is granted per
+    /// chunks for the rest ([`new_chunks`](Self::new_chunks)). Access is granted per
     /// call and the driver charges it (and a later unmap) per chunk: one chunk for a whole run
     /// is what makes a miss cheap; the cap keeps a chunk from pinning much more than the block
     /// that made it, since only a chunk with no live block on any of its pages can be unmapped.
-    /// A run longer than `chunks_per_miss` capped chunks lies under one large block, whose
-    /// pages are freed together: there larger chunks pin nothing more.
     pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
         let mut spare = self.spare.lock();
@@ -127,12 +125,12 @@ impl PageReserve {
         if creating > 0 && !spare.is_empty() {
             self.release_kept(&mut spare, creating);
         }
-        let chunk_pages = self.chunk_pages_for(creating);
+        let new_chunks = self.new_chunks(creating);
         let mut chunks: Vec<u32> = reuse.iter().map(|c| c.pages).collect();
-        chunks.extend(crate::backend::new_chunks(creating, chunk_pages));
+        chunks.extend(&new_chunks);
         let result = self
             .backend
-            .map_reusing(self.device, addr, size, &mut reuse, chunk_pages);
+            .map_reusing(self.device, addr, size, &mut reuse, &new_chunks);
         // On an error the lent chunks are still ours, unmapped.
         spare.append(&mut reuse);
         let created = match result {
@@ -153,14 +151,23 @@ impl PageReserve {
         })
     }
 
-    /// Pages per new chunk for a miss creating `creating` pages: `max_chunk_pages`, or, where
-    /// that would take more than `chunks_per_miss` chunks, an equal share of the run.
-    fn chunk_pages_for(&self, creating: u64) -> u32 {
-        if self.chunks_per_miss == 0 {
-            return self.max_chunk_pages;
+    /// How a miss cuts the `creating` pages it creates into chunks: `max_chunk_pages` each; or,
+    /// for a run longer than `chunks_per_miss` + 2 of those, `chunks_per_miss` equal larger
+    /// chunks between two ordinary ones. Such a run lies under one large block, whose pages are
+    /// freed together; only its end pages may be shared with the blocks beside it, and a block
+    /// there keeps its whole chunk mapped, so the ends stay small.
+    fn new_chunks(&self, creating: u64) -> Vec<u32> {
+        let cap = self.max_chunk_pages as u64;
+        let long = self.chunks_per_miss > 0 && creating > (self.chunks_per_miss + 2) * cap;
+        if !long {
+            return crate::backend::new_chunks(creating, self.max_chunk_pages).collect();
         }
-        let share = creating.div_ceil(self.chunks_per_miss).min(u32::MAX as u64) as u32;
-        share.max(self.max_chunk_pages)
+        let inner = creating - 2 * cap;
+        let share = inner.div_ceil(self.chunks_per_miss).min(u32::MAX as u64) as u32;
+        let mut chunks = vec![self.max_chunk_pages];
+        chunks.extend(crate::backend::new_chunks(inner, share));
+        chunks.push(self.max_chunk_pages);
+        chunks
     }
 
     /// Releases kept chunks, smallest first, until `pages` pages are gone or none is left.

@@ -118,7 +118,9 @@ fn chunks_are_unmapped_whole_and_mapped_again_elsewhere() {
         let base = b.reserve_address_range(0, 8 * page).unwrap();
         let before = b.mem_info(0).unwrap().free;
         let mut kept = Vec::new();
-        let created = b.map_reusing(0, base, 3 * page, &mut kept, 2).unwrap();
+        let created = b
+            .map_reusing(0, base, 3 * page, &mut kept, &[2, 1])
+            .unwrap();
         assert_eq!(created, 3);
         let err = b.unmap_keeping(0, base, page, &mut kept).unwrap_err();
         assert!(
@@ -140,7 +142,7 @@ fn chunks_are_unmapped_whole_and_mapped_again_elsewhere() {
         );
         // Mapped again at another address, with one new page for the rest of the range.
         let created = b
-            .map_reusing(0, base + 4 * page, 4 * page, &mut kept, 2)
+            .map_reusing(0, base + 4 * page, 4 * page, &mut kept, &[1])
             .unwrap();
         assert_eq!((created, kept.len()), (1, 0));
         assert_eq!(b.mem_info(0).unwrap().free, before - 4 * page);

@@ -220,13 +220,13 @@ fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
 
 #[test]
 fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
-    // 128 MiB is 64 pages: sixteen 8 MiB chunks with no limit on their number, eight of 16 MiB
-    // under the default limit of 8, and four 32 MiB chunks under a limit of 4. A short miss
-    // keeps the 8 MiB cap whatever the limit.
+    // 128 MiB is 64 pages: sixteen 8 MiB chunks with no limit on their number; under the
+    // default limit of 8, an 8 MiB chunk at each end and eight of 14 MiB between them; under a
+    // limit of 4, four of 28 MiB between the ends. A short miss keeps the 8 MiB cap.
     for (per_miss, size, chunks) in [
         (0, 128 * MIB, 16),
-        (8, 128 * MIB, 8),
-        (4, 128 * MIB, 4),
+        (8, 128 * MIB, 10),
+        (4, 128 * MIB, 6),
         (4, 20 * MIB, 3),
     ] {
         let config = ManagerConfig {

@@ -252,9 +252,9 @@ impl DeviceBackend for CudaBackend {
         addr: DevicePtr,
         size: u64,
         reuse: &mut Vec<PhysicalChunk>,
-        new_chunk_pages: u32,
+        new_chunks: &[u32],
     ) -> Result<u64, BackendError> {
-        self.relaxed(|| self.map_chunks(device, addr, size, reuse, new_chunk_pages))
+        self.relaxed(|| self.map_chunks(device, addr, size, reuse, new_chunks))
     }
 
     fn unmap_keeping(

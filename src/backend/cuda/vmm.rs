@@ -64,7 +64,7 @@ impl CudaBackend {
         addr: u64,
         size: u64,
         reuse: &mut Vec<PhysicalChunk>,
-        new_chunk_pages: u32,
+        new_chunks: &[u32],
     ) -> Result<u64, BackendError> {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
@@ -77,6 +77,7 @@ impl CudaBackend {
                 reason: format!("{reused} pages of chunks to map into a range of {count}"),
             });
         }
+        crate::backend::check_new_chunks(new_chunks, count - reused)?;
         if let Some(base) = overlapping(&self.chunks.lock(), device, addr, addr + size, granularity)
         {
             return Err(BackendError::InvalidArgument {
@@ -99,7 +100,7 @@ impl CudaBackend {
         }
         if failure.is_none() {
             let prop = page_allocation_prop(dev.handle);
-            for pages in crate::backend::new_chunks(count - reused, new_chunk_pages) {
+            for &pages in new_chunks {
                 let bytes = to_usize("map", pages as u64 * granularity)?;
                 match map_new_chunk(at, bytes, &prop) {
                     Ok(handle) => mapped.push((at, PhysicalChunk { handle, pages }, true)),
