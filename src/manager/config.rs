@@ -81,7 +81,7 @@ pub struct MemoryConfig {
     /// How many larger chunks a long miss gets (0: none). A run of new pages longer than this
     /// many + 2 `max_chunk_bytes` chunks gets one such chunk at each end and this many equal
     /// larger ones between: the pages under one large block are freed together anyway, and a
-    /// 460 MB block then costs 10 grants of access, not 58. Kept chunks are mapped again
+    /// 460 MB block then costs 10 grants of access, not 56. Kept chunks are mapped again
     /// whatever their size.
     pub chunks_per_miss: usize,
 }
