@@ -153,9 +153,42 @@ def longctx_generate():
             model.generate(ids, max_new_tokens=new, do_sample=True, pad_token_id=0)
 
 
+def gpt2_train_cycled():
+    """GPT-2 (6 x 512) trained with AdamW and bf16 autocast over eight batch x sequence shapes,
+    cycled four times: the loop of benches/gpu/torch_workloads.py, whose steady state (the same
+    shapes coming round again) is where an allocator that returns memory pays for it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_layer=6, n_embd=512, n_head=8, n_positions=1024, vocab_size=50257)
+    model = GPT2LMHeadModel(config).to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
+    for _ in range(4):
+        for batch, length in shapes:
+            ids = torch.randint(0, config.vocab_size, (batch, length), device=DEV)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def cnn_serve_cycled():
+    """ResNet-50 inference at ten batch sizes (1 to 128) cycled five times, fp16, channels-last:
+    benches/gpu/torch_workloads.py's CNN, the same sizes coming round again."""
+    import timm
+    model = timm.create_model("resnet50", pretrained=False).to(DEV).half().eval()
+    model = model.to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        for _ in range(5):
+            for batch in [1, 8, 32, 4, 64, 16, 2, 48, 128, 8]:
+                image = torch.randn(batch, 3, 224, 224, device=DEV, dtype=torch.half)
+                model(image.to(memory_format=torch.channels_last))
+
+
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
                  encoder_varlen=encoder_varlen, vit_train=vit_train, t5_generate=t5_generate,
-                 moe_generate=moe_generate, longctx_generate=longctx_generate)
+                 moe_generate=moe_generate, longctx_generate=longctx_generate,
+                 gpt2_train_cycled=gpt2_train_cycled, cnn_serve_cycled=cnn_serve_cycled)
 
 names = sys.argv[1:] or list(WORKLOADS)
 unknown = [name for name in names if name not in WORKLOADS]
