@@ -12,7 +12,7 @@ const BUCKETS: usize = LINEAR as usize + (64 - 4) * (1 << SUB_BITS);
 
 pub struct LatencyHistogram {
     buckets: Box<[AtomicU64; BUCKETS]>,
-    /// Every value recorded, added up (saturating): how long misses took in all.
+    /// Every value recorded, added up: how long misses took in all.
     total: AtomicU64,
 }
 

@@ -21,7 +21,7 @@ pub struct PageReserve {
     held: Arc<DeviceReserve>,
     /// Largest chunk an ordinary miss creates, in pages (see [`PageReserve::map`])...
     max_chunk_pages: u32,
-    /// ...and the most chunks one miss creates (0: no limit), so a long run gets larger ones.
+    /// ...and how many larger chunks a long miss gets instead (0: none).
     chunks_per_miss: u64,
     spare: Mutex<Vec<PhysicalChunk>>,
     /// The pages of `spare`, readable without the lock (cache budget checks, snapshots).
@@ -39,7 +39,7 @@ pub struct PageReserve {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkSizes {
     pub max_bytes: u64,
-    /// 0: no limit, every chunk at most `max_bytes`.
+    /// Larger chunks for a long miss (0: none, every chunk at most `max_bytes`).
     pub per_miss: usize,
 }
 

@@ -196,33 +196,40 @@ fn the_device_peak_in_use_is_exact_across_pools_with_one_shard() {
     drop(held);
 }
 
+/// One miss of `size` bytes under `config` on the simulated device, freed and unmapped again:
+/// how many chunks it was mapped with (the driver unmaps chunks whole, one call each).
+fn chunks_of_one_miss(config: ManagerConfig, size: u64) -> (MemoryManager, u64) {
+    let config = ManagerConfig {
+        devices: Some(vec![0]),
+        cleanup_interval: None,
+        ..config
+    };
+    let m = MemoryManager::new(sim_backend(), config).unwrap();
+    drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
+    let before = m.device_stats(0).unwrap().counters.driver_frees;
+    assert_eq!(m.unmap_cached(), size);
+    let after = m.device_stats(0).unwrap().counters.driver_frees;
+    (m, after - before)
+}
+
 #[test]
 fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
     // 20 MiB on the simulated device: ten pages, mapped as chunks of 4, 4 and 2 under the
-    // default 8 MiB cap, and as one chunk under a 32 MiB cap. Unmapping counts one call per
-    // chunk, as the driver unmaps chunks whole.
+    // default 8 MiB cap, and as one chunk under a 32 MiB cap.
     for (cap, chunks) in [(8 * MIB, 3), (32 * MIB, 1)] {
         let config = ManagerConfig {
-            devices: Some(vec![0]),
-            cleanup_interval: None,
             max_chunk_bytes: cap,
             ..ManagerConfig::default()
         };
-        let m = MemoryManager::new(sim_backend(), config).unwrap();
-        let buffer = m.alloc(0, 20 * MIB, &AllocOptions::default()).unwrap();
-        drop(buffer);
-        let before = m.device_stats(0).unwrap().counters.driver_frees;
-        assert_eq!(m.unmap_cached(), 20 * MIB);
-        let after = m.device_stats(0).unwrap().counters.driver_frees;
-        assert_eq!(after - before, chunks, "cap {cap}");
+        assert_eq!(chunks_of_one_miss(config, 20 * MIB).1, chunks, "cap {cap}");
     }
 }
 
 #[test]
 fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
-    // 128 MiB is 64 pages: sixteen 8 MiB chunks with no limit on their number; under the
-    // default limit of 8, an 8 MiB chunk at each end and eight of 14 MiB between them; under a
-    // limit of 4, four of 28 MiB between the ends. A short miss keeps the 8 MiB cap.
+    // 128 MiB is 64 pages: sixteen 8 MiB chunks by default; under a limit of 8, an 8 MiB
+    // chunk at each end and eight of 14 MiB between them; under a limit of 4, four of 28 MiB
+    // between the ends. A short miss keeps the 8 MiB cap.
     for (per_miss, size, chunks) in [
         (0, 128 * MIB, 16),
         (8, 128 * MIB, 10),
@@ -230,22 +237,12 @@ fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
         (4, 20 * MIB, 3),
     ] {
         let config = ManagerConfig {
-            devices: Some(vec![0]),
-            cleanup_interval: None,
             chunks_per_miss: per_miss,
             ..ManagerConfig::default()
         };
-        let m = MemoryManager::new(sim_backend(), config).unwrap();
-        drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
-        let before = m.device_stats(0).unwrap().counters.driver_frees;
-        assert_eq!(m.unmap_cached(), size);
-        let after = m.device_stats(0).unwrap().counters.driver_frees;
-        assert_eq!(
-            after - before,
-            chunks,
-            "chunks_per_miss {per_miss}, {size} bytes"
-        );
-        // Kept chunks are mapped again as they are, one call each.
+        let (m, unmapped) = chunks_of_one_miss(config, size);
+        assert_eq!(unmapped, chunks, "chunks_per_miss {per_miss}, {size} bytes");
+        // Kept chunks are mapped again whatever their size: nothing new is created.
         drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
         let stats = m.device_stats(0).unwrap();
         assert_eq!(stats.pages_reused * 2 * MIB, size);
