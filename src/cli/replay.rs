@@ -6,7 +6,10 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::BackendKind;
 use crate::manager::{MemoryConfig, MemoryManager, Strategy};
 use crate::plot::{line_chart_svg, Series};
-use crate::replay::{replay, replay_config, replay_driver_pool, ReplayReport, TimelinePoint};
+use crate::replay::{
+    replay, replay_config, replay_driver_pool, replay_logging_misses, MissRecord, ReplayReport,
+    TimelinePoint,
+};
 use crate::safe_fs::{check_target, write_atomically, WriteOptions};
 use crate::trace::{load_trace, Trace};
 use crate::units::{Bytes, MIB};
@@ -40,6 +43,14 @@ pub(super) struct ReplayArgs {
     /// (with several traces, the trace name is added before the extension).
     #[arg(long, env = "GPUMEM_PLOT", value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+
+    /// Write one JSON line per miss into this file: the trace, which allocation, its size, the
+    /// address it got, pages mapped again and created for it, chunks unmapped to make room,
+    /// bytes in use and reserved after it. Shows which requests miss and why; reading the
+    /// statistics around every allocation slows the replay, so compare ns/op only between runs
+    /// that both log or both do not. Pooled strategy only.
+    #[arg(long, env = "GPUMEM_MISSES", value_name = "FILE.jsonl")]
+    misses: Option<PathBuf>,
 
     /// Device to replay on.
     #[arg(long, env = "GPUMEM_DEVICE", default_value_t = 0)]
@@ -78,8 +89,17 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         .iter()
         .map(|path| load_trace(path).map_err(|e| CliError::usage(e.to_string())))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(path) = &args.misses {
+        if args.sweep || args.strategy != ReplayStrategy::Pooled {
+            return Err(CliError::usage(
+                "--misses logs the pooled allocator's misses: leave out --sweep and --strategy",
+            ));
+        }
+        check_output_path("--misses", path, "misses.jsonl")?;
+        check_target(path, &args.traces).map_err(|e| CliError::usage(format!("--misses: {e}")))?;
+    }
     if let Some(plot) = &args.plot {
-        check_plot_path(plot)?;
+        check_output_path("--plot", plot, "replay.svg")?;
         for trace in &traces {
             let path = plot_path(plot, &trace.name, traces.len() > 1);
             check_target(&path, &args.traces)
@@ -152,12 +172,13 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             "MISS P99"
         );
     }
+    let mut misses = args.misses.as_ref().map(|_| Vec::new());
     for trace in &traces {
         let bar = progress_bar(trace.events.len() as u64, &trace.name);
         let progress = |done| bar.set_position(done);
         let (report, timeline) = match &driver_pool {
             Some(cuda) => replay_driver_pool(cuda, device, trace, progress),
-            None => replay_fresh(&backend, device, &config, trace, progress)?,
+            None => replay_fresh(&backend, device, &config, trace, progress, misses.as_mut())?,
         }
         .map_err(|e| CliError::runtime(e.to_string()))?;
         bar.finish_and_clear();
@@ -167,6 +188,25 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             write_plot(&path, &report, &timeline, &args.traces)?;
         }
     }
+    if let (Some(path), Some(misses)) = (&args.misses, misses) {
+        write_misses(path, &misses, &args.traces)?;
+    }
+    Ok(())
+}
+
+fn write_misses(path: &Path, misses: &[MissRecord], inputs: &[PathBuf]) -> Result<(), CliError> {
+    let mut lines = String::new();
+    for miss in misses {
+        lines += &serde_json::to_string(miss).map_err(|e| CliError::runtime(e.to_string()))?;
+        lines.push('\n');
+    }
+    let options = WriteOptions {
+        inputs: inputs.to_vec(),
+        durable: true,
+    };
+    write_atomically(path, lines.as_bytes(), &options)
+        .map_err(|e| CliError::runtime(format!("could not write {}: {e}", path.display())))?;
+    eprintln!("wrote {} misses to {}", misses.len(), path.display());
     Ok(())
 }
 
@@ -177,10 +217,14 @@ fn replay_fresh(
     config: &MemoryConfig,
     trace: &Trace,
     progress: impl FnMut(u64),
+    misses: Option<&mut Vec<MissRecord>>,
 ) -> Result<Result<(ReplayReport, Vec<TimelinePoint>), crate::replay::ReplayError>, CliError> {
     let manager = MemoryManager::new(backend.clone(), config.clone())
         .map_err(|e| CliError::runtime(e.to_string()))?;
-    Ok(replay(&manager, device, trace, progress))
+    Ok(match misses {
+        Some(log) => replay_logging_misses(&manager, device, trace, progress, log),
+        None => replay(&manager, device, trace, progress),
+    })
 }
 
 /// `--sweep`: every trace under every cache setting, as a table per trace or JSON lines.
@@ -214,10 +258,9 @@ fn sweep(
                 Bytes(max_chunk_bytes)
             );
             let bar = progress_bar(trace.events.len() as u64, &label);
-            let (report, _) = replay_fresh(backend, device, &config, trace, |done| {
-                bar.set_position(done)
-            })?
-            .map_err(|e| CliError::runtime(e.to_string()))?;
+            let progress = |done| bar.set_position(done);
+            let (report, _) = replay_fresh(backend, device, &config, trace, progress, None)?
+                .map_err(|e| CliError::runtime(e.to_string()))?;
             bar.finish_and_clear();
             if json {
                 print_report(&report, true)?;
@@ -318,21 +361,22 @@ fn print_report(report: &ReplayReport, json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-fn check_plot_path(plot: &Path) -> Result<(), CliError> {
-    let parent = match plot.parent() {
+/// A file `flag` will write: its directory exists and it is not one itself.
+fn check_output_path(flag: &str, path: &Path, example: &str) -> Result<(), CliError> {
+    let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     if !parent.is_dir() {
         return Err(CliError::usage(format!(
-            "--plot: directory {} does not exist",
+            "{flag}: directory {} does not exist",
             parent.display()
         )));
     }
-    if plot.is_dir() {
+    if path.is_dir() {
         return Err(CliError::usage(format!(
-            "--plot: {} is a directory; give a file name such as replay.svg",
-            plot.display()
+            "{flag}: {} is a directory; give a file name such as {example}",
+            path.display()
         )));
     }
     Ok(())

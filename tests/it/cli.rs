@@ -306,3 +306,63 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn replay_logs_each_miss_as_a_json_line() {
+    let dir = tempdir();
+    // Two misses: the first allocation maps a page, the 5 MB one three more; the rest reuse them.
+    let trace = write_trace(
+        &dir,
+        "two.trace",
+        "a 1 1000 0\na 2 5000000 0\nf 1\na 3 500 0\nf 2\nf 3\n",
+    );
+    let log = dir.join("misses.jsonl");
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--json",
+        "--misses",
+        log.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len() as u64, report["misses"].as_u64().unwrap());
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["trace"], "two");
+    assert_eq!(lines[1]["allocation"], 2);
+    assert_eq!(lines[1]["size"], 5_000_000);
+    let pages: u64 = lines
+        .iter()
+        .map(|l| l["pages_created"].as_u64().unwrap() + l["pages_reused"].as_u64().unwrap())
+        .sum();
+    assert_eq!(pages, report["pages_created"].as_u64().unwrap());
+    for field in ["ptr", "chunks_unmapped", "in_use_bytes", "reserved_bytes"] {
+        assert!(lines[1].get(field).is_some(), "missing {field}");
+    }
+}
+
+#[test]
+fn replay_misses_refuses_a_sweep_and_writes_nothing() {
+    let dir = tempdir();
+    let trace = write_trace(&dir, "t.trace", "a 1 1000 0\nf 1\n");
+    let log = dir.join("misses.jsonl");
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--sweep",
+        "--misses",
+        log.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--misses"), "{}", stderr(&out));
+    assert!(!log.exists());
+}

@@ -10,6 +10,9 @@ use crate::trace::{Trace, TraceEvent};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
+mod misses;
+pub use misses::{replay_logging_misses, MissRecord};
+
 /// Points kept for the plot of one trace.
 const TIMELINE_POINTS: usize = 1500;
 
@@ -227,6 +230,22 @@ struct Managed<'a> {
     options: AllocOptions,
 }
 
+impl<'a> Managed<'a> {
+    fn new(manager: &'a MemoryManager, device: usize) -> Self {
+        Managed {
+            manager,
+            device,
+            options: AllocOptions::default(),
+        }
+    }
+}
+
+impl<'a> AsRef<Managed<'a>> for Managed<'a> {
+    fn as_ref(&self) -> &Managed<'a> {
+        self
+    }
+}
+
 impl Replayed for Managed<'_> {
     type Buffer = DeviceBuffer;
     fn alloc(&mut self, size: u64) -> Result<DeviceBuffer, AllocError> {
@@ -262,15 +281,20 @@ pub fn replay(
     manager: &MemoryManager,
     device: usize,
     trace: &Trace,
+    progress: impl FnMut(u64),
+) -> Result<(ReplayReport, Vec<TimelinePoint>), ReplayError> {
+    replay_through(&mut Managed::new(manager, device), trace, progress)
+}
+
+/// [`replay`] through `target`, which drives `manager` (itself, or something watching it).
+fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
+    target: &mut R,
+    trace: &Trace,
     mut progress: impl FnMut(u64),
 ) -> Result<(ReplayReport, Vec<TimelinePoint>), ReplayError> {
+    let (manager, device) = (target.as_ref().manager, target.as_ref().device);
     manager.reset_peaks();
-    let mut target = Managed {
-        manager,
-        device,
-        options: AllocOptions::default(),
-    };
-    let played = play(&mut target, trace, &mut progress);
+    let played = play(target, trace, &mut progress);
     // Read before the final emptying, which releases every page and is not part of the trace.
     let at_end = manager.device_stats(device).ok();
     manager.empty_cache();
