@@ -111,8 +111,8 @@ impl PageReserve {
     /// Maps `[addr, addr + size)`: kept chunks first, the largest that still fit, then new
     /// chunks for the rest, cut as `new_chunks` says. Access is granted per call and the
     /// driver charges it (and a later unmap) per chunk: one chunk for a whole run is what makes
-    /// a miss cheap; the cap keeps a chunk from pinning much more than the block
-    /// that made it, since only a chunk with no live block on any of its pages can be unmapped.
+    /// a miss cheap; the cap keeps a chunk from pinning much more than the block that made it,
+    /// since only a chunk with no live block on any of its pages can be unmapped.
     pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
         let mut spare = self.spare.lock();
