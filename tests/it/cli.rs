@@ -107,6 +107,25 @@ fn write_trace(dir: &std::path::Path, name: &str, body: &str) -> std::path::Path
     path
 }
 
+/// `gpumem replay --backend sim --json FLAG OUTPUT TRACE`, which must succeed: its report.
+fn replay_json_on_sim(
+    flag: &str,
+    output: &std::path::Path,
+    trace: &std::path::Path,
+) -> serde_json::Value {
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--json",
+        flag,
+        output.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn replay_reports_the_promised_json_fields() {
     let dir = tempdir();
@@ -116,17 +135,7 @@ fn replay_reports_the_promised_json_fields() {
         "# {\"name\": \"tiny\"}\na 1 1000 0\na 2 3000000 0\nf 1\na 3 500 0\nf 2\nf 3\n",
     );
     let plot = dir.join("tiny.svg");
-    let out = gpumem(&[
-        "replay",
-        "--backend",
-        "sim",
-        "--json",
-        "--plot",
-        plot.to_str().unwrap(),
-        trace.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = replay_json_on_sim("--plot", &plot, &trace);
     for field in [
         "trace",
         "events",
@@ -317,17 +326,7 @@ fn replay_logs_each_miss_as_a_json_line() {
         "a 1 1000 0\na 2 5000000 0\nf 1\na 3 500 0\nf 2\nf 3\n",
     );
     let log = dir.join("misses.jsonl");
-    let out = gpumem(&[
-        "replay",
-        "--backend",
-        "sim",
-        "--json",
-        "--misses",
-        log.to_str().unwrap(),
-        trace.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = replay_json_on_sim("--misses", &log, &trace);
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
