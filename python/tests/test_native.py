@@ -233,6 +233,14 @@ def run_python(code, env):
     )
 
 
+def catching_warnings(setup, body, after):
+    """Python source: `setup`, then `body` (lines) with every warning recorded in `caught`, then
+    `after`, which may read `caught`."""
+    indented = "".join("    " + line + "\n" for line in body)
+    return (setup + "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n" + indented + after)
+
+
 class UseWithPyTorchsApi(unittest.TestCase):
     """`use()` and GPUMEM_TORCH=1 against a stand-in torch that calls the library as PyTorch does."""
 
@@ -258,15 +266,13 @@ class UseWithPyTorchsApi(unittest.TestCase):
     def test_use_gives_each_graph_capture_a_pool_gpumem_can_follow(self):
         # The stand-in's streams never capture, so gpumem says it cannot follow the pool (on a
         # GPU the same call names the capture's pool): the point is what reaches PyTorch.
-        code = (
-            "import warnings, torch.cuda as c\nimport gpumem.torch as gt\ngt.use()\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    fresh, shared = c.CUDAGraph(), c.CUDAGraph()\n"
-            "    fresh.capture_begin()\n"
-            "    shared.capture_begin((7, 9), capture_error_mode='thread_local')\n"
+        code = catching_warnings(
+            "import warnings, torch.cuda as c\nimport gpumem.torch as gt\ngt.use()\n",
+            ["fresh, shared = c.CUDAGraph(), c.CUDAGraph()",
+             "fresh.capture_begin()",
+             "shared.capture_begin((7, 9), capture_error_mode='thread_local')"],
             "print('fresh', fresh.began_with)\nprint('shared', shared.began_with)\n"
-            "print('warned', [str(w.message) for w in caught])\n"
+            "print('warned', [str(w.message) for w in caught])\n",
         )
         done = run_python(code, self.env())
         self.assertEqual(done.returncode, 0, done.stderr)
@@ -275,16 +281,12 @@ class UseWithPyTorchsApi(unittest.TestCase):
         self.assertIn("is not capturing a CUDA graph", done.stdout)
 
     def test_use_forwards_record_stream_to_gpumem(self):
-        code = (
+        code = catching_warnings(
             "import warnings, torch, torch.cuda as c, torch.cuda.memory as m\n"
             "import gpumem.torch as gt\ngt.use()\n"
             "class Side:\n    cuda_stream = 0x5100\n"
-            "ours, stranger = torch.Tensor(m.allocate(1 << 20)), torch.Tensor(0x1234)\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    ours.record_stream(Side())\n"
-            "    quiet = len(caught)\n"
-            "    stranger.record_stream(Side())\n"
+            "ours, stranger = torch.Tensor(m.allocate(1 << 20)), torch.Tensor(0x1234)\n",
+            ["ours.record_stream(Side())", "quiet = len(caught)", "stranger.record_stream(Side())"],
             "print('recorded', len(ours.recorded), 'quiet', quiet)\n"
             "print('warned', [str(w.message) for w in caught])\n"
             "m.free(ours.storage.ptr, 1 << 20)\n"

@@ -104,6 +104,12 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             let path = plot_path(plot, &trace.name, traces.len() > 1);
             check_target(&path, &args.traces)
                 .map_err(|e| CliError::usage(format!("--plot: {e}")))?;
+            if args.misses.as_ref() == Some(&path) {
+                return Err(CliError::usage(format!(
+                    "--misses and --plot both name {}: give each its own file",
+                    path.display()
+                )));
+            }
         }
     }
     if args.sweep && args.strategy != ReplayStrategy::Pooled {

@@ -427,9 +427,7 @@ impl DeviceView {
                 })
                 .collect(),
             external: device.external.by_tag.iter().map(group_row).collect(),
-            graphs_total: if device.graphs.pools == 0 {
-                String::new()
-            } else {
+            graphs_total: unless_none(device.graphs.pools, || {
                 format!(
                     "{} {}, {} ({} in use)",
                     format::count(device.graphs.pools),
@@ -441,16 +439,14 @@ impl DeviceView {
                     format::bytes(device.graphs.reserved_bytes),
                     format::bytes(device.graphs.in_use_bytes)
                 )
-            },
-            external_total: if device.external.count == 0 {
-                String::new()
-            } else {
+            }),
+            external_total: unless_none(device.external.count, || {
                 format!(
                     "{} buffers, {}",
                     format::count(device.external.count),
                     format::bytes(device.external.bytes)
                 )
-            },
+            }),
         }
     }
 }
@@ -517,6 +513,15 @@ fn pool_row(pool: &crate::snapshot::PoolSnapshot) -> PoolRow {
             format::count(pool.driver_allocs),
             format::count(pool.driver_frees)
         ),
+    }
+}
+
+/// A panel's summary line: empty (the panel hidden) while there is nothing to sum up.
+fn unless_none(count: u64, summary: impl FnOnce() -> String) -> String {
+    if count == 0 {
+        String::new()
+    } else {
+        summary()
     }
 }
 

@@ -348,7 +348,7 @@ fn replay_logs_each_miss_as_a_json_line() {
 }
 
 #[test]
-fn replay_misses_refuses_a_sweep_and_writes_nothing() {
+fn replay_misses_refuses_a_sweep_or_a_shared_file_and_writes_nothing() {
     let dir = tempdir();
     let trace = write_trace(&dir, "t.trace", "a 1 1000 0\nf 1\n");
     let log = dir.join("misses.jsonl");
@@ -363,5 +363,19 @@ fn replay_misses_refuses_a_sweep_and_writes_nothing() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--misses"), "{}", stderr(&out));
+    assert!(!log.exists());
+    // Nor one file named twice: the plot would replace the log or the log the plot.
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--misses",
+        log.to_str().unwrap(),
+        "--plot",
+        log.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("both name"), "{}", stderr(&out));
     assert!(!log.exists());
 }
