@@ -35,8 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # workload's own run-to-run variation, not the allocator's doing. "gpumem_unserved" is gpumem
 # without the exporter the gpumem training run serves /metrics from (its sampler thread reads
 # NVML and the pools every second).
-MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved")
+# "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
+# built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
+MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "floor")
+# "alloc_loop" times tensor creation alone (a window of live tensors, the oldest dropped as each
+# new one is made) at three sizes: the per-allocation cost of each allocator as PyTorch sees it.
 WORKLOADS = ("gpt2_train", "hf_generate", "cnn_serve")
+EXTRA_WORKLOADS = ("alloc_loop",)
 MARK = "RESULT "
 
 
@@ -114,17 +119,20 @@ class StepClock:
     With `profile`, the last round is run once more under torch.profiler, untimed. `misses`,
     under gpumem, reads its count of misses and their time in all: each step's share is kept."""
 
-    def __init__(self, torch, profile, misses=None):
+    def __init__(self, torch, profile, misses=None, allocations=None):
         self.torch = torch
         self.profile = profile
         self.misses = misses
+        self.allocations = allocations
         self.wall, self.host, self.device, self.miss_counts, self.miss_ms = [], [], [], [], []
+        self.allocs = []
 
     @contextlib.contextmanager
     def step(self, timed):
         torch = self.torch
         torch.cuda.synchronize()
         misses_before = self.misses() if self.misses else None
+        allocs_before = self.allocations() if self.allocations else None
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         started = time.perf_counter()
         begin.record()
@@ -136,6 +144,8 @@ class StepClock:
             self.wall.append(time.perf_counter() - started)
             self.host.append(queued - started)
             self.device.append(begin.elapsed_time(end) / 1e3)
+            if allocs_before is not None:
+                self.allocs.append(self.allocations() - allocs_before)
             if misses_before:
                 count, ns = self.misses()
                 self.miss_counts.append(count - misses_before[0])
@@ -164,6 +174,7 @@ class StepClock:
                 "host_seconds": statistics.median(self.host),
                 "device_seconds": statistics.median(self.device),
                 "step_ms": ms(self.wall), "host_ms": ms(self.host), "device_ms": ms(self.device),
+                **({"allocations_per_step": statistics.median(self.allocs)} if self.allocs else {}),
                 **({"step_misses": self.miss_counts, "step_miss_ms": [round(t, 3) for t in self.miss_ms]}
                    if self.misses else {})}
 
@@ -228,6 +239,38 @@ def hf_generate(torch, quick, tags, at_end, clock):
     return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False))}
 
 
+def alloc_loop(torch, quick, tags, at_end, clock):
+    sizes = [4 << 10, 1 << 20, 64 << 20]
+    # Deterministic mode fills every new tensor with NaN, a kernel per allocation: not timed here.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    pairs, window = (2_000 if quick else 20_000), 4
+    rounds = 1 if quick else 3
+
+    def run_round(timed):
+        for size in sizes:
+            live = [torch.empty(size, dtype=torch.uint8, device="cuda") for _ in range(window)]
+            with clock.step(timed):
+                for i in range(pairs):
+                    live[i % window] = torch.empty(size, dtype=torch.uint8, device="cuda")
+            del live
+        return len(sizes)
+
+    for r in range(rounds + 1):
+        run_round(timed=r > 0)
+    at_end()
+    return {"outputs": [], "pairs_per_step": pairs, "sizes": sizes, **clock.result()}
+
+
+def floor_library():
+    """floor_allocator.c built next to the results (or beside this script), once."""
+    where = os.environ.get("OUT") or HERE
+    library = os.path.join(where, "floor_allocator.so")
+    if not os.path.exists(library):
+        subprocess.run(["nvcc", "-O2", "-shared", "-Xcompiler", "-fPIC", "-o", library,
+                        os.path.join(HERE, "floor_allocator.c")], check=True)
+    return library
+
+
 def cnn_model(torch):
     try:
         import timm
@@ -284,6 +327,15 @@ def child(args):
         gpumem_torch.use()
     import torch
 
+    floor = None
+    if args.mode == "floor":
+        import ctypes
+
+        library = floor_library()
+        floor = ctypes.CDLL(library)
+        floor.floor_allocations.restype = ctypes.c_size_t
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(library, "floor_alloc", "floor_free"))
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -314,7 +366,15 @@ def child(args):
         def misses():
             stats = gpumem_torch.memory_stats(0)
             return stats["pool_misses"], stats["pool_miss_ns_total"]
-    clock = StepClock(torch, args.profile, misses)
+    if gpumem_torch is not None:
+        def allocations():
+            return gpumem_torch.memory_stats(0)["allocation.all.allocated"]
+    elif floor is not None:
+        allocations = floor.floor_allocations
+    else:
+        def allocations():
+            return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    clock = StepClock(torch, args.profile, misses, allocations)
     result = globals()[args.workload](torch, args.quick, tags, at_end, clock)
     wall = time.perf_counter() - started
     result.update(scraped)
@@ -323,7 +383,9 @@ def child(args):
                   nvml_peak_bytes=memory.finish(), nvml_context_bytes=baseline,
                   nvml_matched=memory.matched, torch=torch.__version__,
                   device=torch.cuda.get_device_name(0))
-    if gpumem_torch is None:
+    if floor is not None:
+        result.update(peak_allocated_bytes=0, peak_reserved_bytes=0)
+    elif gpumem_torch is None:
         result.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                       peak_reserved_bytes=torch.cuda.max_memory_reserved())
     else:
@@ -389,8 +451,8 @@ def median_step(results, workload, mode):
 
 def table(results):
     rows = ["| workload | allocator | outputs | NVML peak MiB | context MiB | peak allocated MiB | "
-            "peak reserved MiB | NVML / allocated | step ms | vs default | runs | driver maps |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "peak reserved MiB | NVML / allocated | step ms | vs default | runs | driver maps | allocs/step |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for workload in dict.fromkeys(r["workload"] for r in results):
         runs = {}
         for r in results:  # the first run of each mode stands for its outputs and memory
@@ -403,7 +465,7 @@ def table(results):
             if r is None:
                 continue
             if "error" in r:
-                rows.append(f"| {workload} | {mode} | failed: {r['error'][:120]} | | | | | | | | |")
+                rows.append(f"| {workload} | {mode} | failed: {r['error'][:120]} | | | | | | | | | |")
                 continue
             theirs = reference.get("outputs") or []
             differ = sum(1 for a, b in zip(r["outputs"], theirs) if a != b) + abs(len(r["outputs"]) - len(theirs))
@@ -414,7 +476,8 @@ def table(results):
             rows.append(f"| {workload} | {mode} | {same} | {mib(r['nvml_peak_bytes'])} | "
                         f"{mib(r['nvml_context_bytes'])} | {mib(r['peak_allocated_bytes'])} | "
                         f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {step * 1e3:.2f} | "
-                        f"{speed:.3f} | {count} | {r.get('driver_maps', '-')} |")
+                        f"{speed:.3f} | {count} | {r.get('driver_maps', '-')} | "
+                        f"{r.get('allocations_per_step', '-')} |")
     return "\n".join(rows)
 
 
@@ -424,8 +487,10 @@ def main():
     parser.add_argument("--library", help="libgpumem.so to use (default: $GPUMEM_LIBRARY or the package's)")
     parser.add_argument("--python-dir", default=os.path.join(HERE, "..", "..", "python"),
                         help="directory holding the gpumem package (default: the repository's python/)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, of {', '.join(WORKLOADS + EXTRA_WORKLOADS)}")
+    parser.add_argument("--modes", default=",".join(m for m in MODES if m != "floor"),
+                        help=f"comma-separated, of {', '.join(MODES)} (floor needs nvcc)")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, run one more under torch.profiler and report its busiest operators")
