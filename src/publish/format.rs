@@ -102,6 +102,8 @@ fn device(d: &DeviceSnapshot) -> ProcessDevice {
         leak_suspect_allocations: Some(d.live.leak_suspect_count),
         leak_suspect_bytes: Some(d.live.leak_suspect_bytes),
         oldest_allocation_age_seconds: Some(d.live.oldest_age_seconds),
+        graph_pool_bytes: Some(d.graphs.reserved_bytes),
+        graph_pools: Some(d.graphs.pools),
         pools: d.pools.iter().map(published_pool).collect(),
         tags: d.by_tag.iter().map(published_tag).collect(),
     }

@@ -127,6 +127,13 @@ pub struct ProcessDevice {
     pub leak_suspect_allocations: Option<u64>,
     pub leak_suspect_bytes: Option<u64>,
     pub oldest_allocation_age_seconds: Option<f64>,
+    /// Device memory held for CUDA graphs, and the pools holding it (the device's
+    /// `GraphSummary`): added within version 1, so a file from an older writer has neither and
+    /// its graph series are simply not exported.
+    #[serde(default)]
+    pub graph_pool_bytes: Option<u64>,
+    #[serde(default)]
+    pub graph_pools: Option<u64>,
     #[serde(default)]
     pub pools: Vec<ProcessPool>,
     /// Live memory by tag (the largest tags, then `other`): added within version 1, so older

@@ -30,6 +30,8 @@ pub(super) const PROCESS_DEVICE: &[(&str, ProcessValue)] = &[
     ("gpumem_oom_retries_total", |d| n(d.oom_retries_total)),
     ("gpumem_cpu_fallbacks_total", |d| n(d.cpu_fallbacks_total)),
     ("gpumem_host_fallback_bytes", |d| n(d.host_fallback_bytes)),
+    ("gpumem_graph_pool_bytes", |d| n(d.graph_pool_bytes)),
+    ("gpumem_graph_pools", |d| n(d.graph_pools)),
     ("gpumem_live_allocations", |d| n(d.live_allocations)),
     ("gpumem_live_bytes", |d| n(d.live_bytes)),
     ("gpumem_leak_suspect_allocations", |d| {

@@ -5,7 +5,9 @@
 use super::{count, published};
 use crate::reliability::{rss_kib, Scratch};
 use crate::web::get;
-use gpumem::collect::{series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES};
+use gpumem::collect::{
+    series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES, SERIES_PER_DEVICE, SERIES_PER_POOL,
+};
 use gpumem::snapshot::unix_now;
 use std::time::{Duration, SystemTime};
 
@@ -28,8 +30,8 @@ fn collected_series_stay_within_the_default_budget() {
         .processes
         .iter()
         .map(|p| {
-            1 + 19 * p.devices.len() as u64
-                + 13 * p.devices.iter().map(|d| d.pools.len() as u64).sum::<u64>()
+            1 + SERIES_PER_DEVICE * p.devices.len() as u64
+                + SERIES_PER_POOL * p.devices.iter().map(|d| d.pools.len() as u64).sum::<u64>()
         })
         .sum();
     assert!(!collected.processes.is_empty(), "some files fit the budget");
@@ -43,7 +45,10 @@ fn collected_series_stay_within_the_default_budget() {
     let note = collected.status.over_budget.expect("a note for /healthz");
     assert!(note.contains("--collect-max-series"), "{note}");
     let file = gpumem::collect::read_file(&dir.path().join("big-0.json"), 4 << 20).expect("valid");
-    assert_eq!(series_of(&file), 1 + 19 * 64 + 13 * 64 * 16);
+    assert_eq!(
+        series_of(&file),
+        1 + SERIES_PER_DEVICE * 64 + SERIES_PER_POOL * 64 * 16
+    );
 }
 
 /// `gpumem serve` over a directory of maximal files: /metrics stays a few megabytes (it was

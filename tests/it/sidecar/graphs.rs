@@ -1,0 +1,120 @@
+//! CUDA graph pools behind a sidecar: a library process that exports and publishes at once
+//! shows the same `gpumem_graph_*` series on its own `/metrics` and, labelled with its process
+//! and pid, on `gpumem serve`'s; a file from an older writer without the graph fields is still
+//! collected, just without graph series.
+
+use super::{now, published, serve, TempDir};
+use crate::web::{eventually, get, value_of};
+use gpumem::backend::sim::{SimBackend, SimConfig};
+use gpumem::publish::Publisher;
+use gpumem::units::MIB;
+use gpumem::{AllocOptions, Exporter, GraphPoolId, ManagerConfig, MemoryManager, Tag};
+use std::sync::Arc;
+use std::time::Duration;
+
+const GRAPH_FAMILIES: [&str; 2] = ["gpumem_graph_pool_bytes", "gpumem_graph_pools"];
+
+/// The labels and value of `family`'s first series in `metrics`, as written (`gpu="0",uuid="…"`
+/// and `4194304`).
+fn series(metrics: &str, family: &str) -> Option<(String, String)> {
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{family}{{")))?;
+    let (labels, value) = line[family.len() + 1..].split_once("} ")?;
+    Some((labels.to_string(), value.to_string()))
+}
+
+#[test]
+fn graph_pools_reach_the_sidecar_with_the_processs_own_values() {
+    let dir = TempDir::new("graph-pools");
+    let sim = Arc::new(SimBackend::new(SimConfig::default()));
+    let manager = MemoryManager::new(sim, ManagerConfig::default()).expect("manager");
+    // Two graphs' outputs in two pools: 3 MiB maps two 2 MiB pages, 1 MiB one.
+    let held: Vec<_> = [(GraphPoolId(1), 3 * MIB), (GraphPoolId(2), MIB)]
+        .into_iter()
+        .map(|(pool, size)| {
+            let options = AllocOptions::tagged(Tag::new("graph_output")).in_graph_pool(pool);
+            manager.alloc(0, size, &options).expect("graph alloc")
+        })
+        .collect();
+    let exporter = Exporter::builder()
+        .manager(manager.clone())
+        .listen(([127, 0, 0, 1], 0))
+        .interval(Duration::from_millis(100))
+        .spawn()
+        .expect("exporter starts");
+    let publisher = Publisher::builder()
+        .manager(manager)
+        .dir(dir.path())
+        .interval(Duration::from_millis(100))
+        .process_name("engine")
+        .spawn()
+        .expect("publishes");
+    let sidecar = serve(&dir, &["--backend", "sim"]);
+
+    let own_pools = || {
+        value_of(
+            &get(exporter.local_addr(), "/metrics").body,
+            "gpumem_graph_pools",
+            "gpu=\"0\"",
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || own_pools() == Some(2.0)),
+        "the process's own exporter never counted both graph pools"
+    );
+    let process = format!("process=\"engine\",pid=\"{}\"", std::process::id());
+    assert!(
+        eventually(Duration::from_secs(10), || value_of(
+            &get(sidecar.addr, "/metrics").body,
+            "gpumem_collect_processes",
+            ""
+        ) == Some(1.0)),
+        "the sidecar never collected the process"
+    );
+    let own = get(exporter.local_addr(), "/metrics").body;
+    let collected = get(sidecar.addr, "/metrics").body;
+    for family in GRAPH_FAMILIES {
+        let (labels, value) =
+            series(&own, family).unwrap_or_else(|| panic!("{family} missing:\n{own}"));
+        let expected = format!("{family}{{{process},{labels}}} {value}");
+        assert!(
+            collected.lines().any(|l| l == expected),
+            "the sidecar should publish {expected}:\n{collected}"
+        );
+    }
+    assert_eq!(
+        series(&own, "gpumem_graph_pool_bytes").map(|(_, v)| v),
+        Some((6 * MIB).to_string()),
+        "three 2 MiB pages held for the two graphs"
+    );
+
+    // An older writer's file, without the graph fields: still collected, no graph series.
+    publisher.shutdown();
+    drop(held);
+    std::fs::write(
+        dir.join("older.json"),
+        published(std::process::id(), "older", now() + 5.0),
+    )
+    .expect("write");
+    let older_collected = || {
+        value_of(
+            &get(sidecar.addr, "/metrics").body,
+            "gpumem_reserved_bytes",
+            "process=\"older\"",
+        )
+        .is_some()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), older_collected),
+        "a file without the graph fields should still be read"
+    );
+    let metrics = get(sidecar.addr, "/metrics").body;
+    for family in GRAPH_FAMILIES {
+        assert_eq!(
+            value_of(&metrics, family, "process=\"older\""),
+            None,
+            "{family}: a field the writer left out is not exported"
+        );
+    }
+}
