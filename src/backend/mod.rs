@@ -215,6 +215,11 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// or whose query failed, is gone: ask about it no more.
     fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError>;
 
+    /// Waits until the work before `fence` has finished (`cuEventSynchronize`): less than
+    /// waiting for its stream, whose later work may still be running. The fence is gone
+    /// afterwards, whether the wait succeeded or not.
+    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError>;
+
     /// The id of the CUDA graph capture `stream` takes part in (`cuStreamGetCaptureInfo`), or
     /// `None` when it is not capturing. Unique among the process's captures.
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError>;

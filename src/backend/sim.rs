@@ -303,6 +303,8 @@ struct SimFences {
     outstanding: Mutex<HashSet<(usize, u64)>>,
     next: AtomicU64,
     held: AtomicBool,
+    /// Fences waited for (`wait_fence`).
+    waits: AtomicU64,
 }
 
 impl SimBackend {
@@ -345,6 +347,11 @@ impl SimBackend {
     /// kernel.
     pub fn hold_fences(&self, held: bool) {
         self.fences.held.store(held, Ordering::Relaxed);
+    }
+
+    /// Fences waited for so far.
+    pub fn fence_waits(&self) -> u64 {
+        self.fences.waits.load(Ordering::Relaxed)
     }
 
     /// Fences recorded and not yet seen passed.
@@ -740,6 +747,21 @@ impl DeviceBackend for SimBackend {
         }
         outstanding.remove(&(device, fence.0));
         Ok(true)
+    }
+
+    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+        self.device(device)?;
+        // Waiting makes held work finish, as `synchronize_stream` does: simulated work is
+        // only ever held back from queries, never from a wait.
+        if !self.fences.outstanding.lock().remove(&(device, fence.0)) {
+            return Err(BackendError::InvalidArgument {
+                call: "wait_fence",
+                reason: format!("fence {} of device {device} is unknown or passed", fence.0),
+            });
+        }
+        self.fences.waits.fetch_add(1, Ordering::Relaxed);
+        spend(self.costs.sync());
+        Ok(())
     }
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {

@@ -2,6 +2,7 @@
 //! pages the driver has backed. Blocks live anywhere in the range; a page is mapped while a
 //! live block touches it, and kept for reuse (idle) or unmapped when it is not.
 
+use super::fences::FenceTrail;
 use super::pages::{PageRun, PageTable};
 use super::reserve::PageReserve;
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
@@ -82,6 +83,8 @@ pub(crate) struct Arena {
     released_while_allocating: Released,
     /// Pages a failed allocation mapped and could not unmap again (see `map_runs`).
     kept_after_failed_map: Released,
+    /// Fences on the stream behind pages gone idle: what unmapping them must wait for.
+    fences: FenceTrail,
 }
 
 impl Arena {
@@ -114,6 +117,7 @@ impl Arena {
             parked: None,
             released_while_allocating: Released::default(),
             kept_after_failed_map: Released::default(),
+            fences: FenceTrail::default(),
         })
     }
 
@@ -169,6 +173,7 @@ impl Arena {
                 });
             }
             self.unpark();
+            self.fence_idle_pages(reserve.backend());
         }
         let block = self
             .tlsf
@@ -293,9 +298,23 @@ impl Arena {
 
     fn release_block(&mut self, block: u32, offset: u64, size: u64) {
         let (first, last) = self.page_span(offset, size);
+        let idle_before = self.pages.idle_pages();
         // The clock is read only if a page actually goes idle.
         self.pages.release(first, last, crate::clock::now);
+        if self.pages.idle_pages() > idle_before {
+            self.fences.pages_went_idle();
+        }
         self.tlsf.free(block);
+    }
+
+    /// Pages went idle since the last fence: mark the work queued before them on the stream
+    /// (at most once per clock tick), so that unmapping them later waits for that work only.
+    #[inline]
+    pub(crate) fn fence_idle_pages(&mut self, backend: &dyn DeviceBackend) {
+        if self.fences.wants_fence() {
+            let mark = self.pages.next_order();
+            self.fences.record(backend, self.device, self.stream, mark);
+        }
     }
 
     /// Pages [`alloc`](Self::alloc) unmapped to stay within the cache budget (reset by
@@ -341,24 +360,36 @@ impl Arena {
         busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
         let backend = reserve.backend();
+        // A busy stream is never waited for here: only pages a passed fence shows done with go.
+        let mut idle_before = u64::MAX;
         if busy == BusyStreams::Skip
             && !backend
                 .stream_idle(self.device, self.stream)
                 .unwrap_or(false)
         {
-            return Ok(Released::default());
+            idle_before = self.fences.cleared_below(backend, self.device);
+            if idle_before == 0 {
+                return Ok(Released::default());
+            }
         }
         // Complete a parked block's free first: its pages can then go idle and be released
         // (a cache being emptied must reach them), and it is never handed out again after.
         self.unpark();
-        let chunks = self.pages.take_idle(keep_going, spare);
+        self.fence_idle_pages(backend);
+        let chunks = self.pages.take_idle(keep_going, spare, idle_before);
         if chunks.is_empty() {
             return Ok(Released::default());
         }
-        // An idle stream has nothing queued that could touch the pages.
+        // An idle stream has nothing queued that could touch the pages; a busy one has nothing
+        // that touches these (they went idle before a fence that has passed), unless asked to
+        // wait, when this waits for the oldest fence after them or else the stream.
         let waited = match busy {
+            BusyStreams::Wait => {
+                let newest = self.pages.newest_order(&chunks);
+                self.fences
+                    .wait_past(backend, self.device, self.stream, newest)
+            }
             BusyStreams::Skip => Ok(()),
-            BusyStreams::Wait => backend.synchronize_stream(self.device, self.stream),
         };
         if let Err(error) = waited {
             let now = crate::clock::now();
@@ -429,6 +460,7 @@ impl Arena {
         let released = self
             .release_idle(reserve, |_, _| true, BusyStreams::Wait)
             .map_err(|e| e.error)?;
+        self.fences.drain(reserve.backend(), self.device);
         reserve
             .backend()
             .release_address_range(self.device, self.base, self.span)?;

@@ -5,6 +5,7 @@
 pub(crate) mod arena;
 mod atomic;
 pub(crate) mod direct;
+mod fences;
 pub(crate) mod latency;
 mod lock;
 pub(crate) mod pages;
@@ -384,6 +385,7 @@ impl Pool {
             slot.counters.on_free(live.requested, size);
             if let Some(reserve) = reserve.as_deref() {
                 reserve.held().on_free(live.requested, size);
+                arena.fence_idle_pages(reserve.backend());
             }
             slot.counters
                 .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);

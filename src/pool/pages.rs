@@ -157,14 +157,30 @@ impl PageTable {
         self.next_order += (last - first) as u64 + 1;
     }
 
+    /// The idle order the next page to go idle will get: every page idle now is below it.
+    pub(crate) fn next_order(&self) -> u64 {
+        self.next_order
+    }
+
+    /// The idle order of the most recently idled page of `runs` (taken by `take_idle`).
+    pub(crate) fn newest_order(&self, runs: &[PageRun]) -> u64 {
+        runs.iter()
+            .flat_map(|run| &self.pages[run.first as usize..(run.first + run.count) as usize])
+            .map(|page| page.idle_order)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Takes chunks whose pages are all idle, the longest idle first (a chunk is as recent as
-    /// its most recently idled page), while `keep_going(pages_taken, idle_since)` says so,
-    /// passing over chunks with a page for which `spare(page)` is true; their pages are marked
-    /// unmapped, and the caller must unmap them (or hand them back with `restore_idle`).
+    /// its most recently idled page), while `keep_going(pages_taken, idle_since)` says so and
+    /// the chunk went idle before idle order `before_order`, passing over chunks with a page
+    /// for which `spare(page)` is true; their pages are marked unmapped, and the caller must
+    /// unmap them (or hand them back with `restore_idle`).
     pub(crate) fn take_idle(
         &mut self,
         mut keep_going: impl FnMut(usize, u64) -> bool,
         spare: impl Fn(u32) -> bool,
+        before_order: u64,
     ) -> Vec<PageRun> {
         if self.idle_pages == 0 {
             return Vec::new();
@@ -196,8 +212,8 @@ impl PageTable {
         idle.sort_unstable_by_key(|&(order, _, _)| order);
         let mut taken = Vec::new();
         let mut pages_taken = 0;
-        for (_, chunk, since) in idle {
-            if !keep_going(pages_taken, since) {
+        for (order, chunk, since) in idle {
+            if order >= before_order || !keep_going(pages_taken, since) {
                 break;
             }
             for entry in &mut self.pages[chunk.first as usize..(chunk.first + chunk.count) as usize]
@@ -242,7 +258,7 @@ mod tests {
         table.release(1, 3, || 5);
         assert_eq!(table.idle_pages(), 2, "page 1 still holds the first block");
         table.release(0, 1, || 7);
-        let taken = table.take_idle(|n, _| n < 3, |_| false);
+        let taken = table.take_idle(|n, _| n < 3, |_| false, u64::MAX);
         let first: Vec<u32> = taken.iter().map(|c| c.first).collect();
         assert_eq!(first, vec![2, 3, 0]);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (1, 1));
@@ -255,14 +271,30 @@ mod tests {
         table.acquire(0, 5);
         table.release(0, 5, || 2);
         table.acquire(3, 3);
-        let taken = table.take_idle(|_, _| true, |_| false);
+        let taken = table.take_idle(|_, _| true, |_| false, u64::MAX);
         assert_eq!(taken, vec![PageRun { first: 4, count: 2 }]);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (4, 3));
         table.release(3, 3, || 3);
-        let taken = table.take_idle(|_, _| true, |page| page == 5);
+        let taken = table.take_idle(|_, _| true, |page| page == 5, u64::MAX);
         assert_eq!(taken, vec![PageRun { first: 0, count: 4 }]);
         table.restore_idle(taken[0], 4);
         assert_eq!((table.mapped_pages(), table.idle_pages()), (4, 4));
+    }
+
+    #[test]
+    fn pages_idle_since_an_order_are_left_and_the_newest_taken_is_known() {
+        let mut table = PageTable::default();
+        mapped(&mut table, 0, 2, &[1, 1, 1]);
+        table.acquire(0, 2);
+        table.release(0, 0, || 1);
+        let fence_mark = table.next_order();
+        table.release(1, 2, || 1);
+        let taken = table.take_idle(|_, _| true, |_| false, fence_mark);
+        assert_eq!(taken, vec![PageRun { first: 0, count: 1 }]);
+        assert!(table.newest_order(&taken) < fence_mark);
+        let rest = table.take_idle(|_, _| true, |_| false, u64::MAX);
+        assert_eq!(rest.len(), 2);
+        assert!(table.newest_order(&rest) >= fence_mark);
     }
 
     #[test]
@@ -270,7 +302,7 @@ mod tests {
         let mut table = PageTable::default();
         mapped(&mut table, 0, 2, &[1, 1, 1]);
         table.acquire(0, 0);
-        let taken = table.take_idle(|_, _| true, |page| page == 1);
+        let taken = table.take_idle(|_, _| true, |page| page == 1, u64::MAX);
         assert_eq!(taken, vec![PageRun { first: 2, count: 1 }]);
     }
 }

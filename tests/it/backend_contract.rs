@@ -4,7 +4,8 @@
 use crate::support::{all_backends, sim_backend};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::units::MIB;
-use gpumem::{BackendError, DeviceBackend};
+use gpumem::{BackendError, DeviceBackend, StreamId};
+use std::time::{Duration, Instant};
 
 fn each_backend(check: impl Fn(&dyn DeviceBackend)) {
     for backend in all_backends() {
@@ -178,6 +179,20 @@ fn sim_counts_memory_of_other_processes() {
     sim.free(0, ptr).unwrap();
     sim.set_used_by_others(0, 0).unwrap();
     assert_eq!(sim.mem_info(0).unwrap().free, 1024 * MIB);
+}
+
+#[test]
+fn fences_can_be_waited_for_and_pass() {
+    each_backend(|backend| {
+        let waited = backend.record_fence(0, StreamId::DEFAULT).unwrap();
+        backend.wait_fence(0, waited).unwrap();
+        let polled = backend.record_fence(0, StreamId::DEFAULT).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !backend.fence_passed(0, polled).unwrap() {
+            assert!(Instant::now() < deadline, "an empty stream's fence never passed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
 }
 
 #[test]

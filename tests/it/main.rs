@@ -9,6 +9,7 @@ mod demo;
 mod doc_figures;
 mod e2e;
 mod estimate;
+mod fenced_release;
 mod ffi;
 mod graphs;
 mod guide_parity;

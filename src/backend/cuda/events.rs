@@ -72,4 +72,17 @@ impl CudaBackend {
         unsafe { sys::cuEventDestroy_v2(event) };
         check("cuEventQuery", status).map(|()| true)
     }
+
+    pub(super) fn wait_event(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+        self.make_current(device)?;
+        let event = fence.0 as CUevent;
+        // Relaxed: a capture in global mode elsewhere would otherwise refuse the wait (and
+        // break), though waiting for work queued before it touches no capturing stream.
+        // SAFETY: `fence` came from `record_event` and has not passed yet (the trait's
+        // contract), so the event is alive; waiting only reads it.
+        let status = self.relaxed(|| unsafe { sys::cuEventSynchronize(event) });
+        // SAFETY: as above; after this the fence is gone and never used again.
+        unsafe { sys::cuEventDestroy_v2(event) };
+        check("cuEventSynchronize", status)
+    }
 }

@@ -299,6 +299,10 @@ impl DeviceBackend for CudaBackend {
         self.query_event(device, fence)
     }
 
+    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+        self.wait_event(device, fence)
+    }
+
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
         self.capture_id(device, stream)
     }

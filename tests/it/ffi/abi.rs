@@ -274,8 +274,9 @@ fn memory_used_on_another_stream_waits_for_that_stream_before_reuse() {
 
     sim.hold_fences(false); // the side stream finished: the next call frees the memory
     let next = gpumem_alloc(size, 0, own);
+    // Its fence was queried and dropped with it (the pools' own fences, behind pages gone
+    // idle, are another matter: tests/it/fenced_release.rs).
     assert_eq!(stat("ffi_frees_waiting_for_streams"), 0);
-    assert_eq!(sim.outstanding_fences(), 0);
     gpumem_free(next, size, 0, own);
 
     // Emptying the cache frees what waited, once its streams are done.

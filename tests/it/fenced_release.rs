@@ -1,0 +1,112 @@
+//! Unmapping idle pages waits only for the work queued before they went idle — a fence the pool
+//! recorded on its stream when they did — not for the whole stream: `cuStreamSynchronize` would
+//! stall a host running ahead of its GPU at the very allocation that had to make room.
+
+use crate::support::{sim_backend, tight_manager};
+use gpumem::backend::sim::SimBackend;
+use gpumem::units::MIB;
+use gpumem::{AllocOptions, MemoryManager, StreamId};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn on_stream() -> AllocOptions {
+    AllocOptions {
+        stream: StreamId(0x5100),
+        ..AllocOptions::default()
+    }
+}
+
+/// Longer than a tick of the coarse clock, which paces the fences (one per tick at most).
+const NEXT_TICK: Duration = Duration::from_millis(25);
+
+/// Waits for queued work so far: stream synchronisations and fence waits.
+fn waits(sim: &SimBackend) -> (u64, u64) {
+    (sim.syncs(), sim.fence_waits())
+}
+
+/// Two blocks freed a tick apart, one left live: the idle pages went idle behind fences, which
+/// have passed unless `gpu_lags` (then none passes until the test says so).
+fn pages_idle_behind_fences(
+    sim: &Arc<SimBackend>,
+    gpu_lags: bool,
+) -> (MemoryManager, gpumem::DeviceBuffer) {
+    let m = tight_manager(sim.clone(), 64);
+    sim.hold_fences(gpu_lags);
+    let first = m.alloc(0, 8 * MIB, &on_stream()).unwrap();
+    let second = m.alloc(0, 4 * MIB, &on_stream()).unwrap();
+    drop(first); // parked: its pages stay live until another free completes it
+    drop(second); // completes the first's free: its pages go idle, a fence follows
+    std::thread::sleep(NEXT_TICK);
+    // A request of another size completes the second's free too: a fence a tick later.
+    let live = m.alloc(0, 2 * MIB, &on_stream()).unwrap();
+    (m, live)
+}
+
+#[test]
+fn pages_whose_fence_has_passed_are_unmapped_without_waiting() {
+    let sim = sim_backend();
+    let (m, live) = pages_idle_behind_fences(&sim, false);
+    let before = waits(&sim);
+    let unmapped = m.unmap_cached();
+    // The chunk under the live block stays; the second block's goes.
+    assert!(unmapped >= 4 * MIB, "idle pages unmapped: {unmapped}");
+    assert_eq!(
+        waits(&sim),
+        before,
+        "the fences behind the pages had passed: nothing to wait for"
+    );
+    drop(live);
+}
+
+#[test]
+fn pages_behind_a_fence_still_running_wait_for_that_fence_not_the_stream() {
+    let sim = sim_backend();
+    let (m, live) = pages_idle_behind_fences(&sim, true); // the GPU is behind the fences
+    let (syncs, fence_waits) = waits(&sim);
+    assert!(m.unmap_cached() >= 4 * MIB);
+    assert_eq!(sim.syncs(), syncs, "the stream was not synchronised");
+    assert_eq!(
+        sim.fence_waits(),
+        fence_waits + 1,
+        "one wait, for the fence after the newest idle page"
+    );
+    sim.hold_fences(false);
+    drop(live);
+}
+
+#[test]
+fn pages_idle_after_the_last_fence_are_waited_for_all_the_same() {
+    let sim = sim_backend();
+    let (m, live) = pages_idle_behind_fences(&sim, true);
+    drop(live); // parked; the release below completes it and waits for what it may touch
+    let before = waits(&sim);
+    assert!(m.unmap_cached() >= 12 * MIB);
+    let after = waits(&sim);
+    assert!(
+        after.0 + after.1 > before.0 + before.1,
+        "something waited: {before:?} -> {after:?}"
+    );
+    sim.hold_fences(false);
+}
+
+#[test]
+fn fences_stay_few_while_the_gpu_lags_and_none_outlive_the_manager() {
+    let sim = sim_backend();
+    let m = tight_manager(sim.clone(), 64);
+    sim.hold_fences(true); // no fence ever passes: the pool must stop adding more
+    for _ in 0..40 {
+        let a = m.alloc(0, 4 * MIB, &on_stream()).unwrap();
+        let b = m.alloc(0, 6 * MIB, &on_stream()).unwrap();
+        drop(a);
+        drop(b);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let outstanding = sim.outstanding_fences();
+    assert!(
+        (1..=32).contains(&outstanding),
+        "fences recorded, and bounded per arena: {outstanding}"
+    );
+    sim.hold_fences(false);
+    drop(m);
+    assert_eq!(sim.outstanding_fences(), 0, "every fence was waited for");
+}
