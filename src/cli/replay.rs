@@ -80,7 +80,7 @@ enum ReplayStrategy {
 /// the largest chunk a miss creates.
 const SWEEP_IDLE_PAGES: [usize; 4] = [0, 4, 16, 64];
 const SWEEP_IDLE_PER_MILLE: [usize; 2] = [0, 8];
-const SWEEP_CHUNK_BYTES: [u64; 3] = [2 * MIB, 8 * MIB, 32 * MIB];
+const SWEEP_CHUNK_BYTES: [u64; 3] = [2 * MIB, 6 * MIB, 32 * MIB];
 
 pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.

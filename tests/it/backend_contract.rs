@@ -189,7 +189,10 @@ fn fences_can_be_waited_for_and_pass() {
         let polled = backend.record_fence(0, StreamId::DEFAULT).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !backend.fence_passed(0, polled).unwrap() {
-            assert!(Instant::now() < deadline, "an empty stream's fence never passed");
+            assert!(
+                Instant::now() < deadline,
+                "an empty stream's fence never passed"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
     });

@@ -27,37 +27,38 @@ fn kept_pages_are_reserved_and_mapped_again_without_creating_memory() {
     for backend in all_backends() {
         let baseline = backend.mem_info(0).unwrap().used();
         let m = tight_manager(backend, 4);
-        let first = m.alloc(0, 8 * MIB, &AllocOptions::default()).unwrap();
+        // 6 MiB: three pages, one chunk under the default cap.
+        let first = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
         drop(first);
-        assert_eq!(m.unmap_cached(), 8 * MIB);
+        assert_eq!(m.unmap_cached(), 6 * MIB);
         let stats = m.device_stats(0).unwrap();
-        assert_eq!(stats.page_reserve_bytes, 8 * MIB);
+        assert_eq!(stats.page_reserve_bytes, 6 * MIB);
         assert_eq!(
             held(&m, baseline),
-            (8 * MIB, 8 * MIB),
+            (6 * MIB, 6 * MIB),
             "kept pages are held"
         );
         // The next miss maps the kept chunk: nothing new from the driver. (The default stream:
         // on CUDA a stream must be a real CUstream, which the budget test below uses on sim.)
-        let second = m.alloc(0, 8 * MIB, &AllocOptions::default()).unwrap();
+        let second = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
         let stats = m.device_stats(0).unwrap();
-        assert_eq!((stats.pages_created, stats.pages_reused), (4, 4));
-        assert_eq!(stats.page_reserve_bytes, 0);
-        assert_eq!(held(&m, baseline), (8 * MIB, 8 * MIB));
-        drop(second);
-        assert_eq!(m.unmap_cached(), 8 * MIB);
-        // A chunk is mapped whole: kept, it cannot back a smaller run, so it goes back to the
-        // driver before new pages are created, and the device never holds both.
-        let third = m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap();
-        let stats = m.device_stats(0).unwrap();
-        assert_eq!((stats.pages_created, stats.pages_released), (7, 4));
+        assert_eq!((stats.pages_created, stats.pages_reused), (3, 3));
         assert_eq!(stats.page_reserve_bytes, 0);
         assert_eq!(held(&m, baseline), (6 * MIB, 6 * MIB));
-        assert_eq!(stats.counters.peak_reserved_bytes, 8 * MIB);
+        drop(second);
+        assert_eq!(m.unmap_cached(), 6 * MIB);
+        // A chunk is mapped whole: kept, it cannot back a smaller run, so it goes back to the
+        // driver before new pages are created, and the device never holds both.
+        let third = m.alloc(0, 4 * MIB, &AllocOptions::default()).unwrap();
+        let stats = m.device_stats(0).unwrap();
+        assert_eq!((stats.pages_created, stats.pages_released), (5, 3));
+        assert_eq!(stats.page_reserve_bytes, 0);
+        assert_eq!(held(&m, baseline), (4 * MIB, 4 * MIB));
+        assert_eq!(stats.counters.peak_reserved_bytes, 6 * MIB);
         drop(third);
         m.empty_cache();
         let stats = m.device_stats(0).unwrap();
-        assert_eq!((stats.page_reserve_bytes, stats.pages_released), (0, 7));
+        assert_eq!((stats.page_reserve_bytes, stats.pages_released), (0, 5));
         assert_eq!(held(&m, baseline), (0, 0));
     }
 }
@@ -216,8 +217,8 @@ fn chunks_of_one_miss(config: ManagerConfig, size: u64) -> (MemoryManager, u64) 
 
 #[test]
 fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
-    // 20 MiB on the simulated device: ten pages, mapped as chunks of 4, 4 and 2 under the
-    // default 8 MiB cap, and as one chunk under a 32 MiB cap.
+    // 20 MiB on the simulated device: ten pages, mapped as chunks of 4, 4 and 2 under an 8 MiB
+    // cap, and as one chunk under a 32 MiB cap.
     for (cap, chunks) in [(8 * MIB, 3), (32 * MIB, 1)] {
         let config = ManagerConfig {
             max_chunk_bytes: cap,
@@ -229,9 +230,9 @@ fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
 
 #[test]
 fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
-    // 128 MiB is 64 pages: sixteen 8 MiB chunks by default; under a limit of 8, an 8 MiB
-    // chunk at each end and eight of 14 MiB between them; under a limit of 4, four of 28 MiB
-    // between the ends. A short miss keeps the 8 MiB cap.
+    // Under an 8 MiB cap, 128 MiB is 64 pages: sixteen 8 MiB chunks with no limit; under a limit
+    // of 8, an 8 MiB chunk at each end and eight of 14 MiB between them; under a limit of 4,
+    // four of 28 MiB between the ends. A short miss keeps the 8 MiB cap.
     for (per_miss, size, chunks) in [
         (0, 128 * MIB, 16),
         (8, 128 * MIB, 10),
@@ -239,6 +240,7 @@ fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
         (4, 20 * MIB, 3),
     ] {
         let config = ManagerConfig {
+            max_chunk_bytes: 8 * MIB,
             chunks_per_miss: per_miss,
             ..ManagerConfig::default()
         };
