@@ -130,8 +130,8 @@ def main():
     for name in chosen:
         code = cases[name]
         try:
-            case_env = dict(env, GPUMEM_TORCH="1") if name == "gpumem_torch_variable" else env
-            done = subprocess.run([sys.executable, "-c", code], env=case_env, capture_output=True, text=True,
+            run_env = dict(env, GPUMEM_TORCH="1") if name == "gpumem_torch_variable" else env
+            done = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True,
                                   timeout=120)
             lines = (done.stdout + done.stderr).strip().splitlines()
             print(json.dumps({"case": name, "exit": done.returncode, "output": lines[-8:]}), flush=True)

@@ -34,10 +34,15 @@ impl Given {
 }
 
 /// Variables read outside the CLI's flags and config keys: the log filter, the Python
-/// package's and the test suite's own.
+/// package's (a user who sets them for PyTorch runs the CLI in the same environment) and the
+/// test suite's own.
 const OTHER_VARIABLES: &[&str] = &[
     "GPUMEM_LOG",
     "GPUMEM_PROCESS_NAME",
+    "GPUMEM_LIBRARY",
+    "GPUMEM_TORCH",
+    "GPUMEM_TORCH_SERVE",
+    "GPUMEM_TORCH_PUBLISH",
     "GPUMEM_BINARY",
     "GPUMEM_REQUIRE_GPU",
     "GPUMEM_REQUIRE_GPUS",

@@ -360,7 +360,8 @@ impl Arena {
         busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
         let backend = reserve.backend();
-        // A busy stream is never waited for here: only pages a passed fence shows done with go.
+        // Skipping a busy stream leaves it unwaited for: only the pages that went idle before a
+        // fence it has passed may go.
         let mut idle_before = u64::MAX;
         if busy == BusyStreams::Skip
             && !backend

@@ -58,11 +58,13 @@ impl FenceTrail {
         if now == self.last_recorded_tick {
             return;
         }
+        // Tried once a tick, recorded or not: a GPU far behind costs one query a tick, not one
+        // a free.
+        self.last_recorded_tick = now;
         self.prune(backend, device);
         if self.outstanding.len() >= MAX_OUTSTANDING {
             return;
         }
-        self.last_recorded_tick = now;
         self.unfenced = false;
         match backend.record_fence(device, stream) {
             Ok(fence) => self.outstanding.push_back((fence, mark)),

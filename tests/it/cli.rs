@@ -379,3 +379,48 @@ fn replay_misses_refuses_a_sweep_or_a_shared_file_and_writes_nothing() {
     assert!(stderr(&out).contains("both name"), "{}", stderr(&out));
     assert!(!log.exists());
 }
+
+/// Every `GPUMEM_*` variable the Python package reads, as its sources name them.
+fn python_package_variables() -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/gpumem");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("python/gpumem") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_some_and(|e| e == "py") {
+            let text = std::fs::read_to_string(&path).expect("a Python source");
+            for (at, _) in text.match_indices("GPUMEM_") {
+                let name: String = text[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                    .collect();
+                if name.len() > "GPUMEM_".len() && !name.ends_with('_') {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn the_python_packages_variables_draw_no_unknown_variable_warning() {
+    // Set for PyTorch, they stay in the environment of every gpumem command run beside it.
+    let names = python_package_variables();
+    assert!(
+        names.iter().any(|n| n == "GPUMEM_LIBRARY"),
+        "found in the package: {names:?}"
+    );
+    let mut command = crate::support::gpumem(&["devices", "--backend", "sim"]);
+    for name in &names {
+        command.env(name, "0");
+    }
+    let output = command.output().expect("the gpumem binary runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("not a gpumem variable"),
+        "{}",
+        stderr(&output)
+    );
+}

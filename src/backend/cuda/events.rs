@@ -1,7 +1,10 @@
 //! Fences as CUDA events, and whether a stream has work left. One event recorded on a stream
 //! marks the work queued so far, and a query says whether that work has run. Events are created
 //! per fence and destroyed once it has passed (or its query failed): the backend holds events
-//! only for fences still outstanding.
+//! only for fences still outstanding. Pools record and query fences as their pages go idle,
+//! from whatever thread frees, so every call here runs with the thread's capture mode relaxed:
+//! a CUDA graph captured in global mode on another thread would otherwise count them as unsafe
+//! and end its capture (none of them touches a capturing stream).
 
 use super::{check, stream_handle, CudaBackend};
 use crate::backend::{Fence, StreamId};
@@ -26,13 +29,17 @@ impl CudaBackend {
         let raw = stream_handle("record_fence", stream)?;
         let mut event: CUevent = std::ptr::null_mut();
         let flags = CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: valid out-pointer; a context for `device` is current.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut event, flags)
-        })?;
-        // SAFETY: `event` was just created in the current context; the stream handle comes
-        // from the host, which created it in that context (or is 0, the legacy stream).
-        let recorded = check("cuEventRecord", unsafe { sys::cuEventRecord(event, raw) });
+        let created = self.relaxed(|| {
+            // SAFETY: valid out-pointer; a context for `device` is current.
+            unsafe { sys::cuEventCreate(&mut event, flags) }
+        });
+        check("cuEventCreate", created)?;
+        let recorded = self.relaxed(|| {
+            // SAFETY: `event` was just created in the current context; the stream handle comes
+            // from the host, which created it in that context (or is 0, the legacy stream).
+            unsafe { sys::cuEventRecord(event, raw) }
+        });
+        let recorded = check("cuEventRecord", recorded);
         if let Err(error) = recorded {
             // SAFETY: created above and never handed out.
             unsafe { sys::cuEventDestroy_v2(event) };
@@ -52,7 +59,7 @@ impl CudaBackend {
         let raw = stream_handle("stream_idle", stream)?;
         // SAFETY: the handle comes from the host, which created it in this device's context
         // (made current by `capture_id`), or is 0, the legacy stream; the driver only reads it.
-        match unsafe { sys::cuStreamQuery(raw) } {
+        match self.relaxed(|| unsafe { sys::cuStreamQuery(raw) }) {
             CUresult::CUDA_SUCCESS => Ok(true),
             CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check("cuStreamQuery", other).map(|()| false),
@@ -64,7 +71,7 @@ impl CudaBackend {
         let event = fence.0 as CUevent;
         // SAFETY: `fence` came from `record_event` and has not passed yet (the trait's
         // contract), so the event is alive.
-        let status = unsafe { sys::cuEventQuery(event) };
+        let status = self.relaxed(|| unsafe { sys::cuEventQuery(event) });
         if status == CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
@@ -76,8 +83,6 @@ impl CudaBackend {
     pub(super) fn wait_event(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
         self.make_current(device)?;
         let event = fence.0 as CUevent;
-        // Relaxed: a capture in global mode elsewhere would otherwise refuse the wait (and
-        // break), though waiting for work queued before it touches no capturing stream.
         // SAFETY: `fence` came from `record_event` and has not passed yet (the trait's
         // contract), so the event is alive; waiting only reads it.
         let status = self.relaxed(|| unsafe { sys::cuEventSynchronize(event) });
