@@ -27,7 +27,7 @@ pub const DEFAULT_MAX_SERIES: u64 = 40_000;
 pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
 /// Series one collected device and one of its pools add (the sidecar's per-device and per-pool
 /// families), and one per process (its snapshot age). `web::metrics` checks these stay true.
-pub const SERIES_PER_DEVICE: u64 = 21;
+pub const SERIES_PER_DEVICE: u64 = 23;
 pub const SERIES_PER_POOL: u64 = 13;
 /// A snapshot may claim to be this far in the future (clocks of two containers on one node
 /// differ by little); beyond it the file is rejected, or it would never go stale.

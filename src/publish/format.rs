@@ -104,6 +104,8 @@ fn device(d: &DeviceSnapshot) -> ProcessDevice {
         oldest_allocation_age_seconds: Some(d.live.oldest_age_seconds),
         graph_pool_bytes: Some(d.graphs.reserved_bytes),
         graph_pools: Some(d.graphs.pools),
+        external_bytes: Some(d.external.bytes),
+        external_buffers: Some(d.external.count),
         pools: d.pools.iter().map(published_pool).collect(),
         tags: d.by_tag.iter().map(published_tag).collect(),
     }

@@ -134,6 +134,13 @@ pub struct ProcessDevice {
     pub graph_pool_bytes: Option<u64>,
     #[serde(default)]
     pub graph_pools: Option<u64>,
+    /// Memory the process allocated outside gpumem and registered with `track_external`, and
+    /// its buffers (the device's `ExternalSummary`): added within version 1, as the graph
+    /// fields.
+    #[serde(default)]
+    pub external_bytes: Option<u64>,
+    #[serde(default)]
+    pub external_buffers: Option<u64>,
     #[serde(default)]
     pub pools: Vec<ProcessPool>,
     /// Live memory by tag (the largest tags, then `other`): added within version 1, so older

@@ -32,6 +32,8 @@ pub(super) const PROCESS_DEVICE: &[(&str, ProcessValue)] = &[
     ("gpumem_host_fallback_bytes", |d| n(d.host_fallback_bytes)),
     ("gpumem_graph_pool_bytes", |d| n(d.graph_pool_bytes)),
     ("gpumem_graph_pools", |d| n(d.graph_pools)),
+    ("gpumem_external_bytes", |d| n(d.external_bytes)),
+    ("gpumem_external_buffers", |d| n(d.external_buffers)),
     ("gpumem_live_allocations", |d| n(d.live_allocations)),
     ("gpumem_live_bytes", |d| n(d.live_bytes)),
     ("gpumem_leak_suspect_allocations", |d| {

@@ -1,7 +1,8 @@
-//! CUDA graph pools behind a sidecar: a library process that exports and publishes at once
-//! shows the same `gpumem_graph_*` series on its own `/metrics` and, labelled with its process
-//! and pid, on `gpumem serve`'s; a file from an older writer without the graph fields is still
-//! collected, just without graph series.
+//! Device-wide figures behind a sidecar — CUDA graph pools and memory allocated outside gpumem:
+//! a library process that exports and publishes at once shows the same `gpumem_graph_*` and
+//! `gpumem_external_*` series on its own `/metrics` and, labelled with its process and pid, on
+//! `gpumem serve`'s; a file from an older writer without those fields is still collected, just
+//! without their series.
 
 use super::{now, published, serve, TempDir};
 use crate::web::{eventually, get, value_of};
@@ -12,7 +13,12 @@ use gpumem::{AllocOptions, Exporter, GraphPoolId, ManagerConfig, MemoryManager, 
 use std::sync::Arc;
 use std::time::Duration;
 
-const GRAPH_FAMILIES: [&str; 2] = ["gpumem_graph_pool_bytes", "gpumem_graph_pools"];
+const FAMILIES: [&str; 4] = [
+    "gpumem_graph_pool_bytes",
+    "gpumem_graph_pools",
+    "gpumem_external_bytes",
+    "gpumem_external_buffers",
+];
 
 /// The labels and value of `family`'s first series in `metrics`, as written (`gpu="0",uuid="…"`
 /// and `4194304`).
@@ -25,8 +31,8 @@ fn series(metrics: &str, family: &str) -> Option<(String, String)> {
 }
 
 #[test]
-fn graph_pools_reach_the_sidecar_with_the_processs_own_values() {
-    let dir = TempDir::new("graph-pools");
+fn graph_pools_and_outside_memory_reach_the_sidecar_with_the_processs_own_values() {
+    let dir = TempDir::new("device-wide");
     let sim = Arc::new(SimBackend::new(SimConfig::default()));
     let manager = MemoryManager::new(sim, ManagerConfig::default()).expect("manager");
     // Two graphs' outputs in two pools: 3 MiB maps two 2 MiB pages, 1 MiB one.
@@ -37,6 +43,10 @@ fn graph_pools_reach_the_sidecar_with_the_processs_own_values() {
             manager.alloc(0, size, &options).expect("graph alloc")
         })
         .collect();
+    // A buffer the engine allocated itself (an NCCL or cuBLAS workspace, say).
+    manager
+        .track_external(0, 0x7e00_0000_0000, 96 * MIB, "nccl")
+        .expect("tracked");
     let exporter = Exporter::builder()
         .manager(manager.clone())
         .listen(([127, 0, 0, 1], 0))
@@ -74,7 +84,7 @@ fn graph_pools_reach_the_sidecar_with_the_processs_own_values() {
     );
     let own = get(exporter.local_addr(), "/metrics").body;
     let collected = get(sidecar.addr, "/metrics").body;
-    for family in GRAPH_FAMILIES {
+    for family in FAMILIES {
         let (labels, value) =
             series(&own, family).unwrap_or_else(|| panic!("{family} missing:\n{own}"));
         let expected = format!("{family}{{{process},{labels}}} {value}");
@@ -88,8 +98,13 @@ fn graph_pools_reach_the_sidecar_with_the_processs_own_values() {
         Some((6 * MIB).to_string()),
         "three 2 MiB pages held for the two graphs"
     );
+    assert_eq!(
+        series(&own, "gpumem_external_bytes").map(|(_, v)| v),
+        Some((96 * MIB).to_string()),
+        "the outside buffer"
+    );
 
-    // An older writer's file, without the graph fields: still collected, no graph series.
+    // An older writer's file, without those fields: still collected, without their series.
     publisher.shutdown();
     drop(held);
     std::fs::write(
@@ -107,10 +122,10 @@ fn graph_pools_reach_the_sidecar_with_the_processs_own_values() {
     };
     assert!(
         eventually(Duration::from_secs(10), older_collected),
-        "a file without the graph fields should still be read"
+        "a file without those fields should still be read"
     );
     let metrics = get(sidecar.addr, "/metrics").body;
-    for family in GRAPH_FAMILIES {
+    for family in FAMILIES {
         assert_eq!(
             value_of(&metrics, family, "process=\"older\""),
             None,
