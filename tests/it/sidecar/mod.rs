@@ -1,8 +1,8 @@
 //! The sidecar: publishing (`gpumem::publish`), collecting (`gpumem::collect`), `gpumem serve`
 //! as a user runs it next to `gpumem demo --publish-dir`, NVML (real where there is a GPU, its
 //! absence everywhere else), CUDA graph pools and outside memory published as the process's own
-//! exporter shows them, the Python writer of docs/publish-format.md, and the Docker and Kubernetes files checked
-//! against what the binary serves.
+//! exporter shows them, the Python writer of docs/publish-format.md, and the Docker and
+//! Kubernetes files checked against what the binary serves.
 
 mod collect;
 mod compose;
