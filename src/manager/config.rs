@@ -78,13 +78,15 @@ pub struct MemoryConfig {
     /// chunk, not per byte. A chunk goes back to the driver only once no live block touches any
     /// of its pages, so a larger cap makes misses cheaper and may keep more cached.
     pub max_chunk_bytes: u64,
-    /// How many larger chunks a long miss gets (20 by default; 0: none). A run of new pages
-    /// longer than this many + 2 `max_chunk_bytes` chunks gets one such chunk at each end and
-    /// this many equal larger ones between: a 460 MB block then costs 22 grants of access, not
-    /// 74. Not fewer: the pages under one large block are freed together, but what is
-    /// allocated later in its place (a training job's optimizer state) keeps its large chunks
-    /// mapped (GPT-2 training cycled: 1.0306 of its peak at 12, 1.0191 at 20).
-    pub chunks_per_miss: usize,
+    /// Chunks inside a long miss (16 MiB by default; 0, or no more than `max_chunk_bytes`:
+    /// none). A run of new pages that holds
+    /// at least four of these between two `max_chunk_bytes` chunks gets one such chunk at each
+    /// end and chunks of this size between: a 460 MB block then costs 29 grants of access, not
+    /// 74. The pages under one large block are freed together, and only its ends may share a
+    /// page with the blocks beside it; but what is allocated later in its place keeps a large
+    /// chunk mapped whole, so they stay moderate (32 MiB: gpt2_train_cycled 1.0314 of its
+    /// peak).
+    pub inside_chunk_bytes: u64,
 }
 
 /// The same settings under the name the embedding examples use (`ManagerConfig` next to
@@ -114,7 +116,7 @@ impl Default for MemoryConfig {
             idle_pages_kept: 4,
             idle_per_mille: 8,
             max_chunk_bytes: 6 * MIB,
-            chunks_per_miss: 20,
+            inside_chunk_bytes: 16 * MIB,
         }
     }
 }
@@ -293,6 +295,15 @@ impl MemoryConfig {
                 format!(
                     "{} is out of range (1 MiB to 64 GiB; chunks are whole pages, at least one)",
                     self.max_chunk_bytes
+                ),
+            ));
+        }
+        if self.inside_chunk_bytes > 64 * GIB {
+            return Err(ConfigError::new(
+                "inside_chunk_bytes",
+                format!(
+                    "{} is out of range (0 to 64 GiB; 0, or no more than max_chunk_bytes, for none)",
+                    self.inside_chunk_bytes
                 ),
             ));
         }

@@ -234,8 +234,8 @@ const SETTERS: &[(&str, Setter)] = &[
     ("max_chunk_bytes", |c, raw, key| {
         raw.bytes(key).map(|v| c.max_chunk_bytes = v)
     }),
-    ("chunks_per_miss", |c, raw, key| {
-        raw.count(key).map(|v| c.chunks_per_miss = v)
+    ("inside_chunk_bytes", |c, raw, key| {
+        raw.bytes(key).map(|v| c.inside_chunk_bytes = v)
     }),
     ("pressure.medium", |c, raw, key| {
         raw.number(key).map(|v| c.pressure.medium = v)

@@ -243,7 +243,7 @@ impl MemoryManager {
             Arc::clone(backend),
             index,
             Arc::clone(&reserve),
-            ChunkSizes::new(config.max_chunk_bytes, config.chunks_per_miss),
+            ChunkSizes::new(config.max_chunk_bytes, config.inside_chunk_bytes),
         )?);
         let mut device = ManagedDevice {
             index,

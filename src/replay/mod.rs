@@ -39,11 +39,11 @@ pub struct ReplayReport {
     /// size means the pools' accounting matches the driver's.
     pub max_device_vs_reserved_gap_bytes: u64,
     /// The cache settings of the run (`--idle-pages`, `--idle-per-mille`, `max_chunk_bytes`,
-    /// `chunks_per_miss`).
+    /// `inside_chunk_bytes`).
     pub idle_pages_kept: usize,
     pub idle_per_mille: usize,
     pub max_chunk_bytes: u64,
-    pub chunks_per_miss: usize,
+    pub inside_chunk_bytes: u64,
     /// Allocations that called the driver to map pages, and how long those allocations took
     /// (median and 99th percentile, within 12.5%); 0 for the baselines, which do not say.
     pub misses: u64,
@@ -323,7 +323,7 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         idle_pages_kept: config.idle_pages_kept,
         idle_per_mille: config.idle_per_mille,
         max_chunk_bytes: config.max_chunk_bytes,
-        chunks_per_miss: config.chunks_per_miss,
+        inside_chunk_bytes: config.inside_chunk_bytes,
         misses: at_end.as_ref().map_or(0, |s| s.misses),
         miss_p50_ns: at_end.as_ref().map_or(0, |s| s.miss_p50_ns),
         miss_p99_ns: at_end.as_ref().map_or(0, |s| s.miss_p99_ns),
@@ -434,7 +434,7 @@ pub fn replay_driver_pool(
         idle_pages_kept: 0,
         idle_per_mille: 0,
         max_chunk_bytes: 0,
-        chunks_per_miss: 0,
+        inside_chunk_bytes: 0,
         misses: 0,
         miss_p50_ns: 0,
         miss_p99_ns: 0,

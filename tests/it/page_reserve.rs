@@ -229,23 +229,29 @@ fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
 }
 
 #[test]
-fn a_long_miss_is_cut_into_chunks_per_miss_larger_chunks() {
-    // Under an 8 MiB cap, 128 MiB is 64 pages: sixteen 8 MiB chunks with no limit; under a limit
-    // of 8, an 8 MiB chunk at each end and eight of 14 MiB between them; under a limit of 4,
-    // four of 28 MiB between the ends. A short miss keeps the 8 MiB cap.
-    for (per_miss, size, chunks) in [
-        (0, 128 * MIB, 16),
-        (8, 128 * MIB, 10),
-        (4, 128 * MIB, 6),
-        (4, 20 * MIB, 3),
+fn a_long_miss_is_cut_into_inside_chunks_between_two_ordinary_ones() {
+    // 6 MiB chunks are three pages, 16 MiB inside chunks eight. 128 MiB (64 pages): 22
+    // ordinary chunks with no inside size; with 16 MiB, a 6 MiB chunk at each end and 58 pages
+    // between in eight inside chunks (the last of two pages); with 32 MiB, the run holds fewer
+    // than four of them between its ends and is cut as an ordinary one. 76 MiB (38 pages) is
+    // the shortest run cut with 16 MiB inside chunks (four of them); 74 MiB is not.
+    for (inside, size, chunks) in [
+        (0, 128 * MIB, 22),
+        (16 * MIB, 128 * MIB, 10),
+        (32 * MIB, 128 * MIB, 22),
+        (16 * MIB, 76 * MIB, 6),
+        (16 * MIB, 74 * MIB, 13),
     ] {
         let config = ManagerConfig {
-            max_chunk_bytes: 8 * MIB,
-            chunks_per_miss: per_miss,
+            max_chunk_bytes: 6 * MIB,
+            inside_chunk_bytes: inside,
             ..ManagerConfig::default()
         };
         let (m, unmapped) = chunks_of_one_miss(config, size);
-        assert_eq!(unmapped, chunks, "chunks_per_miss {per_miss}, {size} bytes");
+        assert_eq!(
+            unmapped, chunks,
+            "inside chunks of {inside} bytes, {size} bytes"
+        );
         // Kept chunks are mapped again whatever their size: nothing new is created.
         drop(m.alloc(0, size, &AllocOptions::default()).unwrap());
         let stats = m.device_stats(0).unwrap();
