@@ -492,9 +492,19 @@ mod tests {
     }
 
     #[test]
+    fn inside_chunks_beyond_64_gib_are_refused_by_name() {
+        let err = from_file("inside_chunk_bytes = \"128GiB\"\n").unwrap_err();
+        assert!(err.to_string().contains("inside_chunk_bytes"), "{err}");
+    }
+
+    #[test]
     fn a_bad_size_or_duration_is_named_once() {
         // The parsers' own sentences name the value; the key's message does not repeat it.
-        for (key, value) in [("max_chunk_bytes", "abc"), ("leak_age", "5x")] {
+        for (key, value) in [
+            ("max_chunk_bytes", "abc"),
+            ("inside_chunk_bytes", "16X"),
+            ("leak_age", "5x"),
+        ] {
             let from_file = from_file(&format!("{key} = \"{value}\"\n")).unwrap_err();
             let env_key = format!("GPUMEM_{}", key.to_uppercase());
             let from_env = from_env(&[(env_key.as_str(), value)]).unwrap_err();
