@@ -79,13 +79,12 @@ pub struct MemoryConfig {
     /// of its pages, so a larger cap makes misses cheaper and may keep more cached.
     pub max_chunk_bytes: u64,
     /// Chunks inside a long miss (16 MiB by default; 0, or no more than `max_chunk_bytes`:
-    /// none). A run of new pages that holds
-    /// at least four of these between two `max_chunk_bytes` chunks gets one such chunk at each
-    /// end and chunks of this size between: a 460 MB block then costs 29 grants of access, not
-    /// 74. The pages under one large block are freed together, and only its ends may share a
-    /// page with the blocks beside it; but what is allocated later in its place keeps a large
-    /// chunk mapped whole, so they stay moderate (32 MiB: gpt2_train_cycled 1.0314 of its
-    /// peak).
+    /// none). A run of new pages that holds at least four of these between two
+    /// `max_chunk_bytes` chunks gets one such chunk at each end and chunks of this size between:
+    /// a 460 MB block then costs 29 grants of access, not 74. The pages under one large block
+    /// are freed together, and only its ends may share a page with the blocks beside it; but
+    /// what is allocated later in its place keeps a large chunk mapped whole, so they stay
+    /// moderate (32 MiB: gpt2_train_cycled 1.0314 of its peak).
     pub inside_chunk_bytes: u64,
 }
 
