@@ -73,6 +73,9 @@ pub(super) fn unknown_variable_warnings(set: &[String], known: &[String]) -> Vec
     set.iter()
         .filter(|name| name.starts_with("GPUMEM_") && !known.contains(name))
         .map(|name| {
+            if let Some(instead) = crate::manager::retired_config_key(name) {
+                return format!("gpumem: warning: {name} is ignored: it {instead}");
+            }
             let nearest = known
                 .iter()
                 .min_by_key(|candidate| edit_distance(name, candidate));

@@ -267,15 +267,33 @@ pub fn keys() -> impl Iterator<Item = &'static str> {
     SETTERS.iter().map(|(key, _)| *key)
 }
 
+/// Keys a release took away, with what to set instead: a file written for that release gets
+/// the replacement named, not the list of every key.
+const RETIRED: &[(&str, &str)] = &[(
+    "chunks_per_miss",
+    "was replaced by inside_chunk_bytes, a size (16MiB by default; 0 for none)",
+)];
+
+/// What replaced a retired key or its `GPUMEM_<KEY>` variable, if `name` is one.
+pub fn retired(name: &str) -> Option<&'static str> {
+    RETIRED
+        .iter()
+        .find(|(key, _)| *key == name || env_name(key) == name)
+        .map(|&(_, instead)| instead)
+}
+
 fn apply(config: &mut MemoryConfig, key: &str, raw: &Raw) -> Result<(), ConfigError> {
     match SETTERS.iter().find(|(known, _)| *known == key) {
         Some((_, set)) => set(config, raw, key),
         None => Err(ConfigError::new(
             key,
-            format!(
-                "unknown key (known keys: {})",
-                keys().collect::<Vec<_>>().join(", ")
-            ),
+            match retired(key) {
+                Some(instead) => instead.to_string(),
+                None => format!(
+                    "unknown key (known keys: {})",
+                    keys().collect::<Vec<_>>().join(", ")
+                ),
+            },
         )),
     }
 }
@@ -489,6 +507,19 @@ mod tests {
         assert!(err.to_string().contains("enable_memory_tracking"), "{err}");
         let err = from_file("max_cached_buffers = -1\n").unwrap_err();
         assert!(err.to_string().contains("max_cached_buffers"), "{err}");
+    }
+
+    #[test]
+    fn a_retired_key_names_its_replacement() {
+        let err = from_file("chunks_per_miss = 8\n").unwrap_err().to_string();
+        assert!(
+            err.contains("chunks_per_miss") && err.contains("inside_chunk_bytes"),
+            "{err}"
+        );
+        assert_eq!(
+            retired("GPUMEM_CHUNKS_PER_MISS"),
+            retired("chunks_per_miss")
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
 #[cfg(feature = "config-file")]
 pub use config_file::{
     env_names as config_env_names, keys as config_keys, load_config, load_config_over,
-    parse_config_str, ConfigSources,
+    parse_config_str, retired as retired_config_key, ConfigSources,
 };
 pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
