@@ -185,10 +185,42 @@ def cnn_serve_cycled():
                 model(image.to(memory_format=torch.channels_last))
 
 
+def gpt2_train_large():
+    """GPT-2 medium (24 x 1024) trained as gpt2_train_cycled at eight times the batch, two
+    rounds: torch_workloads.py --size large, a process holding ~55 GB (blocks of up to 3.5 GB)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
+    model = GPT2LMHeadModel(config).to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
+    for _ in range(2):
+        for batch, length in shapes:
+            ids = torch.randint(0, config.vocab_size, (batch * 8, length), device=DEV)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def cnn_serve_large():
+    """ResNet-50 serving 384 x 384 images at ten batch sizes from 16 to 2,048, cycled three
+    times, fp16, channels-last: torch_workloads.py --size large (~32 GB at the largest batch)."""
+    import timm
+    model = timm.create_model("resnet50", pretrained=False).to(DEV).half().eval()
+    model = model.to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        for _ in range(3):
+            for batch in [16, 128, 512, 64, 1024, 256, 32, 768, 2048, 128]:
+                image = torch.randn(batch, 3, 384, 384, device=DEV, dtype=torch.half)
+                model(image.contiguous(memory_format=torch.channels_last))
+
+
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
                  encoder_varlen=encoder_varlen, vit_train=vit_train, t5_generate=t5_generate,
                  moe_generate=moe_generate, longctx_generate=longctx_generate,
-                 gpt2_train_cycled=gpt2_train_cycled, cnn_serve_cycled=cnn_serve_cycled)
+                 gpt2_train_cycled=gpt2_train_cycled, cnn_serve_cycled=cnn_serve_cycled,
+                 gpt2_train_large=gpt2_train_large, cnn_serve_large=cnn_serve_large)
 
 names = sys.argv[1:] or list(WORKLOADS)
 unknown = [name for name in names if name not in WORKLOADS]

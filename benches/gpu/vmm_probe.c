@@ -49,9 +49,9 @@ int main(void) {
   // Does a call cost per byte or per physical allocation? One handle of 2, 16 and 64 MiB, and
   // access granted again on a range that already has it.
   static double hc[N], hm[N], ha[N], hr[N], hu[N], hrel[N];
-  CUdeviceptr big; CK(cuMemAddressReserve(&big, 64 << 20, 0, 0, 0));
-  size_t sizes[] = {2 << 20, 16 << 20, 64 << 20};
-  for (int z = 0; z < 3; z++) {
+  CUdeviceptr big; CK(cuMemAddressReserve(&big, (size_t)1 << 30, 0, 0, 0));
+  size_t sizes[] = {2 << 20, 16 << 20, 64 << 20, 256 << 20, (size_t)1 << 30};
+  for (int z = 0; z < 5; z++) {
     size_t sz = sizes[z]; char label[96];
     for (int k = 0; k < N / 4; k++) {
       double t; CUmemGenericAllocationHandle x;

@@ -42,6 +42,7 @@ impl MemoryManager {
         if let Some(cap) = config.max_cached_bytes {
             slack = slack.min(cap / page);
         }
+        managed.pages.note_slack(slack);
         let budget = (peak + slack).max(config.preallocate_bytes.div_ceil(page));
         let idle = mapped.saturating_sub(live);
         let held = mapped + spare;

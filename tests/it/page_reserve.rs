@@ -259,3 +259,22 @@ fn a_long_miss_is_cut_into_inside_chunks_between_two_ordinary_ones() {
         assert_eq!(stats.pages_created * 2 * MIB, size);
     }
 }
+
+#[test]
+fn inside_chunks_grow_with_the_cache_slack_up_to_a_quarter_of_the_run() {
+    // 1 GiB is 512 pages: a 6 MiB chunk (three pages) at each end and 506 between. The slack
+    // is the share `idle_per_mille` of the live peak (512 pages with this miss): 4 pages at 8
+    // per mille, under 16 MiB, so inside chunks stay 8 pages (64 of them); 32 pages at 64 per
+    // mille (16 inside chunks); at 1024 per mille the slack passes a quarter of the run, which
+    // bounds them at 126 pages (five).
+    for (per_mille, chunks) in [(8, 2 + 64), (64, 2 + 16), (1024, 2 + 5)] {
+        let config = ManagerConfig {
+            max_chunk_bytes: 6 * MIB,
+            inside_chunk_bytes: 16 * MIB,
+            idle_per_mille: per_mille,
+            ..ManagerConfig::default()
+        };
+        let (_, unmapped) = chunks_of_one_miss(config, 1024 * MIB);
+        assert_eq!(unmapped, chunks, "idle_per_mille {per_mille}");
+    }
+}
