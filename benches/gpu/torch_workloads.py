@@ -15,7 +15,8 @@
 # Prints one JSON line per run, then a short table. --repeat N runs the modes N times in turn
 # (default, gpumem, default, gpumem, ...): step times drift between processes on these hosts by
 # more than the allocators differ, and interleaving spreads the drift over both; the table then
-# gives each mode's median step time over its runs and the ratio of the medians. With $OUT set, every run's result is appended
+# gives each mode's median round time (a round runs every shape once) over its runs and the
+# ratio of the medians. --cpus pins every run to the same cores. With $OUT set, every run's result is appended
 # to $OUT/results.jsonl (`--table FILE` prints the table of such a file), and the gpumem training
 # run leaves its /metrics scrape and snapshot, taken after its last step, there (metrics.txt,
 # snapshot.json). Each step is timed whole, up to its last kernel queued (host) and between CUDA
@@ -168,9 +169,14 @@ class StepClock:
             "device_ms_per_step": device_us / 1e3 / steps,
             "top_cpu": [[r.key, round(r.self_cpu_time_total / steps), r.count // steps] for r in top]}}
 
-    def result(self):
+    def result(self, steps_per_round):
+        """The steps of a round differ in shape, so a median over steps lands between two shapes
+        and jumps with one slow step: the figure compared is the median over rounds of a
+        round's total (every shape once), with the steps kept too."""
         ms = lambda times: [round(t * 1e3, 3) for t in times]  # noqa: E731
-        return {"step_seconds": statistics.median(self.wall), "steps": len(self.wall),
+        rounds = [sum(self.wall[i:i + steps_per_round]) for i in range(0, len(self.wall), steps_per_round)]
+        return {"round_seconds": statistics.median(rounds), "round_ms": ms(rounds),
+                "step_seconds": statistics.median(self.wall), "steps": len(self.wall),
                 "host_seconds": statistics.median(self.host),
                 "device_seconds": statistics.median(self.device),
                 "step_ms": ms(self.wall), "host_ms": ms(self.host), "device_ms": ms(self.device),
@@ -234,7 +240,7 @@ def gpt2_train(torch, quick, tags, at_end, clock, size):
         run_round(timed=r > 0)  # round 0 warms up every shape
     at_end()  # while the model, its gradients and the optimizer's state are alive
     outputs = list(losses)
-    return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False))}
+    return {"outputs": outputs, **clock.result(len(shapes)), **clock.profiled(lambda: run_round(False))}
 
 
 def hf_generate(torch, quick, tags, at_end, clock, size):
@@ -265,7 +271,7 @@ def hf_generate(torch, quick, tags, at_end, clock, size):
         run_round(timed=r > 0)
     at_end()
     outputs = list(digests)
-    return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False))}
+    return {"outputs": outputs, **clock.result(len(shapes)), **clock.profiled(lambda: run_round(False))}
 
 
 def alloc_loop(torch, quick, tags, at_end, clock, size):
@@ -287,7 +293,7 @@ def alloc_loop(torch, quick, tags, at_end, clock, size):
     for r in range(rounds + 1):
         run_round(timed=r > 0)
     at_end()
-    return {"outputs": [], "pairs_per_step": pairs, "sizes": sizes, **clock.result()}
+    return {"outputs": [], "pairs_per_step": pairs, "sizes": sizes, **clock.result(len(sizes))}
 
 
 def floor_library():
@@ -354,7 +360,7 @@ def cnn_serve(torch, quick, tags, at_end, clock, size):
         run_round(timed=r > 0)
     at_end()
     outputs = list(sums)
-    return {"outputs": outputs, **clock.result(), **clock.profiled(lambda: run_round(False)),
+    return {"outputs": outputs, **clock.result(len(batches)), **clock.profiled(lambda: run_round(False)),
             "model": name}
 
 
@@ -472,7 +478,9 @@ def run_child(workload, mode, args):
         command.append("--quick")
     if args.profile:
         command.append("--profile")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    pin = (lambda: os.sched_setaffinity(0, args.cpus)) if args.cpus else None
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout,
+                          preexec_fn=pin)
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
@@ -484,15 +492,16 @@ def mib(b):
     return f"{b / (1 << 20):,.0f}" if isinstance(b, (int, float)) else "-"
 
 
-def median_step(results, workload, mode):
-    steps = [r["step_seconds"] for r in results
-             if r["workload"] == workload and r["mode"] == mode and "step_seconds" in r]
-    return (statistics.median(steps), len(steps)) if steps else (None, 0)
+def median_round(results, workload, mode):
+    """The median over a mode's runs of each run's median round (one pass over every shape)."""
+    rounds = [r["round_seconds"] for r in results
+              if r["workload"] == workload and r["mode"] == mode and "round_seconds" in r]
+    return (statistics.median(rounds), len(rounds)) if rounds else (None, 0)
 
 
 def table(results):
     rows = ["| workload | allocator | outputs | NVML peak MiB | context MiB | peak allocated MiB | "
-            "peak reserved MiB | NVML / allocated | beyond context / allocated | step ms | vs default | runs | driver maps | allocs/step |",
+            "peak reserved MiB | NVML / allocated | beyond context / allocated | round ms | vs default | runs | driver maps | allocs/step |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for workload in dict.fromkeys(r["workload"] for r in results):
         runs = {}
@@ -500,7 +509,7 @@ def table(results):
             if r["workload"] == workload:
                 runs.setdefault(r["mode"], r)
         reference = runs.get("default", {})
-        reference_step, _ = median_step(results, workload, "default")
+        reference_round, _ = median_round(results, workload, "default")
         for mode in MODES:
             r = runs.get(mode)
             if r is None:
@@ -515,14 +524,28 @@ def table(results):
             ratio = r["nvml_peak_bytes"] / allocated if allocated else 0
             # What the process holds beyond the CUDA context it had before its first tensor.
             beyond = (r["nvml_peak_bytes"] - r["nvml_context_bytes"]) / allocated if allocated else 0
-            step, count = median_step(results, workload, mode)
-            speed = step / reference_step if reference_step else 0
+            round_time, count = median_round(results, workload, mode)
+            speed = round_time / reference_round if reference_round and round_time else 0
             rows.append(f"| {workload} | {mode} | {same} | {mib(r['nvml_peak_bytes'])} | "
                         f"{mib(r['nvml_context_bytes'])} | {mib(r['peak_allocated_bytes'])} | "
-                        f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {beyond:.3f} | {step * 1e3:.2f} | "
+                        f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {beyond:.3f} | {(round_time or 0) * 1e3:.1f} | "
                         f"{speed:.3f} | {count} | {r.get('driver_maps', '-')} | "
                         f"{r.get('allocations_per_step', '-')} |")
     return "\n".join(rows)
+
+
+def cpu_list(text):
+    """'2-7' or '2,3,4' (or both, '0,2-3') as a set of core numbers."""
+    cores = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            cores.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of cores such as 2-7 or 2,3,4")
+    if not cores:
+        raise argparse.ArgumentTypeError("no cores given")
+    return cores
 
 
 def main():
@@ -541,6 +564,7 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, run one more under torch.profiler and report its busiest operators")
     parser.add_argument("--repeat", type=int, default=1, help="run the modes this many times in turn")
+    parser.add_argument("--cpus", type=cpu_list, help="pin every run to these cores, e.g. 2-7 or 2,3,4")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
