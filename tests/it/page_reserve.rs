@@ -278,3 +278,30 @@ fn inside_chunks_grow_with_the_cache_slack_up_to_a_quarter_of_the_run() {
         assert_eq!(unmapped, chunks, "idle_per_mille {per_mille}");
     }
 }
+
+#[test]
+fn a_run_with_grown_inside_chunks_releases_small_kept_chunks_instead_of_mapping_them() {
+    // A 6 MiB chunk is kept; a 1 GiB miss then follows. With inside chunks of 16 MiB (slack 8
+    // per mille) it maps the kept chunk again; with inside chunks grown to 126 pages (slack
+    // 1024 per mille) a three-page chunk would cost a grant for little: it is released and the
+    // whole run created in large chunks, the device holding no more than before.
+    for (per_mille, reused) in [(8, 3), (1024, 0)] {
+        let config = ManagerConfig {
+            devices: Some(vec![0]),
+            cleanup_interval: None,
+            max_chunk_bytes: 6 * MIB,
+            inside_chunk_bytes: 16 * MIB,
+            idle_per_mille: per_mille,
+            ..ManagerConfig::default()
+        };
+        let m = MemoryManager::new(sim_backend(), config).unwrap();
+        drop(m.alloc(0, 6 * MIB, &AllocOptions::default()).unwrap());
+        assert_eq!(m.unmap_cached(), 6 * MIB);
+        let big = m.alloc(0, 1024 * MIB, &AllocOptions::default()).unwrap();
+        let stats = m.device_stats(0).unwrap();
+        assert_eq!(stats.pages_reused, reused, "idle_per_mille {per_mille}");
+        assert_eq!(stats.page_reserve_bytes, 0, "idle_per_mille {per_mille}");
+        assert_eq!(m.reserved_bytes(), 1024 * MIB, "idle_per_mille {per_mille}");
+        drop(big);
+    }
+}
