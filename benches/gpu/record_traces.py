@@ -153,18 +153,20 @@ def longctx_generate():
             model.generate(ids, max_new_tokens=new, do_sample=True, pad_token_id=0)
 
 
-def gpt2_train_cycled():
-    """GPT-2 (6 x 512) trained with AdamW and bf16 autocast over eight batch x sequence shapes,
-    cycled four times: the loop of benches/gpu/torch_workloads.py, whose steady state (the same
-    shapes coming round again) is where an allocator that returns memory pays for it."""
+GPT2_SHAPES = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
+CNN_BATCHES = [1, 8, 32, 4, 64, 16, 2, 48, 128, 8]
+
+
+def train_gpt2(layers, width, heads, rounds, batch_scale=1):
+    """GPT-2 trained with AdamW and bf16 autocast over GPT2_SHAPES (batches times
+    `batch_scale`), `rounds` times: the loop of benches/gpu/torch_workloads.py."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_layer=6, n_embd=512, n_head=8, n_positions=1024, vocab_size=50257)
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=1024, vocab_size=50257)
     model = GPT2LMHeadModel(config).to(DEV)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
-    for _ in range(4):
-        for batch, length in shapes:
-            ids = torch.randint(0, config.vocab_size, (batch, length), device=DEV)
+    for _ in range(rounds):
+        for batch, length in GPT2_SHAPES:
+            ids = torch.randint(0, config.vocab_size, (batch * batch_scale, length), device=DEV)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(ids, labels=ids).loss
             loss.backward()
@@ -172,48 +174,41 @@ def gpt2_train_cycled():
             optimizer.zero_grad(set_to_none=True)
 
 
-def cnn_serve_cycled():
-    """ResNet-50 inference at ten batch sizes (1 to 128) cycled five times, fp16, channels-last:
-    benches/gpu/torch_workloads.py's CNN, the same sizes coming round again."""
+def serve_resnet50(batches, side, rounds):
+    """ResNet-50 (timm) inference on `side` x `side` images at each of `batches`, `rounds`
+    times, fp16, channels-last: the CNN of benches/gpu/torch_workloads.py."""
     import timm
     model = timm.create_model("resnet50", pretrained=False).to(DEV).half().eval()
     model = model.to(memory_format=torch.channels_last)
     with torch.inference_mode():
-        for _ in range(5):
-            for batch in [1, 8, 32, 4, 64, 16, 2, 48, 128, 8]:
-                image = torch.randn(batch, 3, 224, 224, device=DEV, dtype=torch.half)
-                model(image.to(memory_format=torch.channels_last))
+        for _ in range(rounds):
+            for batch in batches:
+                image = torch.randn(batch, 3, side, side, device=DEV, dtype=torch.half)
+                model(image.contiguous(memory_format=torch.channels_last))
+
+
+def gpt2_train_cycled():
+    """GPT-2 (6 x 512) over eight batch x sequence shapes, cycled four times: the steady state
+    (the same shapes coming round again) is where an allocator that returns memory pays for it."""
+    train_gpt2(layers=6, width=512, heads=8, rounds=4)
+
+
+def cnn_serve_cycled():
+    """ResNet-50 at ten batch sizes (1 to 128) cycled five times, the same sizes coming round
+    again."""
+    serve_resnet50(CNN_BATCHES, side=224, rounds=5)
 
 
 def gpt2_train_large():
-    """GPT-2 medium (24 x 1024) trained as gpt2_train_cycled at eight times the batch, two
-    rounds: torch_workloads.py --size large, a process holding ~55 GB (blocks of up to 3.5 GB)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
-    model = GPT2LMHeadModel(config).to(DEV)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
-    for _ in range(2):
-        for batch, length in shapes:
-            ids = torch.randint(0, config.vocab_size, (batch * 8, length), device=DEV)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    """GPT-2 medium (24 x 1024) at eight times gpt2_train_cycled's batches, two rounds:
+    torch_workloads.py --size large, a process holding ~55 GB (blocks of up to 3.5 GB)."""
+    train_gpt2(layers=24, width=1024, heads=16, rounds=2, batch_scale=8)
 
 
 def cnn_serve_large():
     """ResNet-50 serving 384 x 384 images at ten batch sizes from 16 to 2,048, cycled three
-    times, fp16, channels-last: torch_workloads.py --size large (~32 GB at the largest batch)."""
-    import timm
-    model = timm.create_model("resnet50", pretrained=False).to(DEV).half().eval()
-    model = model.to(memory_format=torch.channels_last)
-    with torch.inference_mode():
-        for _ in range(3):
-            for batch in [16, 128, 512, 64, 1024, 256, 32, 768, 2048, 128]:
-                image = torch.randn(batch, 3, 384, 384, device=DEV, dtype=torch.half)
-                model(image.contiguous(memory_format=torch.channels_last))
+    times: torch_workloads.py --size large (~32 GB at the largest batch)."""
+    serve_resnet50([16, 128, 512, 64, 1024, 256, 32, 768, 2048, 128], side=384, rounds=3)
 
 
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
