@@ -84,7 +84,9 @@ pub struct MemoryConfig {
     /// a 460 MB block then costs 29 grants of access, not 74. The pages under one large block
     /// are freed together, and only its ends may share a page with the blocks beside it; but
     /// what is allocated later in its place keeps a large chunk mapped whole, so they stay
-    /// moderate (32 MiB: gpt2_train_cycled 1.0314 of its peak).
+    /// moderate (32 MiB: gpt2_train_cycled 1.0314 of its peak). This is their smallest size:
+    /// where the cache's slack is larger (peaks from 2 GiB up), they grow to it, and to a
+    /// quarter of the run at most.
     pub inside_chunk_bytes: u64,
 }
 
