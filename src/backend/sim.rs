@@ -109,6 +109,15 @@ impl DriverCosts {
         }
     }
 
+    /// Recording a fence: cuEventRecord and one cuEventQuery took 1.0 µs together on an H100
+    /// (`vmm_probe.c`; the cuEventCreate before them was not timed, so this is a floor).
+    fn fence(self) -> u64 {
+        match self {
+            DriverCosts::Free => 0,
+            DriverCosts::H100 => 1_000,
+        }
+    }
+
     /// cuStreamSynchronize on an idle stream (0.5 µs).
     fn sync(self) -> u64 {
         match self {
@@ -730,6 +739,7 @@ impl DeviceBackend for SimBackend {
         }
         let fence = self.fences.next.fetch_add(1, Ordering::Relaxed) + 1;
         self.fences.outstanding.lock().insert((device, fence));
+        spend(self.costs.fence());
         Ok(Fence(fence))
     }
 
