@@ -52,6 +52,13 @@ pub(super) struct ReplayArgs {
     #[arg(long, env = "GPUMEM_MISSES", value_name = "FILE.jsonl")]
     misses: Option<PathBuf>,
 
+    /// Replay each trace this many times and report the replay with the median time per
+    /// operation (JSON adds every replay's figure as ns_per_op_runs). One replay's ns/op can
+    /// move by tens of percent on a GPU host; compare medians of a few.
+    #[arg(long, env = "GPUMEM_REPEAT", default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
+
     /// Device to replay on.
     #[arg(long, env = "GPUMEM_DEVICE", default_value_t = 0)]
     device: usize,
@@ -111,6 +118,11 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
                 )));
             }
         }
+    }
+    if args.repeat > 1 && (args.sweep || args.misses.is_some()) {
+        return Err(CliError::usage(
+            "--repeat times plain replays: leave it out with --sweep and --misses",
+        ));
     }
     if args.sweep && args.strategy != ReplayStrategy::Pooled {
         return Err(CliError::usage(
@@ -180,14 +192,23 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     }
     let mut misses = args.misses.as_ref().map(|_| Vec::new());
     for trace in &traces {
-        let bar = progress_bar(trace.events.len() as u64, &trace.name);
-        let progress = |done| bar.set_position(done);
-        let (report, timeline) = match &driver_pool {
-            Some(cuda) => replay_driver_pool(cuda, device, trace, progress),
-            None => replay_fresh(&backend, device, &config, trace, progress, misses.as_mut())?,
+        let mut runs = Vec::with_capacity(args.repeat as usize);
+        for run in 1..=args.repeat {
+            let label = match args.repeat {
+                1 => trace.name.clone(),
+                n => format!("{} ({run}/{n})", trace.name),
+            };
+            let bar = progress_bar(trace.events.len() as u64, &label);
+            let progress = |done| bar.set_position(done);
+            let replayed = match &driver_pool {
+                Some(cuda) => replay_driver_pool(cuda, device, trace, progress),
+                None => replay_fresh(&backend, device, &config, trace, progress, misses.as_mut())?,
+            }
+            .map_err(|e| CliError::runtime(e.to_string()))?;
+            bar.finish_and_clear();
+            runs.push(replayed);
         }
-        .map_err(|e| CliError::runtime(e.to_string()))?;
-        bar.finish_and_clear();
+        let (report, timeline) = median_run(runs);
         print_report(&report, args.json)?;
         if let Some(plot) = &args.plot {
             let path = plot_path(plot, &trace.name, traces.len() > 1);
@@ -198,6 +219,20 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         write_misses(path, &misses, &args.traces)?;
     }
     Ok(())
+}
+
+/// The replay with the median ns/op (the lower middle one of an even count), carrying every
+/// replay's ns/op when there were several.
+fn median_run(
+    mut runs: Vec<(ReplayReport, Vec<TimelinePoint>)>,
+) -> (ReplayReport, Vec<TimelinePoint>) {
+    let in_order: Vec<f64> = runs.iter().map(|(report, _)| report.ns_per_op).collect();
+    runs.sort_by(|a, b| a.0.ns_per_op.total_cmp(&b.0.ns_per_op));
+    let (mut report, timeline) = runs.swap_remove((runs.len() - 1) / 2);
+    if in_order.len() > 1 {
+        report.ns_per_op_runs = in_order;
+    }
+    (report, timeline)
 }
 
 fn write_misses(path: &Path, misses: &[MissRecord], inputs: &[PathBuf]) -> Result<(), CliError> {

@@ -54,6 +54,10 @@ pub struct ReplayReport {
     pub pages_created: u64,
     pub pages_reused: u64,
     pub pages_released: u64,
+    /// With `replay --repeat N`, every replay's ns/op in the order run; `ns_per_op` and every
+    /// other figure then come from the replay with the median ns/op.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ns_per_op_runs: Vec<f64>,
 }
 
 /// The configuration a replay runs under: `base` on one device and one shard, with no upkeep
@@ -330,6 +334,7 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         pages_created: after.as_ref().map_or(0, |s| s.pages_created),
         pages_reused: after.as_ref().map_or(0, |s| s.pages_reused),
         pages_released: after.as_ref().map_or(0, |s| s.pages_released),
+        ns_per_op_runs: Vec::new(),
     };
     Ok((report, played.timeline))
 }
@@ -441,6 +446,7 @@ pub fn replay_driver_pool(
         pages_created: 0,
         pages_reused: 0,
         pages_released: 0,
+        ns_per_op_runs: Vec::new(),
     };
     Ok((report, played.timeline))
 }

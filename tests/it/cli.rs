@@ -380,6 +380,52 @@ fn replay_misses_refuses_a_sweep_or_a_shared_file_and_writes_nothing() {
     assert!(!log.exists());
 }
 
+#[test]
+fn replay_repeat_reports_the_median_replay_and_every_figure() {
+    let dir = tempdir();
+    let trace = write_trace(
+        &dir,
+        "t.trace",
+        "a 1 1000 0\na 2 3000000 0\nf 1\nf 2\na 3 5000000 0\nf 3\n",
+    );
+    let trace = trace.to_str().unwrap();
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--json",
+        "--repeat",
+        "3",
+        trace,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut runs: Vec<f64> = report["ns_per_op_runs"]
+        .as_array()
+        .expect("ns_per_op_runs")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 3);
+    runs.sort_by(f64::total_cmp);
+    assert_eq!(report["ns_per_op"].as_f64(), Some(runs[1]));
+    // One replay reports no runs; a repeat beside a sweep or a miss log is refused.
+    let out = gpumem(&["replay", "--backend", "sim", "--json", trace]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("ns_per_op_runs").is_none(), "{report}");
+    for extra in [
+        &["--sweep"][..],
+        &["--misses", "m.jsonl"][..],
+        &["--repeat", "0"][..],
+    ] {
+        let mut args = vec!["replay", "--backend", "sim", "--repeat", "2", trace];
+        args.extend_from_slice(extra);
+        let out = gpumem(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--repeat"), "{}", stderr(&out));
+    }
+}
+
 /// Every `GPUMEM_*` variable the Python package reads, as its sources name them.
 fn python_package_variables() -> Vec<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/gpumem");
