@@ -36,6 +36,13 @@ pub enum MapDecision {
     BelowMinFree,
 }
 
+/// An arena's pages at one moment: mapped, and under at least one live block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PageCounts {
+    pub(crate) mapped: u64,
+    pub(crate) live: u64,
+}
+
 /// A block handed out by `Arena::alloc`.
 #[derive(Clone, Copy, Debug)]
 pub struct Placed {
@@ -138,6 +145,13 @@ impl Arena {
         self.pages.idle_pages()
     }
 
+    pub(crate) fn page_counts(&self) -> PageCounts {
+        PageCounts {
+            mapped: self.mapped_pages() as u64,
+            live: self.live_pages() as u64,
+        }
+    }
+
     #[inline]
     fn page_span(&self, offset: u64, size: u64) -> (u32, u32) {
         let first = (offset >> self.page_shift) as u32;
@@ -146,8 +160,9 @@ impl Arena {
     }
 
     /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
-    /// `may_map(bytes)` is asked before any page is mapped, to enforce the pool's cap and the
-    /// cache budget.
+    /// `may_map(bytes, pages)` is asked before any page is mapped, to enforce the pool's cap and
+    /// the cache budget; `pages` are this arena's pages as they stand then, which this call may
+    /// already have changed (a parked block's free completed).
     #[inline(always)]
     pub(crate) fn alloc(
         &mut self,
@@ -155,7 +170,7 @@ impl Arena {
         size: u64,
         align: u64,
         live: &LiveInfo,
-        may_map: impl FnOnce(u64) -> MapDecision,
+        may_map: impl FnOnce(u64, PageCounts) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         if let Some(block) = self.parked {
             let parked = self.tlsf.block(block);
@@ -189,7 +204,7 @@ impl Arena {
             let started = std::time::Instant::now();
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
-            let outcome = match may_map(wanted) {
+            let outcome = match may_map(wanted, self.page_counts()) {
                 MapDecision::Allow => self.map_runs(reserve),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
                 MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
@@ -504,7 +519,7 @@ mod tests {
 
     fn alloc(backend: &PageReserve, arena: &mut Arena, size: u64, id: u64) -> Placed {
         arena
-            .alloc(backend, size, 256, &live(id), |_| MapDecision::Allow)
+            .alloc(backend, size, 256, &live(id), |_, _| MapDecision::Allow)
             .unwrap()
     }
 

@@ -21,7 +21,7 @@ pub use tlsf::{LiveInfo, MIN_BLOCK};
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::error::BackendError;
-use arena::Arena;
+use arena::{Arena, PageCounts};
 use atomic::AtomicU64;
 use lock::ArenaLock;
 use serde::Serialize;
@@ -336,6 +336,15 @@ impl Pool {
                 )
                 .map_err(ArenaError::Backend)?,
             ),
+        };
+        let counters = &slot.counters;
+        let may_map = |bytes, pages: PageCounts| {
+            // The cache budget reads every pool's published page counts; this arena's lag
+            // behind what this call did before its miss (a parked block's free completed, its
+            // pages idle now), and a stale count of live pages would raise the budget's peak
+            // for good.
+            counters.set_pages(pages.mapped, pages.live);
+            may_map(bytes)
         };
         let outcome = arena.alloc(reserve, size, align, live, may_map);
         // The pool's own counters follow its mapped pages; the device's held bytes follow
