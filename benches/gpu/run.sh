@@ -7,14 +7,16 @@
 #           scrape (cargo bench --bench scrape --no-run), all copied from target/release.
 #   OUT_DIR receives report.md, every raw result (JSON lines, logs) and results.tgz.
 #   TRACE_DIR: directories of *.trace.gz (default: benches/traces).
-# Environment: QUICK=1 shortens every timing (a smoke run); IT_FILTER / SKIP_TESTS=1;
+# Environment: QUICK=1 shortens every timing (a smoke run; replays once instead of the median of
+# five, which single replays' spread of tens of percent on a GPU host calls for); IT_FILTER /
+# SKIP_TESTS=1;
 # SKIP_SPEED=1 leaves out the speed and waste measurements.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd); shift 2
 trace_dirs=("$@"); [ ${#trace_dirs[@]} -gt 0 ] || trace_dirs=("$here/../traces")
 traces=(); for d in "${trace_dirs[@]}"; do for f in "$d"/*.trace.gz; do [ -e "$f" ] && traces+=("$f"); done; done
-seconds=2; [ "${QUICK:-0}" = 1 ] && seconds=0.3
+seconds=2; repeat=5; [ "${QUICK:-0}" = 1 ] && seconds=0.3 && repeat=1
 log() { printf '\n== %s\n' "$*"; }
 export GPUMEM_LOG=warn
 
@@ -41,10 +43,10 @@ log "allocation speed (gpumem bench)"
 echo "exit=$? ($(wc -l < "$out/bench.jsonl") cases)"
 
 log "waste on traces: gpumem (CUDA backend)"
-"$bin/gpumem" replay --backend cuda --json "${traces[@]}" > "$out/replay-gpumem.jsonl" 2> "$out/replay.log"
+XX 2> "$out/replay.log"
 echo "exit=$?"
 log "waste on traces: the CUDA driver pool (cuMemAllocAsync, release threshold max), same harness"
-"$bin/gpumem" replay --backend cuda --strategy driver-pool --json "${traces[@]}" > "$out/replay-driver-pool.jsonl" 2>> "$out/replay.log"
+"$bin/gpumem" replay --backend cuda --strategy driver-pool --json --repeat "$repeat" "${traces[@]}" > "$out/replay-driver-pool.jsonl" 2>> "$out/replay.log"
 echo "exit=$?"
 log "cache settings: waste against time per operation (gpumem replay --sweep)"
 "$bin/gpumem" replay --backend cuda --sweep "${traces[@]}" > "$out/sweep.txt" 2>> "$out/replay.log"
