@@ -43,7 +43,7 @@ log "allocation speed (gpumem bench)"
 echo "exit=$? ($(wc -l < "$out/bench.jsonl") cases)"
 
 log "waste on traces: gpumem (CUDA backend)"
-XX 2> "$out/replay.log"
+"$bin/gpumem" replay --backend cuda --json --repeat "$repeat" "${traces[@]}" > "$out/replay-gpumem.jsonl" 2> "$out/replay.log"
 echo "exit=$?"
 log "waste on traces: the CUDA driver pool (cuMemAllocAsync, release threshold max), same harness"
 "$bin/gpumem" replay --backend cuda --strategy driver-pool --json --repeat "$repeat" "${traces[@]}" > "$out/replay-driver-pool.jsonl" 2>> "$out/replay.log"
