@@ -93,6 +93,24 @@ fn a_full_cache_budget_moves_idle_pages_instead_of_creating_new_ones() {
 }
 
 #[test]
+fn a_block_freed_by_the_allocating_call_does_not_raise_the_cache_budget() {
+    // A (ten pages) is freed last and parked; C keeps A's hole bounded. D does not fit there:
+    // completing A's free leaves its ten pages idle and D needs thirty new ones. The budget
+    // (no slack) is the peak of pages under live blocks, 31 (C's page and D's thirty): D must
+    // take A's pages, not map beside them. Counting A's pages as still live made the budget
+    // 41 and the device held 82 MiB.
+    let m = tight_manager(sim_backend(), 0);
+    let a = m.alloc(0, 20 * MIB, &AllocOptions::default()).unwrap();
+    let c = m.alloc(0, MIB, &AllocOptions::default()).unwrap();
+    drop(a);
+    let d = m.alloc(0, 60 * MIB, &AllocOptions::default()).unwrap();
+    let stats = m.device_stats(0).unwrap();
+    assert_eq!(stats.counters.peak_reserved_bytes, 62 * MIB, "{stats:?}");
+    assert_eq!(held(&m, 0), (62 * MIB, 62 * MIB));
+    drop((c, d));
+}
+
+#[test]
 fn upkeep_never_waits_for_a_busy_stream() {
     // The upkeep thread's rounds leave a pool whose stream still has work queued for a later
     // round rather than hold its lock (and its allocating threads) while the stream drains.
