@@ -215,6 +215,12 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             write_plot(&path, &report, &timeline, &args.traces)?;
         }
     }
+    if args.repeat > 1 && !args.json {
+        println!(
+            "NS/OP and every other column: the replay with the median ns/op of {} per trace",
+            args.repeat
+        );
+    }
     if let (Some(path), Some(misses)) = (&args.misses, misses) {
         write_misses(path, &misses, &args.traces)?;
     }
