@@ -4,7 +4,8 @@
 #
 # usage: benches/gpu/run.sh BIN_DIR OUT_DIR [TRACE_DIR...]
 #   BIN_DIR holds release builds: gpumem; it (cargo test --release --no-run: tests/it);
-#           scrape (cargo bench --bench scrape --no-run), all copied from target/release.
+#           scrape (cargo bench --bench scrape --no-run); libgpumem.so (the C ABI, which the
+#           Python package's test loads from beside `it`), all copied from target/release.
 #   OUT_DIR receives report.md, every raw result (JSON lines, logs) and results.tgz.
 #   TRACE_DIR: directories of *.trace.gz (default: benches/traces).
 # Environment: QUICK=1 shortens every timing (a smoke run; replays once instead of the median of
