@@ -282,10 +282,10 @@ fn a_long_miss_is_cut_into_inside_chunks_between_two_ordinary_ones() {
 fn inside_chunks_grow_with_the_cache_slack_up_to_a_quarter_of_the_run() {
     // 1 GiB is 512 pages: a 6 MiB chunk (three pages) at each end and 506 between. The slack
     // is the share `idle_per_mille` of the live peak (512 pages with this miss): 4 pages at 8
-    // per mille, under 16 MiB, so inside chunks stay 8 pages (64 of them); 32 pages at 64 per
-    // mille (16 inside chunks); at 1024 per mille the slack passes a quarter of the run, which
-    // bounds them at 126 pages (five).
-    for (per_mille, chunks) in [(8, 2 + 64), (64, 2 + 16), (1024, 2 + 5)] {
+    // per mille, twice which is no more than 16 MiB, so inside chunks stay 8 pages (64 of
+    // them); 32 pages at 64 per mille, so inside chunks of 64 pages (eight); at 1024 per mille
+    // twice the slack passes a quarter of the run, which bounds them at 126 pages (five).
+    for (per_mille, chunks) in [(8, 2 + 64), (64, 2 + 8), (1024, 2 + 5)] {
         let config = ManagerConfig {
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,
