@@ -55,9 +55,21 @@ pub(crate) fn count(value: u64) -> String {
     out
 }
 
+/// CUDA graph pools and the memory they hold: "2 pools, 52.00 MiB".
+pub(crate) fn graph_pools(pools: u64, bytes: u64) -> String {
+    let noun = if pools == 1 { "pool" } else { "pools" };
+    format!("{} {noun}, {}", count(pools), self::bytes(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn graph_pools_name_their_count_and_memory() {
+        assert_eq!(graph_pools(1, 2 * 1024 * 1024), "1 pool, 2.00 MiB");
+        assert_eq!(graph_pools(3, 0), "3 pools, 0 B");
+    }
 
     #[test]
     fn ages_use_the_two_largest_units() {

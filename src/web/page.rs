@@ -429,14 +429,8 @@ impl DeviceView {
             external: device.external.by_tag.iter().map(group_row).collect(),
             graphs_total: unless_none(device.graphs.pools, || {
                 format!(
-                    "{} {}, {} ({} in use)",
-                    format::count(device.graphs.pools),
-                    if device.graphs.pools == 1 {
-                        "pool"
-                    } else {
-                        "pools"
-                    },
-                    format::bytes(device.graphs.reserved_bytes),
+                    "{} ({} in use)",
+                    format::graph_pools(device.graphs.pools, device.graphs.reserved_bytes),
                     format::bytes(device.graphs.in_use_bytes)
                 )
             }),

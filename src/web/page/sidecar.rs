@@ -50,6 +50,8 @@ pub(crate) struct ProcessRow {
     pub in_use: String,
     pub peak_reserved: String,
     pub live: String,
+    /// "2 pools, 52.00 MiB" while the process holds memory for CUDA graphs, else "–".
+    pub graphs: String,
     pub leaks: String,
     pub leaks_warn: bool,
     pub ooms: String,
@@ -145,6 +147,10 @@ fn process_rows(process: &CollectedProcess) -> Vec<ProcessRow> {
             in_use: optional_bytes(d.in_use_bytes),
             peak_reserved: optional_bytes(d.reserved_peak_bytes),
             live: optional_count(d.live_allocations),
+            graphs: match (d.graph_pools, d.graph_pool_bytes) {
+                (Some(pools), Some(bytes)) if pools > 0 => format::graph_pools(pools, bytes),
+                _ => "–".to_string(),
+            },
             leaks: optional_bytes(d.leak_suspect_bytes),
             leaks_warn: d.leak_suspect_bytes.is_some_and(|b| b > 0),
             ooms: optional_count(d.ooms_total),

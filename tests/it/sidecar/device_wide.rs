@@ -103,6 +103,11 @@ fn graph_pools_and_outside_memory_reach_the_sidecar_with_the_processs_own_values
         Some((96 * MIB).to_string()),
         "the outside buffer"
     );
+    // The status page's row for the process says the same.
+    assert_eq!(
+        graphs_cell(&get(sidecar.addr, "/").body, "engine").as_deref(),
+        Some("2 pools, 6.00 MiB")
+    );
 
     // An older writer's file, without those fields: still collected, without their series.
     publisher.shutdown();
@@ -132,4 +137,17 @@ fn graph_pools_and_outside_memory_reach_the_sidecar_with_the_processs_own_values
             "{family}: a field the writer left out is not exported"
         );
     }
+    assert_eq!(
+        graphs_cell(&get(sidecar.addr, "/").body, "older").as_deref(),
+        Some("–")
+    );
+}
+
+/// The CUDA graphs cell of `process`'s row in the sidecar's processes table.
+fn graphs_cell(page: &str, process: &str) -> Option<String> {
+    let row = page.lines().find(|l| {
+        l.contains("<tr class=\"process\"") && l.contains(&format!("<td>{process}</td>"))
+    })?;
+    let cell = row.split("<td class=\"num opt graphs\">").nth(1)?;
+    Some(cell.split("</td>").next()?.to_string())
 }
