@@ -187,10 +187,9 @@ impl PageReserve {
     /// slack are: a quarter of the run at most, and no more than [`INSIDE_CHUNK_SLACKS`] times
     /// the slack, so that one chunk a block beside it pins holds little beside what the cache
     /// may keep idle anyway (0.8 % of the recent live peak by default; inside chunks pass 16 MiB
-    /// from a 1.25 GiB peak up). The driver charges
-    /// per chunk, not per byte (a grant of access took 44 µs for 2 MiB and 48 µs for 256 MiB on
-    /// an H100): with 16 MiB chunks a process whose blocks are gigabytes paid hundreds of grants
-    /// and as many unmaps a miss.
+    /// from a 1.25 GiB peak up). The driver charges per chunk, not per byte (a grant of access
+    /// took 44 µs for 2 MiB and 48 µs for 256 MiB on an H100): with 16 MiB chunks a process
+    /// whose blocks are gigabytes paid hundreds of grants and as many unmaps a miss.
     fn new_chunks(&self, creating: u64) -> Vec<u32> {
         let Some(inside) = self.inside_chunk_pages_for(creating) else {
             return crate::backend::new_chunks(creating, self.max_chunk_pages).collect();
