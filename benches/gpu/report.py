@@ -35,13 +35,15 @@ print(f"Device: {smi[-1] if smi else 'unknown'}\n")
 
 bench = lines("bench.jsonl")
 if bench:
-    print("### Allocation speed: alloc + free pair, median / p99\n")
+    print("### Allocation speed: alloc + free pair, median / p99 (for gpumem's misses, the mean time inside driver calls)\n")
     sizes = sorted({r["size_bytes"] for r in bench})
     print("| allocator | threads | " + " | ".join(size(s) for s in sizes) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in sizes) + " |")
     cells = defaultdict(dict)
     for r in bench:
-        cells[(r["allocator"], r["threads"])][r["size_bytes"]] = f"{ns(r['median_ns'])} / {ns(r['p99_ns'])}"
+        in_driver = r.get("driver_ns_per_pair") or 0
+        driver = f" (driver {ns(in_driver)})" if in_driver > 0 else ""
+        cells[(r["allocator"], r["threads"])][r["size_bytes"]] = f"{ns(r['median_ns'])} / {ns(r['p99_ns'])}{driver}"
     for (allocator, threads), row in sorted(cells.items()):
         print(f"| {allocator} | {threads} | " + " | ".join(row.get(s, "") for s in sizes) + " |")
     print()

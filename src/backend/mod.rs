@@ -3,6 +3,7 @@
 
 pub mod cuda;
 pub mod sim;
+pub mod timed;
 
 use crate::error::BackendError;
 use serde::Serialize;

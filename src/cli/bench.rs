@@ -101,8 +101,8 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
     target.config = config;
     if !args.json {
         println!(
-            "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10} {:>6}",
-            "ALLOCATOR", "SIZE", "THREADS", "MEDIAN", "P99", "OPS", "BATCH"
+            "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10} {:>6} {:>11}  WHERE",
+            "ALLOCATOR", "SIZE", "THREADS", "MEDIAN", "P99", "OPS", "BATCH", "IN DRIVER"
         );
     }
     for &allocator in &args.allocators {
@@ -121,8 +121,12 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
                         .map_err(|e| CliError::runtime(format!("could not encode JSON: {e}")))?;
                     println!("{line}");
                 } else {
+                    let in_driver = match result.driver_ns_per_pair {
+                        Some(ns) => format!("{ns:.0} ns"),
+                        None => "–".to_string(),
+                    };
                     println!(
-                        "{:<14} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10} {:>6}",
+                        "{:<14} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10} {:>6} {:>11}  {}",
                         serde_json::to_value(allocator)
                             .ok()
                             .and_then(|v| v.as_str().map(str::to_string))
@@ -132,7 +136,9 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
                         result.median_ns,
                         result.p99_ns,
                         result.operations,
-                        result.pairs_per_sample
+                        result.pairs_per_sample,
+                        in_driver,
+                        result.driver_breakdown()
                     );
                 }
             }
