@@ -27,8 +27,10 @@ pub struct PageReserve {
     /// (see [`PageReserve::new_chunks`]).
     slack_pages: AtomicU64,
     spare: Mutex<Vec<PhysicalChunk>>,
-    /// The pages of `spare`, readable without the lock (cache budget checks, snapshots).
+    /// The pages of `spare`, readable without the lock (cache budget checks, snapshots)...
     spare_pages: AtomicU64,
+    /// ...and those a mapping has taken out of it and not yet mapped or put back.
+    in_flight_pages: AtomicU64,
     pub pages_created: AtomicU64,
     /// Pages mapped again from the reserve instead of created.
     pub pages_reused: AtomicU64,
@@ -98,6 +100,7 @@ impl PageReserve {
             slack_pages: AtomicU64::new(0),
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
+            in_flight_pages: AtomicU64::new(0),
             pages_created: AtomicU64::new(0),
             pages_reused: AtomicU64::new(0),
             pages_released: AtomicU64::new(0),
@@ -122,9 +125,9 @@ impl PageReserve {
         &self.held
     }
 
-    /// Pages kept unmapped, now.
+    /// Pages kept unmapped, now (those a mapping is about to take included).
     pub fn spare_pages(&self) -> u64 {
-        self.spare_pages.load(Relaxed)
+        self.spare_pages.load(Relaxed) + self.in_flight_pages.load(Relaxed)
     }
 
     /// The pages the cache budget allows beyond the recent live peak (its slack), which bound
@@ -142,33 +145,54 @@ impl PageReserve {
     /// since only a chunk with no live block on any of its pages can be unmapped.
     pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
-        let mut spare = self.spare.lock();
-        let mut reuse = take_fitting(&mut spare, pages, self.smallest_worth_reusing(pages));
+        // What this run takes from the reserve is taken under its lock; the driver is called
+        // without it, so that misses on other threads wait for the driver (which serialises
+        // them itself) and not also for each other here. Until they are back or mapped, the
+        // chunks taken still count as kept (`in_flight_pages`), so the cache budget never
+        // sees less held than there is.
+        let (mut reuse, mut going) = {
+            let mut spare = self.spare.lock();
+            let reuse = take_fitting(&mut spare, pages, self.smallest_worth_reusing(pages));
+            let reused: u64 = reuse.iter().map(|c| c.pages as u64).sum();
+            // Kept chunks too large for this run would hold memory beside the new pages: as
+            // many pages of them as are about to be created go back to the driver, so what the
+            // device holds does not grow past what the cache budget allowed for.
+            let creating = pages - reused;
+            let going = if creating > 0 && !spare.is_empty() {
+                spare.sort_unstable_by_key(|c| std::cmp::Reverse(c.pages));
+                pop_pages(&mut spare, creating)
+            } else {
+                Vec::new()
+            };
+            let taken: u64 = reuse.iter().chain(&going).map(|c| c.pages as u64).sum();
+            self.in_flight_pages.fetch_add(taken, Relaxed);
+            self.store_spare(&spare);
+            (reuse, going)
+        };
         let reused_pages: u64 = reuse.iter().map(|c| c.pages as u64).sum();
-        // Kept chunks too large for this run would hold memory beside the new pages: release as
-        // many pages of them as are about to be created, so what the device holds does not grow
-        // past what the cache budget allowed for.
-        let creating = pages - reused_pages;
-        if creating > 0 && !spare.is_empty() {
-            self.release_kept(&mut spare, creating);
+        let going_pages: u64 = going.iter().map(|c| c.pages as u64).sum();
+        if !going.is_empty() {
+            if let Err(error) = self.release_unlocked(&mut going) {
+                tracing::warn!(device = self.device, %error, "could not return kept chunks to the driver");
+            }
         }
-        let new_chunks = self.new_chunks(creating);
+        let new_chunks = self.new_chunks(pages - reused_pages);
         let mut chunks: Vec<u32> = reuse.iter().map(|c| c.pages).collect();
         chunks.extend(&new_chunks);
         let result = self
             .backend
             .map_reusing(self.device, addr, size, &mut reuse, &new_chunks);
-        // On an error the lent chunks are still ours, unmapped.
-        spare.append(&mut reuse);
-        let created = match result {
-            Ok(created) => created,
-            Err(error) => {
-                self.store_spare(&spare);
-                return Err(error);
-            }
-        };
-        self.store_spare(&spare);
-        drop(spare);
+        // On an error the lent chunks are still ours, unmapped; chunks the driver would not
+        // take back are kept.
+        {
+            let mut spare = self.spare.lock();
+            spare.append(&mut reuse);
+            spare.append(&mut going);
+            self.store_spare(&spare);
+            self.in_flight_pages
+                .fetch_sub(reused_pages + going_pages, Relaxed);
+        }
+        let created = result?;
         self.account_created(created);
         self.pages_reused.fetch_add(reused_pages, Relaxed);
         Ok(Mapped {
@@ -229,15 +253,6 @@ impl PageReserve {
         }
     }
 
-    /// Releases kept chunks, smallest first, until `pages` pages are gone or none is left.
-    fn release_kept(&self, spare: &mut Vec<PhysicalChunk>, pages: u64) {
-        spare.sort_unstable_by_key(|c| std::cmp::Reverse(c.pages));
-        let going = pop_pages(spare, pages);
-        if let Err(error) = self.release(going, spare) {
-            tracing::warn!(device = self.device, %error, "could not return kept chunks to the driver");
-        }
-    }
-
     /// Returns `going` to the driver and counts what went; what the driver refused goes back
     /// to `spare`. Returns the bytes released, or the driver's error.
     fn release(
@@ -245,10 +260,17 @@ impl PageReserve {
         mut going: Vec<PhysicalChunk>,
         spare: &mut Vec<PhysicalChunk>,
     ) -> Result<u64, BackendError> {
-        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
-        let result = self.backend.release_chunks(self.device, &mut going);
-        let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
+        let result = self.release_unlocked(&mut going);
         spare.extend(going);
+        result
+    }
+
+    /// Returns `going` to the driver and counts what went, leaving in `going` what the driver
+    /// refused. Returns the bytes released, or the driver's error.
+    fn release_unlocked(&self, going: &mut Vec<PhysicalChunk>) -> Result<u64, BackendError> {
+        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
+        let result = self.backend.release_chunks(self.device, going);
+        let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
         if released > 0 {
             self.held.shrink(released * self.page_size);
             self.pages_released.fetch_add(released, Relaxed);
