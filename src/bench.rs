@@ -367,14 +367,19 @@ mod tests {
             "{in_driver} ns in the driver, p99 {} ns",
             miss.p99_ns
         );
-        let calls: Vec<_> = miss.driver_calls.iter().map(|c| c.call).collect();
-        assert!(
-            calls.contains(&"map") && calls.contains(&"unmap"),
-            "{calls:?}"
-        );
+        // Lower bounds only: the simulated driver spins for at least its costs, and a busy
+        // host can only make a call take longer.
+        let per_pair = |call: &str| {
+            let share = miss.driver_calls.iter().find(|c| c.call == call);
+            share.map_or(0.0, |c| c.calls_per_pair * c.ns_per_call)
+        };
+        assert!(per_pair("map") >= 34_000.0, "{:?}", miss.driver_calls);
+        assert!(per_pair("unmap") >= 20_000.0, "{:?}", miss.driver_calls);
         let breakdown = miss.driver_breakdown();
-        assert!(breakdown.starts_with("map 3"), "{breakdown}");
-        assert!(breakdown.contains(" + unmap 2"), "{breakdown}");
+        assert!(
+            breakdown.contains("map ") && breakdown.contains(" + "),
+            "{breakdown}"
+        );
         let hit = measure(
             &target,
             Allocator::PoolHit,
