@@ -57,7 +57,7 @@ for r in lines("replay-torch.jsonl"):
 if gpumem:
     print("### Reserved over peak requested on real traces (lower is better, 1.000 is the floor)\n")
     print("Held-out traces (never used to choose a default) are marked †.\n")
-    print("| trace | gpumem | gpumem ns/op | driver pool, same run | driver pool ns/op | misses | miss p50 / p99 | pages created / reused | PyTorch default | PyTorch expandable_segments | PyTorch cudaMallocAsync | gpumem vs driver accounting gap |")
+    print("| trace | gpumem | gpumem ns/op (in driver calls) | driver pool, same run | driver pool ns/op | misses | miss p50 / p99 | pages created / reused | PyTorch default | PyTorch expandable_segments | PyTorch cudaMallocAsync | gpumem vs driver accounting gap |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in sorted(gpumem.items(), key=lambda item: (item[0] in held_out, item[0])):
         t = torch.get(name, {})
@@ -68,7 +68,8 @@ if gpumem:
         miss = f"{ns(r['miss_p50_ns'])} / {ns(r['miss_p99_ns'])}" if "miss_p50_ns" in r else "n/a"
         pages = f"{r['pages_created']} / {r['pages_reused']}" if "pages_created" in r else "n/a"
         baseline = f"{d['reserved_over_peak']:.3f} | {d['ns_per_op']:.0f}" if d else "n/a | n/a"
-        print(f"| {name}{mark} | **{r['reserved_over_peak']:.3f}** | {r['ns_per_op']:.0f} | {baseline} | "
+        in_driver = f" ({r['driver_ns_per_op']:.0f})" if r.get("driver_ns_per_op") is not None else ""
+        print(f"| {name}{mark} | **{r['reserved_over_peak']:.3f}** | {r['ns_per_op']:.0f}{in_driver} | {baseline} | "
               f"{misses} | {miss} | {pages} | {pick('default')} | "
               f"{pick('expandable_segments:True')} | {pick('backend:cudaMallocAsync')} | {r['max_device_vs_reserved_gap_bytes']} B |")
     print()

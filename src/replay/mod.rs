@@ -3,6 +3,7 @@
 //! reserved bytes over the requested peak, driver calls, misses and their cost, time per op.
 
 use crate::backend::cuda::CudaBackend;
+use crate::backend::timed::TimedBackend;
 use crate::backend::DevicePtr;
 use crate::error::AllocError;
 use crate::manager::{AllocOptions, DeviceBuffer, MemoryConfig, MemoryManager};
@@ -31,6 +32,10 @@ pub struct ReplayReport {
     pub driver_frees: u64,
     pub pool_hit_ratio: f64,
     pub ns_per_op: f64,
+    /// Of `ns_per_op`, the time spent inside driver calls, where the replay timed them (the
+    /// pooled strategy from the command line): what is left is the allocator's own work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_ns_per_op: Option<f64>,
     /// Bytes still reserved after every buffer was freed and the cache emptied (should be 0).
     pub reserved_after_empty_cache_bytes: u64,
     pub ooms: u64,
@@ -117,6 +122,10 @@ trait Replayed {
     fn held(&self) -> Held;
     /// Bytes the device says are used (by every process), when it can tell.
     fn device_used(&self) -> Option<u64>;
+    /// Nanoseconds spent inside driver calls so far, where they are timed.
+    fn driver_nanos(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What an allocator holds: now, and at most since its peaks were reset.
@@ -133,6 +142,8 @@ struct Played {
     in_use_peak: u64,
     reserved_peak: u64,
     busy: Duration,
+    /// Of `busy`, inside driver calls (where timed).
+    in_driver: Option<u64>,
     max_gap: u64,
     timeline: Vec<TimelinePoint>,
 }
@@ -152,6 +163,7 @@ fn play<R: Replayed>(
         in_use_peak: 0,
         reserved_peak: 0,
         busy: Duration::ZERO,
+        in_driver: None,
         max_gap: 0,
         timeline: Vec::with_capacity(TIMELINE_POINTS + 1),
     };
@@ -161,6 +173,7 @@ fn play<R: Replayed>(
         // Outside the timed part: each bucket's highs are its own.
         target.reset_peaks();
         let (mut low, mut high) = (requested_now, requested_now);
+        let driver_before = target.driver_nanos();
         let started = Instant::now();
         for (offset, event) in chunk.iter().enumerate() {
             match *event {
@@ -185,6 +198,9 @@ fn play<R: Replayed>(
             }
         }
         played.busy += started.elapsed();
+        if let (Some(before), Some(after)) = (driver_before, target.driver_nanos()) {
+            *played.in_driver.get_or_insert(0) += after.saturating_sub(before);
+        }
         let done = ((chunk_index + 1) * stride).min(total) as u64;
         let held = target.held();
         if let (Some(start), Some(now)) = (used_at_start, target.device_used()) {
@@ -232,6 +248,8 @@ struct Managed<'a> {
     manager: &'a MemoryManager,
     device: usize,
     options: AllocOptions,
+    /// The backend `manager` calls the driver through, when it times those calls.
+    driver: Option<&'a TimedBackend>,
 }
 
 impl<'a> Managed<'a> {
@@ -240,6 +258,7 @@ impl<'a> Managed<'a> {
             manager,
             device,
             options: AllocOptions::default(),
+            driver: None,
         }
     }
 }
@@ -278,6 +297,9 @@ impl Replayed for Managed<'_> {
         let backend = self.manager.backend();
         backend.mem_info(self.device).ok().map(|info| info.used())
     }
+    fn driver_nanos(&self) -> Option<u64> {
+        self.driver.map(|timed| timed.totals().total_nanos())
+    }
 }
 
 /// Replays `trace` on `device`, calling `progress(events_done)` now and then.
@@ -288,6 +310,22 @@ pub fn replay(
     progress: impl FnMut(u64),
 ) -> Result<(ReplayReport, Vec<TimelinePoint>), ReplayError> {
     replay_through(&mut Managed::new(manager, device), trace, progress)
+}
+
+/// [`replay`] for a `manager` that reaches the driver through `driver`: the report also says
+/// how much of the time per operation was spent inside driver calls.
+pub fn replay_timing_driver(
+    manager: &MemoryManager,
+    driver: &TimedBackend,
+    device: usize,
+    trace: &Trace,
+    progress: impl FnMut(u64),
+) -> Result<(ReplayReport, Vec<TimelinePoint>), ReplayError> {
+    let mut target = Managed {
+        driver: Some(driver),
+        ..Managed::new(manager, device)
+    };
+    replay_through(&mut target, trace, progress)
 }
 
 /// [`replay`] through `target`, which drives `manager` (itself, or something watching it).
@@ -321,6 +359,9 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
             .map_or(counters.driver_frees, |s| s.counters.driver_frees),
         pool_hit_ratio: counters.hit_ratio(),
         ns_per_op: per_op(played.busy, trace.events.len()),
+        driver_ns_per_op: played
+            .in_driver
+            .map(|ns| per_op(Duration::from_nanos(ns), trace.events.len())),
         reserved_after_empty_cache_bytes: after.as_ref().map_or(0, |s| s.counters.reserved_bytes),
         ooms: at_end.as_ref().map_or(0, |s| s.ooms),
         max_device_vs_reserved_gap_bytes: played.max_gap,
@@ -433,6 +474,7 @@ pub fn replay_driver_pool(
         driver_frees: target.frees,
         pool_hit_ratio: 0.0,
         ns_per_op: per_op(played.busy, trace.events.len()),
+        driver_ns_per_op: None,
         reserved_after_empty_cache_bytes: after,
         ooms: 0,
         max_device_vs_reserved_gap_bytes: played.max_gap,
@@ -499,5 +541,46 @@ mod tests {
             timeline.iter().map(|p| p.requested).max() < Some(256 * MIB),
             "the end-of-bucket values alone miss the spike (what the plot drew before)"
         );
+    }
+
+    /// Misses on the simulated H100 spend its driver costs; the report says how much of the
+    /// time per operation went there, and only when the calls were timed.
+    #[test]
+    fn a_timed_replay_says_how_much_of_it_was_driver_time() {
+        let mut events = Vec::new();
+        // Allocations that grow one after another, each mapping new pages: misses.
+        for slot in 0..8u32 {
+            events.push(TraceEvent::Alloc {
+                slot,
+                size: 4 * MIB,
+                stream: 0,
+            });
+        }
+        let trace = Trace {
+            name: "growth".into(),
+            metadata: None,
+            events,
+            slots: 8,
+            peak_requested_bytes: 32 * MIB,
+        };
+        let sim: Arc<dyn crate::backend::DeviceBackend> = Arc::new(SimBackend::new(SimConfig {
+            driver_costs: crate::backend::sim::DriverCosts::H100,
+            ..SimConfig::default()
+        }));
+        let timed = Arc::new(TimedBackend::new(Arc::clone(&sim)));
+        let manager = MemoryManager::new(timed.clone(), Default::default()).expect("manager");
+        let (report, _) =
+            replay_timing_driver(&manager, &timed, 0, &trace, |_| {}).expect("replays");
+        let in_driver = report.driver_ns_per_op.expect("timed");
+        // Eight misses of at least 42 µs each (one new chunk mapped), over eight events.
+        assert!(in_driver >= 40_000.0, "{in_driver}");
+        assert!(
+            in_driver <= report.ns_per_op,
+            "{in_driver} > {}",
+            report.ns_per_op
+        );
+        let plain = MemoryManager::new(sim, Default::default()).expect("manager");
+        let (untimed, _) = replay(&plain, 0, &trace, |_| {}).expect("replays");
+        assert_eq!(untimed.driver_ns_per_op, None);
     }
 }
