@@ -1,6 +1,6 @@
 //! A backend that passes every call on to another and counts how many of each kind it made and
-//! how long they took: what `gpumem bench` uses to say how much of a pool miss is spent inside
-//! the driver and how much in the allocator itself.
+//! how long they took: what `gpumem bench` and `gpumem replay` use to say how much of a miss, or
+//! of a replay's time per operation, was spent inside the driver and how much in the allocator.
 
 use super::{
     BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
