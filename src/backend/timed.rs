@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The kinds of call counted apart, each named as the driver call behind it.
+/// The kinds of call counted apart, each named as the driver call behind it; declared in the
+/// order of [`CallKind::ALL`], so that `kind as usize` is its slot there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallKind {
     /// `cuMemMap` of kept chunks and `cuMemCreate` of new ones, with one `cuMemSetAccess`.
@@ -31,6 +32,7 @@ pub enum CallKind {
 }
 
 impl CallKind {
+    /// Every kind, each at its own `as usize`.
     pub const ALL: [CallKind; 6] = [
         CallKind::Map,
         CallKind::Unmap,
@@ -104,7 +106,7 @@ impl TimedBackend {
         let started = Instant::now();
         let result = call(&*self.inner);
         let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        let slot = CallKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        let slot = kind as usize;
         self.calls[slot].fetch_add(1, Relaxed);
         self.nanos[slot].fetch_add(took, Relaxed);
         result
@@ -236,6 +238,13 @@ mod tests {
     use crate::units::MIB;
 
     #[test]
+    fn every_kind_sits_at_its_own_slot() {
+        for (slot, kind) in CallKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, slot, "{kind:?}");
+        }
+    }
+
+    #[test]
     fn counts_each_kind_of_call_and_the_time_it_took() {
         let sim = SimBackend::new(SimConfig {
             driver_costs: DriverCosts::H100,
@@ -247,11 +256,7 @@ mod tests {
         timed.map(0, base, 4 * MIB).unwrap();
         timed.unmap(0, base, 4 * MIB).unwrap();
         let spent = timed.totals().since(&before);
-        let map = CallKind::ALL
-            .iter()
-            .position(|k| *k == CallKind::Map)
-            .unwrap();
-        let unmap = map + 1;
+        let (map, unmap) = (CallKind::Map as usize, CallKind::Unmap as usize);
         assert_eq!((spent.calls[map], spent.calls[unmap]), (1, 1));
         // The simulated H100 spends what the driver would: a map of one new chunk costs at
         // least 40 µs there, an unmap at least 20 µs.

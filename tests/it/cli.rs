@@ -409,10 +409,19 @@ fn replay_repeat_reports_the_median_replay_and_every_figure() {
     assert_eq!(runs.len(), 3);
     runs.sort_by(f64::total_cmp);
     assert_eq!(report["ns_per_op"].as_f64(), Some(runs[1]));
-    // One replay reports no runs; a repeat beside a sweep or a miss log is refused.
+    // One replay reports no runs, and how much of its time went to driver calls (every one
+    // of its three allocations maps pages); a repeat beside a sweep or a miss log is refused.
     let out = gpumem(&["replay", "--backend", "sim", "--json", trace]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report.get("ns_per_op_runs").is_none(), "{report}");
+    let in_driver = report["driver_ns_per_op"]
+        .as_f64()
+        .expect("driver_ns_per_op");
+    assert!(in_driver > 0.0, "{report}");
+    assert!(
+        in_driver <= report["ns_per_op"].as_f64().unwrap(),
+        "{report}"
+    );
     for extra in [
         &["--sweep"][..],
         &["--misses", "m.jsonl"][..],
