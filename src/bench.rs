@@ -1,6 +1,6 @@
 //! Allocation latency, measured side by side in one process on one device: a gpumem pool hit,
 //! a pool miss (kept pages mapped again, or with the reserve empty new pages created), the driver's `cuMemAlloc`/`cuMemFree`, and on CUDA
-//! the driver's stream-ordered pool — each as a distribution (median and p99 per alloc + free
+//! the driver's stream-ordered pool, caching or trimmed after every free (its own miss) — each as a distribution (median and p99 per alloc + free
 //! pair), on one thread or several at once, and for gpumem how much of that time was spent
 //! inside driver calls. `gpumem bench` prints it.
 
@@ -31,6 +31,17 @@ pub(crate) enum Allocator {
     Driver,
     /// `cuMemAllocAsync` + `cuMemFreeAsync` on the device's default pool (CUDA only).
     DriverAsync,
+    /// The same pool trimmed after every free (`cuMemPoolTrimTo` to zero, after the stream
+    /// drains), so that each allocation grows it again: the driver pool's own miss, what
+    /// `pool-miss-cold` is to gpumem (CUDA only).
+    DriverAsyncMiss,
+}
+
+impl Allocator {
+    /// Whether this is the driver's stream-ordered pool, which only the CUDA backend has.
+    pub(crate) fn is_stream_ordered(self) -> bool {
+        matches!(self, Allocator::DriverAsync | Allocator::DriverAsyncMiss)
+    }
 }
 
 /// One measured configuration.
@@ -188,9 +199,10 @@ pub(crate) fn measure(
     };
     let manager = MemoryManager::new(backend, config).map_err(|e| e.to_string())?;
     let async_pool = target.stream_ordered.clone();
-    if allocator == Allocator::DriverAsync && async_pool.is_none() {
+    if allocator.is_stream_ordered() && async_pool.is_none() {
         return Err(
-            "driver-async needs the CUDA backend and a driver with cuMemAllocAsync".to_string(),
+            "the driver's stream-ordered pool needs the CUDA backend and a driver with cuMemAllocAsync"
+                .to_string(),
         );
     }
     let one_pair = |m: &MemoryManager| -> Result<(), String> {
@@ -216,13 +228,18 @@ pub(crate) fn measure(
                 let ptr = backend.alloc(device, size).map_err(|e| e.to_string())?;
                 backend.free(device, ptr).map_err(|e| e.to_string())
             }
-            Allocator::DriverAsync => {
+            Allocator::DriverAsync | Allocator::DriverAsyncMiss => {
                 let cuda = async_pool.as_ref().ok_or("no stream-ordered pool")?;
                 let ptr = cuda
                     .alloc_stream_ordered(device, size)
                     .map_err(|e| e.to_string())?;
                 cuda.free_stream_ordered(device, ptr)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                if allocator == Allocator::DriverAsyncMiss {
+                    cuda.trim_stream_ordered_pool(device)
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
             }
         }
     };
@@ -332,16 +349,10 @@ mod tests {
             let timed = allocator != Allocator::Driver;
             assert_eq!(result.driver_ns_per_pair.is_some(), timed, "{allocator:?}");
         }
-        let err = measure(
-            &target,
-            Allocator::DriverAsync,
-            4096,
-            1,
-            10,
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
-        assert!(err.contains("CUDA"), "{err}");
+        for allocator in [Allocator::DriverAsync, Allocator::DriverAsyncMiss] {
+            let err = measure(&target, allocator, 4096, 1, 10, Duration::from_secs(1)).unwrap_err();
+            assert!(err.contains("CUDA"), "{allocator:?}: {err}");
+        }
     }
 
     #[test]

@@ -9,13 +9,16 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub(super) struct BenchArgs {
     /// Allocators to time (comma-separated): pool-hit, pool-miss (kept pages mapped again),
-    /// pool-miss-cold (new pages created), driver, driver-async.
+    /// pool-miss-cold (new pages created), driver (cuMemAlloc), driver-async (the driver's
+    /// stream-ordered pool), driver-async-miss (that pool trimmed after every free, so each
+    /// allocation grows it: its own miss, beside pool-miss-cold). The two driver-async ones
+    /// need the CUDA backend and are skipped without it.
     #[arg(
         long,
         env = "GPUMEM_BENCH_ALLOCATORS",
         value_enum,
         value_delimiter = ',',
-        default_value = "pool-hit,pool-miss,pool-miss-cold,driver,driver-async"
+        default_value = "pool-hit,pool-miss,pool-miss-cold,driver,driver-async,driver-async-miss"
     )]
     allocators: Vec<Allocator>,
 
@@ -101,13 +104,16 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
     target.config = config;
     if !args.json {
         println!(
-            "{:<14} {:>10} {:>7} {:>12} {:>12} {:>10} {:>6} {:>11}  WHERE",
+            "{:<17} {:>10} {:>7} {:>12} {:>12} {:>10} {:>6} {:>11}  WHERE",
             "ALLOCATOR", "SIZE", "THREADS", "MEDIAN", "P99", "OPS", "BATCH", "IN DRIVER"
         );
     }
     for &allocator in &args.allocators {
-        if allocator == Allocator::DriverAsync && target.stream_ordered.is_none() {
-            eprintln!("gpumem bench: skipping driver-async (needs the CUDA backend)");
+        if allocator.is_stream_ordered() && target.stream_ordered.is_none() {
+            eprintln!(
+                "gpumem bench: skipping {} (needs the CUDA backend)",
+                allocator_name(allocator)
+            );
             continue;
         }
         for &size in &sizes {
@@ -126,11 +132,8 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
                         None => "–".to_string(),
                     };
                     println!(
-                        "{:<14} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10} {:>6} {:>11}  {}",
-                        serde_json::to_value(allocator)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default(),
+                        "{:<17} {:>10} {:>7} {:>9.0} ns {:>9.0} ns {:>10} {:>6} {:>11}  {}",
+                        allocator_name(allocator),
                         Bytes(size).to_string(),
                         threads,
                         result.median_ns,
@@ -145,4 +148,12 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// The allocator's name as `--allocators` and the JSON spell it.
+fn allocator_name(allocator: Allocator) -> String {
+    serde_json::to_value(allocator)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
