@@ -1,8 +1,9 @@
 //! Allocation latency, measured side by side in one process on one device: a gpumem pool hit,
-//! a pool miss (kept pages mapped again, or with the reserve empty new pages created), the driver's `cuMemAlloc`/`cuMemFree`, and on CUDA
-//! the driver's stream-ordered pool, caching or trimmed after every free (its own miss) — each as a distribution (median and p99 per alloc + free
-//! pair), on one thread or several at once, and for gpumem how much of that time was spent
-//! inside driver calls. `gpumem bench` prints it.
+//! a pool miss (kept pages mapped again, or with the reserve empty new pages created), the
+//! driver's `cuMemAlloc`/`cuMemFree`, and on CUDA the driver's stream-ordered pool, caching or
+//! trimmed after every free (its own miss) — each as a distribution (median and p99 per
+//! alloc + free pair), on one thread or several at once, and for gpumem how much of that time
+//! was spent inside driver calls. `gpumem bench` prints it.
 
 use crate::backend::cuda::CudaBackend;
 use crate::backend::timed::{CallKind, CallTotals, TimedBackend};
