@@ -195,7 +195,7 @@ fn c_abi(c: &mut Criterion) {
     let backend = backend();
     let rust = manager(&backend, ManagerConfig::default());
     let abi = manager(&backend, ManagerConfig::default());
-    gpumem::ffi::install(abi).expect("the bench installs the C ABI's manager first");
+    capi::install(abi).expect("the bench installs the C ABI's manager first");
     let options = AllocOptions::default();
     let mut group = c.benchmark_group("c_abi");
     group.bench_function("rust_pool_hit/4.00KiB", |b| {
@@ -203,9 +203,9 @@ fn c_abi(c: &mut Criterion) {
     });
     group.bench_function("c_abi_pool_hit/4.00KiB", |b| {
         b.iter(|| {
-            let ptr = gpumem::ffi::gpumem_alloc(4 * KIB as isize, 0, std::ptr::null_mut());
+            let ptr = capi::gpumem_alloc(4 * KIB as isize, 0, std::ptr::null_mut());
             assert!(!ptr.is_null());
-            gpumem::ffi::gpumem_free(black_box(ptr), 4 * KIB as isize, 0, std::ptr::null_mut());
+            capi::gpumem_free(black_box(ptr), 4 * KIB as isize, 0, std::ptr::null_mut());
         })
     });
     // As a training step has it: thousands of tensors live, and sizes that change from one
@@ -223,9 +223,8 @@ fn c_abi(c: &mut Criterion) {
             drop(black_box(buffers))
         })
     });
-    let c_alloc = |size: u64| gpumem::ffi::gpumem_alloc(size as isize, 0, std::ptr::null_mut());
-    let c_free =
-        |ptr, size: u64| gpumem::ffi::gpumem_free(ptr, size as isize, 0, std::ptr::null_mut());
+    let c_alloc = |size: u64| capi::gpumem_alloc(size as isize, 0, std::ptr::null_mut());
+    let c_free = |ptr, size: u64| capi::gpumem_free(ptr, size as isize, 0, std::ptr::null_mut());
     let _c_held: Vec<_> = (0..LIVE_IN_A_STEP)
         .map(|i| c_alloc(sizes[i % 64]))
         .collect();

@@ -1,7 +1,7 @@
 """Builds the gpumem C library with cargo and ships it inside the Python package.
 
 The Rust crate lives one directory up; `pip install ./python` (from the repository root) runs
-`cargo build --release --lib` there (honouring CARGO_TARGET_DIR) and copies the library next to
+`cargo build --release -p gpumem-capi` there (honouring CARGO_TARGET_DIR) and copies the library next to
 the Python modules. The package also installs `gpumem-torch.pth`, which lets GPUMEM_TORCH=1 make
 gpumem PyTorch's allocator without editing any code.
 """
@@ -30,7 +30,7 @@ class BuildWithCargo(build_py):
         target = Path(os.environ.get("CARGO_TARGET_DIR") or REPOSITORY / "target")
         if not target.is_absolute():
             target = REPOSITORY / target
-        command = ["cargo", "build", "--release", "--lib", "--manifest-path", str(manifest)]
+        command = ["cargo", "build", "--release", "-p", "gpumem-capi", "--manifest-path", str(manifest)]
         print("gpumem: " + " ".join(command), flush=True)
         subprocess.run(command, check=True, env={**os.environ, "CARGO_TARGET_DIR": str(target)})
         package = Path(self.build_lib) / "gpumem"

@@ -5,18 +5,17 @@
 //! alloc + free pair), on one thread or several at once, and for gpumem how much of that time
 //! was spent inside driver calls. `gpumem bench` prints it.
 
-use crate::backend::cuda::CudaBackend;
-use crate::backend::timed::{CallKind, CallTotals, TimedBackend};
-use crate::backend::{BackendKind, DeviceBackend};
-use crate::manager::{AllocOptions, MemoryConfig, MemoryManager};
+use gpumem::backend::cuda::CudaBackend;
+use gpumem::backend::timed::{CallKind, CallTotals, TimedBackend};
+use gpumem::backend::{BackendKind, DeviceBackend};
+use gpumem::manager::{AllocOptions, MemoryConfig, MemoryManager};
 use serde::Serialize;
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// What is being timed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Allocator {
     /// gpumem, memory already cached: no driver call.
@@ -333,7 +332,7 @@ pub(crate) fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sim::{SimBackend, SimConfig};
+    use gpumem::backend::sim::{SimBackend, SimConfig};
 
     #[test]
     fn measures_every_allocator_the_sim_has() {
@@ -359,7 +358,7 @@ mod tests {
     #[test]
     fn a_pool_miss_says_how_much_of_it_the_driver_took() {
         let sim = SimBackend::new(SimConfig {
-            driver_costs: crate::backend::sim::DriverCosts::H100,
+            driver_costs: gpumem::backend::sim::DriverCosts::H100,
             ..SimConfig::default()
         });
         let target = BenchTarget::new(Arc::new(sim), 0);

@@ -1,5 +1,11 @@
-//! The `gpumem` binary: everything lives in the library's `cli` module; this only sets the exit code.
+//! The `gpumem` binary: the command line (the only crate that knows flags), the demo workload,
+//! `gpumem bench` and the replay plots, over the library crates.
+
+mod bench;
+mod cli;
+mod demo;
+mod plot;
 
 fn main() {
-    std::process::exit(gpumem::run_cli());
+    std::process::exit(cli::run());
 }

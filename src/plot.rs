@@ -1,4 +1,4 @@
-//! Dependency-free SVG line charts (memory over a trace, and the like); `crate::safe_fs` writes
+//! Dependency-free SVG line charts (memory over a trace, and the like); `gpumem::safe_fs` writes
 //! them.
 
 use std::fmt::Write as _;

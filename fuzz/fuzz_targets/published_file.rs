@@ -1,5 +1,5 @@
 //! Fuzz target: the sidecar's reader of published snapshot files
-//! (`gpumem::collect::read::parse`), with the checks of `tests/it/reliability/fuzz_checks.rs`.
+//! (`gpumem_observe::collect::read::parse`), with the checks of `tests/it/reliability/fuzz_checks.rs`.
 #![no_main]
 
 #[allow(dead_code)]

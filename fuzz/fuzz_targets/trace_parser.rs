@@ -1,4 +1,4 @@
-//! Fuzz target: `gpumem::trace::parse_trace` on arbitrary bytes, with the checks of
+//! Fuzz target: `gpumem_replay::trace::parse_trace` on arbitrary bytes, with the checks of
 //! `tests/it/reliability/fuzz_checks.rs` (never panics, accepted traces are well formed,
 //! rejected ones get one short line).
 #![no_main]

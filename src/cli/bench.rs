@@ -2,8 +2,8 @@
 
 use super::{CliError, CommonArgs, Given};
 use crate::bench::{measure, Allocator, BenchTarget};
-use crate::units::{parse_bytes, Bytes};
 use clap::Args;
+use gpumem::units::{parse_bytes, Bytes};
 use std::time::Duration;
 
 #[derive(Args, Debug)]

@@ -2,13 +2,13 @@
 
 use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs, Given};
-use crate::backend::sim::SimBackend;
-use crate::backend::{BackendKind, DeviceBackend};
 use crate::demo::{self, DemoError, DemoSettings};
-use crate::exporter::ExporterError;
-use crate::manager::MemoryConfig;
-use crate::units::parse_duration;
 use clap::Args;
+use gpumem::backend::sim::SimBackend;
+use gpumem::backend::{BackendKind, DeviceBackend};
+use gpumem::manager::MemoryConfig;
+use gpumem::units::parse_duration;
+use gpumem_observe::exporter::ExporterError;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,9 +1,9 @@
 //! `gpumem devices`: what each device is, and how much of its memory is free.
 
 use super::{CliError, CommonArgs, Given};
-use crate::backend::{DeviceBackend, DeviceProperties};
-use crate::units::Bytes;
 use clap::Args;
+use gpumem::backend::{DeviceBackend, DeviceProperties};
+use gpumem::units::Bytes;
 use serde::Serialize;
 
 #[derive(Args, Debug)]

@@ -7,14 +7,14 @@
 mod split;
 
 use super::{CliError, CommonArgs, Given};
-use crate::backend::DeviceBackend;
-use crate::planner::{
+use clap::Args;
+use gpumem::backend::DeviceBackend;
+use gpumem::planner::{
     estimate_inference_memory, max_batch_that_fits, optimal_batch_size, preset, select_device_for,
     DeviceMemory, Dtype, InferenceEstimate, LinearLayer, ModelShape, Placement, Preset, Workload,
     WorkspacePlan,
 };
-use crate::units::Bytes;
-use clap::Args;
+use gpumem::units::Bytes;
 use serde::Serialize;
 
 #[derive(Args, Debug)]
@@ -112,11 +112,11 @@ pub(super) struct EstimateArgs {
 
     /// Storage of the weights (int8/int4: quantized linears, the rest fp16; i2s/tl1/tl2: BitNet
     /// ternary layouts at 2, 2 and 1.67 bits per weight).
-    #[arg(long, env = "GPUMEM_DTYPE", value_enum, default_value = "fp16")]
+    #[arg(long, env = "GPUMEM_DTYPE", value_parser = super::named::<Dtype>(), default_value = "fp16")]
     dtype: Dtype,
 
     /// Storage of the KV cache.
-    #[arg(long, env = "GPUMEM_KV_DTYPE", value_enum, default_value = "fp16")]
+    #[arg(long, env = "GPUMEM_KV_DTYPE", value_parser = super::named::<Dtype>(), default_value = "fp16")]
     kv_dtype: Dtype,
 
     /// Print one JSON object instead of the text report.
@@ -248,7 +248,7 @@ impl Workspace {
         let reason = if plan.capped_by_class() {
             format!(
                 "the cap for {} (more rows add no throughput)",
-                crate::planner::batch_cap_class(total)
+                gpumem::planner::batch_cap_class(total)
             )
         } else {
             format!(

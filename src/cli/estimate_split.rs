@@ -1,11 +1,11 @@
 //! The part of `gpumem estimate` that answers "and across several devices?": each device's share
 //! of a model under tensor and pipeline parallelism, checked against that device's usable memory.
 
-use crate::planner::{
+use gpumem::planner::{
     pipeline_parallel, tensor_parallel, DeviceMemory, ModelShape, Share, Split, SplitError,
     SplitKind, Workload,
 };
-use crate::units::Bytes;
+use gpumem::units::Bytes;
 use serde::Serialize;
 
 /// Both ways of splitting over the selected devices.

@@ -1,8 +1,8 @@
 //! The flags every serving command shares (`--listen`, `--interval`), raw as clap parses them,
 //! validated into the exporter's settings so `gpumem demo` and `gpumem serve` agree.
 
-use crate::exporter::{parse_interval, parse_listen, DEFAULT_LISTEN};
 use clap::Args;
+use gpumem_observe::exporter::{parse_interval, parse_listen, DEFAULT_LISTEN};
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -1,9 +1,9 @@
 //! The OOM flight recorder's flags, shared by `gpumem demo` and `gpumem serve`.
 
 use super::CliError;
-use crate::flight::FlightSettings;
-use crate::units::parse_bytes;
 use clap::Args;
+use gpumem::units::parse_bytes;
+use gpumem_observe::flight::FlightSettings;
 use std::path::{Path, PathBuf};
 
 /// Where OOM and critical-pressure records go (docs/runbook.md, "The OOM flight recorder").

@@ -2,9 +2,9 @@
 //! a 2xx answer, 1 otherwise. For container HEALTHCHECKs in images without curl or wget.
 
 use super::CliError;
-use crate::exporter::{parse_listen, reachable_addr, DEFAULT_LISTEN};
-use crate::units::parse_duration;
 use clap::Args;
+use gpumem::units::parse_duration;
+use gpumem_observe::exporter::{parse_listen, reachable_addr, DEFAULT_LISTEN};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};

@@ -12,10 +12,12 @@ mod replay;
 mod serve;
 mod sources;
 
-use crate::backend::{open_backend_or_simulate, sim, BackendChoice, OpenedBackend};
-use crate::manager::MemoryConfig;
-use crate::units::{parse_bytes, Bytes};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use gpumem::backend::{open_backend_or_simulate, sim, BackendChoice, OpenedBackend};
+use gpumem::manager::MemoryConfig;
+use gpumem::named::Named;
+use gpumem::settings::{self, SettingsError};
 use sources::Given;
 use std::fmt;
 
@@ -96,7 +98,7 @@ pub(crate) struct CommonArgs {
     #[arg(
         long,
         env = "GPUMEM_BACKEND",
-        value_enum,
+        value_parser = named::<BackendChoice>(),
         default_value = "auto",
         global = true
     )]
@@ -130,48 +132,20 @@ pub(crate) struct CommonArgs {
     #[arg(
         long,
         env = "GPUMEM_SIM_DRIVER_COSTS",
-        value_enum,
+        value_parser = named::<sim::DriverCosts>(),
         default_value = "free",
         global = true
     )]
     pub sim_driver_costs: sim::DriverCosts,
 }
 
-/// The largest simulated device: far above any GPU, and small enough that every pool's
-/// address range (twice the device, per arena) fits the simulated address space.
-const MAX_SIM_MEMORY: u64 = 4 * crate::units::TIB;
-
 impl CommonArgs {
     pub(crate) fn sim_config(&self) -> Result<sim::SimConfig, CliError> {
-        let total = parse_bytes(&self.sim_memory)
+        let total = settings::parse_sim_memory(&self.sim_memory)
             .map_err(|e| CliError::usage(format!("--sim-memory: {e}")))?;
-        if total < crate::units::GIB {
-            return Err(CliError::usage(format!(
-                "--sim-memory: '{}' is too small; a simulated device needs at least 1 GiB",
-                self.sim_memory
-            )));
-        }
-        if total > MAX_SIM_MEMORY {
-            return Err(CliError::usage(format!(
-                "--sim-memory: '{}' is too large; a simulated device has at most 4 TiB",
-                self.sim_memory
-            )));
-        }
-        if self.sim_devices == 0 || self.sim_devices > 64 {
-            return Err(CliError::usage(format!(
-                "--sim-devices: {} is out of range (1 to 64)",
-                self.sim_devices
-            )));
-        }
-        let spec = sim::SimDeviceSpec {
-            total_bytes: total,
-            ..sim::SimDeviceSpec::default()
-        };
-        Ok(sim::SimConfig {
-            devices: vec![spec; self.sim_devices],
-            driver_costs: self.sim_driver_costs,
-            ..sim::SimConfig::default()
-        })
+        let count = settings::check_sim_devices(self.sim_devices)
+            .map_err(|e| CliError::usage(format!("--sim-devices: {e}")))?;
+        Ok(settings::sim_config(total, count, self.sim_driver_costs))
     }
 
     /// Opens the backend without a word: callers check what depends on it, then
@@ -201,20 +175,12 @@ impl CommonArgs {
     ) -> Result<(OpenedBackend, Vec<usize>), CliError> {
         let opened = self.open_quietly()?;
         let devices = self.device_selection(config, given, opened.backend.device_count())?;
-        for &index in &devices {
-            let total = opened
-                .backend
-                .mem_info(index)
-                .map(|info| info.total)
-                .or_else(|_| {
-                    opened
-                        .backend
-                        .properties(index)
-                        .map(|p| p.total_memory_bytes)
-                })
-                .map_err(|e| CliError::runtime(format!("device {index}: {e}")))?;
-            check_against_device(config, index, total).map_err(CliError::usage)?;
-        }
+        settings::check_devices(config, opened.backend.as_ref(), &devices).map_err(
+            |e| match e {
+                SettingsError::Invalid(m) => CliError::usage(m),
+                SettingsError::Device(m) => CliError::runtime(m),
+            },
+        )?;
         self.announce(&opened);
         Ok((opened, devices))
     }
@@ -222,8 +188,9 @@ impl CommonArgs {
     /// The memory manager configuration: `base` (the defaults, or a command's own), then
     /// `--config`, then `GPUMEM_*` variables. A bad file or value is a usage error naming the key.
     pub(crate) fn memory_config_over(&self, base: MemoryConfig) -> Result<MemoryConfig, CliError> {
-        let sources = crate::manager::ConfigSources::from_process(self.config.clone());
-        crate::manager::load_config_over(base, &sources).map_err(|e| CliError::usage(e.to_string()))
+        let sources = gpumem::manager::ConfigSources::from_process(self.config.clone());
+        gpumem::manager::load_config_over(base, &sources)
+            .map_err(|e| CliError::usage(e.to_string()))
     }
 
     /// [`memory_config_over`](Self::memory_config_over) the defaults.
@@ -241,68 +208,31 @@ impl CommonArgs {
     ) -> Result<Vec<usize>, CliError> {
         match &config.devices {
             Some(listed) if !given.explicit("devices") => {
-                let text = listed
-                    .iter()
-                    .map(usize::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",");
-                parse_device_selection(&text, count)
-                    .map_err(|e| CliError::usage(e.replacen("--devices", "config: devices", 1)))
+                settings::parse_device_selection(&settings::join_indices(listed), count)
+                    .map_err(|e| CliError::usage(format!("config: devices: {e}")))
             }
             _ => parse_device_selection(&self.devices, count).map_err(CliError::usage),
         }
     }
 }
 
-/// What a configuration asks of a device with `total` bytes that it cannot have: a pressure
-/// reserve of all of it (the pressure ratio would be meaningless), or a preallocation bigger
-/// than it. Refused the same way in every command.
-fn check_against_device(config: &MemoryConfig, index: usize, total: u64) -> Result<(), String> {
-    if let Some(reserve) = config.pressure.reserve_bytes {
-        if reserve >= total {
-            return Err(format!(
-                "pressure.reserve: {} is not less than device {index}'s memory ({})",
-                Bytes(reserve),
-                Bytes(total)
-            ));
-        }
-    }
-    if config.preallocate_bytes > total {
-        return Err(format!(
-            "preallocate: {} is more than device {index} has ({})",
-            Bytes(config.preallocate_bytes),
-            Bytes(total)
-        ));
-    }
-    Ok(())
+/// Parses "all" or "0,2" into indices, each of which must exist; errors name `--devices`.
+pub(crate) fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usize>, String> {
+    settings::parse_device_selection(text, count).map_err(|e| format!("--devices: {e}"))
 }
 
-/// Parses "all" or "0,2" into indices, each of which must exist.
-pub(crate) fn parse_device_selection(text: &str, count: usize) -> Result<Vec<usize>, String> {
-    let existing = match count {
-        0 => "no devices exist".to_string(),
-        1 => "device 0 exists".to_string(),
-        n => format!("devices 0 to {} exist", n - 1),
-    };
-    if text.trim().eq_ignore_ascii_case("all") {
-        return Ok((0..count).collect());
-    }
-    let mut selected = Vec::new();
-    for part in text.split(',') {
-        let part = part.trim();
-        let index: usize = part.parse().map_err(|_| {
-            format!("--devices: '{part}' is not a device index (use \"all\" or a list like 0,2; {existing})")
-        })?;
-        if index >= count {
-            return Err(format!(
-                "--devices: device {index} does not exist ({existing})"
-            ));
+/// A flag whose values are a core enum's names ([`Named`]): help lists them, parsing is the
+/// core's, so a flag, its variable and a config file accept the same words.
+pub(crate) fn named<T: Named + Send + Sync + Clone>() -> impl TypedValueParser<Value = T> {
+    let values = T::CHOICES.iter().map(|c| {
+        let value = PossibleValue::new(c.name).aliases(c.aliases.iter().copied());
+        if c.help.is_empty() {
+            value
+        } else {
+            value.help(c.help)
         }
-        if !selected.contains(&index) {
-            selected.push(index);
-        }
-    }
-    Ok(selected)
+    });
+    PossibleValuesParser::new(values).try_map(|name| T::from_name(&name))
 }
 
 /// Logging to stderr at `GPUMEM_LOG` (default `default_filter`).
@@ -325,7 +255,7 @@ fn init_logging(default_filter: &str) {
 }
 
 /// Runs the command line; returns the process exit code.
-pub fn run() -> i32 {
+pub(crate) fn run() -> i32 {
     let command = Cli::command();
     let set: Vec<String> = std::env::vars_os()
         .filter_map(|(key, _)| key.into_string().ok())
@@ -397,12 +327,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn device_selection_accepts_all_and_lists() {
-        assert_eq!(parse_device_selection("all", 3), Ok(vec![0, 1, 2]));
-        assert_eq!(parse_device_selection("2, 0,2", 3), Ok(vec![2, 0]));
-    }
-
-    #[test]
     fn errors_are_printed_as_one_bounded_line() {
         assert_eq!(one_line("plain"), "plain");
         assert_eq!(one_line("two\nlines\t"), "two\\nlines\\t");
@@ -411,15 +335,8 @@ mod tests {
     }
 
     #[test]
-    fn device_selection_names_what_exists() {
+    fn device_errors_name_the_flag() {
         let err = parse_device_selection("7", 1).unwrap_err();
-        assert!(
-            err.contains("device 7 does not exist (device 0 exists)"),
-            "{err}"
-        );
-        assert!(parse_device_selection("x", 2)
-            .unwrap_err()
-            .contains("not a device index"));
-        assert!(parse_device_selection("-1", 2).is_err());
+        assert_eq!(err, "--devices: device 7 does not exist (device 0 exists)");
     }
 }

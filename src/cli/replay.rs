@@ -2,19 +2,19 @@
 //! baseline), one report per trace, an optional plot, and a sweep over the cache settings.
 
 use super::{CliError, CommonArgs, Given};
-use crate::backend::cuda::CudaBackend;
-use crate::backend::timed::TimedBackend;
-use crate::backend::BackendKind;
-use crate::manager::{MemoryConfig, MemoryManager, Strategy};
 use crate::plot::{line_chart_svg, Series};
-use crate::replay::{
+use clap::Args;
+use gpumem::backend::cuda::CudaBackend;
+use gpumem::backend::timed::TimedBackend;
+use gpumem::backend::BackendKind;
+use gpumem::manager::{MemoryConfig, MemoryManager, Strategy};
+use gpumem::safe_fs::{check_target, write_atomically, WriteOptions};
+use gpumem::units::{Bytes, MIB};
+use gpumem_replay::replay::{
     replay_config, replay_driver_pool, replay_logging_misses, replay_timing_driver, MissRecord,
     ReplayReport, TimelinePoint,
 };
-use crate::safe_fs::{check_target, write_atomically, WriteOptions};
-use crate::trace::{load_trace, Trace};
-use crate::units::{Bytes, MIB};
-use clap::Args;
+use gpumem_replay::trace::{load_trace, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 
@@ -261,13 +261,14 @@ fn write_misses(path: &Path, misses: &[MissRecord], inputs: &[PathBuf]) -> Resul
 
 /// A fresh manager per trace: nothing cached from the previous one skews the next.
 fn replay_fresh(
-    backend: &std::sync::Arc<dyn crate::backend::DeviceBackend>,
+    backend: &std::sync::Arc<dyn gpumem::backend::DeviceBackend>,
     device: usize,
     config: &MemoryConfig,
     trace: &Trace,
     progress: impl FnMut(u64),
     misses: Option<&mut Vec<MissRecord>>,
-) -> Result<Result<(ReplayReport, Vec<TimelinePoint>), crate::replay::ReplayError>, CliError> {
+) -> Result<Result<(ReplayReport, Vec<TimelinePoint>), gpumem_replay::replay::ReplayError>, CliError>
+{
     // The pools reach the driver through a backend that times its calls (a few tens of
     // nanoseconds a call, and only misses call it), so the report can split the time per
     // operation between the driver and the allocator.
@@ -283,7 +284,7 @@ fn replay_fresh(
 /// `--sweep`: every trace under every cache setting, as a table per trace or JSON lines.
 fn sweep(
     traces: &[Trace],
-    backend: &std::sync::Arc<dyn crate::backend::DeviceBackend>,
+    backend: &std::sync::Arc<dyn gpumem::backend::DeviceBackend>,
     device: usize,
     base: &MemoryConfig,
     json: bool,

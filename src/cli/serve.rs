@@ -5,10 +5,10 @@
 
 use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs, Given};
-use crate::backend::BackendChoice;
-use crate::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
-use crate::exporter::{Exporter, ExporterError};
 use clap::Args;
+use gpumem::backend::BackendChoice;
+use gpumem_observe::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
+use gpumem_observe::exporter::{Exporter, ExporterError};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -25,7 +25,7 @@ pub(super) struct ServeArgs {
     /// Most series all collected processes may add to /metrics together; files beyond it are
     /// skipped, newest kept (the default suits a 128 MiB memory limit).
     #[arg(long, env = "GPUMEM_COLLECT_MAX_SERIES", value_name = "N",
-          default_value_t = crate::collect::DEFAULT_MAX_SERIES)]
+          default_value_t = gpumem_observe::collect::DEFAULT_MAX_SERIES)]
     collect_max_series: u64,
 
     /// Most bytes of collected file content kept for all processes together (e.g. 16MiB).
@@ -72,20 +72,20 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
         .exporter
         .runbook_url
         .clone()
-        .unwrap_or_else(|| crate::web::DEFAULT_RUNBOOK.to_string());
+        .unwrap_or_else(|| gpumem_observe::web::DEFAULT_RUNBOOK.to_string());
     let collect = match &args.collect_dir {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
             let mut settings = CollectSettings::new(dir, interval);
             settings.max_series = args.collect_max_series;
-            settings.max_bytes = crate::units::parse_bytes(&args.collect_max_bytes)
+            settings.max_bytes = gpumem::units::parse_bytes(&args.collect_max_bytes)
                 .map_err(|e| CliError::usage(format!("--collect-max-bytes: {e}")))?;
             Some(settings)
         }
         None => None,
     };
     let config = args.common.memory_config()?;
-    let exited_retention = crate::units::parse_duration(&args.exited_retention)
+    let exited_retention = gpumem::units::parse_duration(&args.exited_retention)
         .map_err(|e| CliError::usage(format!("--exited-retention: {e}")))?;
     let mut flight = args.flight.settings(None)?;
     // Engines publishing into the collect directory write their records under oom/ there.
@@ -121,9 +121,9 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
         None => {}
     }
 
-    let runtime = crate::web::runtime::build("gpumem-serve")
+    let runtime = gpumem_observe::web::runtime::build("gpumem-serve")
         .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
-    crate::web::runtime::block_on_bounded(runtime, async move {
+    gpumem_observe::web::runtime::block_on_bounded(runtime, async move {
         let exporter = Exporter::builder()
             .source(Box::new(sidecar))
             .listen(listen)

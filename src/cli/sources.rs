@@ -52,7 +52,7 @@ const OTHER_VARIABLES: &[&str] = &[
 /// Every `GPUMEM_*` variable gpumem reads: each flag's, each config key's, and the others.
 pub(super) fn known_variables(command: &clap::Command) -> Vec<String> {
     let mut known: Vec<String> = OTHER_VARIABLES.iter().map(|v| v.to_string()).collect();
-    known.extend(crate::manager::config_env_names());
+    known.extend(gpumem::manager::config_env_names());
     let mut stack = vec![command];
     while let Some(command) = stack.pop() {
         for arg in command.get_arguments() {
@@ -73,7 +73,7 @@ pub(super) fn unknown_variable_warnings(set: &[String], known: &[String]) -> Vec
     set.iter()
         .filter(|name| name.starts_with("GPUMEM_") && !known.contains(name))
         .map(|name| {
-            if let Some(instead) = crate::manager::retired_config_key(name) {
+            if let Some(instead) = gpumem::manager::retired_config_key(name) {
                 return format!("gpumem: warning: {name} is ignored: it {instead}");
             }
             let nearest = known

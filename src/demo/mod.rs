@@ -10,11 +10,11 @@ mod workload;
 
 pub(crate) use spike::{PressureSpike, DEFAULT_SPIKE};
 
-use crate::backend::sim::SimBackend;
-use crate::backend::DeviceBackend;
-use crate::exporter::{Exporter, ExporterError};
-use crate::manager::{ManagerConfig, MemoryManager};
-use crate::publish::{PublishError, Publisher};
+use gpumem::backend::sim::SimBackend;
+use gpumem::backend::DeviceBackend;
+use gpumem::manager::{ManagerConfig, MemoryManager};
+use gpumem_observe::exporter::{Exporter, ExporterError};
+use gpumem_observe::publish::{PublishError, Publisher};
 use pressure::{PressureSource, PressureSwing};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -32,7 +32,7 @@ const TICK: Duration = Duration::from_millis(50);
 const WORKSPACE_EVERY: Duration = Duration::from_secs(1);
 
 /// The layer the demo's workspaces serve: Llama-2-7B's MLP up projection with int4 weights.
-const WORKSPACE_LAYER: crate::planner::LinearLayer = crate::planner::LinearLayer {
+const WORKSPACE_LAYER: gpumem::planner::LinearLayer = gpumem::planner::LinearLayer {
     in_features: 4096,
     out_features: 11008,
     weight_bits: 4,
@@ -59,7 +59,7 @@ pub(crate) struct DemoSettings {
     /// Where the page's hints link to (default `/runbook`).
     pub runbook_url: Option<String>,
     /// The OOM flight recorder (run by the exporter; the publisher's records would repeat it).
-    pub flight: crate::flight::FlightSettings,
+    pub flight: gpumem_observe::flight::FlightSettings,
     /// The manager's configuration (`--config`, `GPUMEM_*`); `devices` above overrides its own.
     pub memory: ManagerConfig,
     /// Host names allowed besides IP addresses and localhost (`--allowed-hosts`).
@@ -73,7 +73,7 @@ pub(crate) enum DemoError {
     #[error("{0}")]
     Publish(#[from] PublishError),
     #[error("could not set up the memory manager: {0}")]
-    Manager(#[from] crate::error::InitError),
+    Manager(#[from] gpumem::error::InitError),
     #[error("could not start the demo: {0}")]
     Startup(#[source] std::io::Error),
 }
@@ -96,8 +96,8 @@ pub(crate) fn run(
         ..settings.memory.clone()
     };
     let manager = MemoryManager::new(backend, config)?;
-    let runtime = crate::web::runtime::build("gpumem-demo").map_err(DemoError::Startup)?;
-    crate::web::runtime::block_on_bounded(runtime, serve(manager, sim, settings))
+    let runtime = gpumem_observe::web::runtime::build("gpumem-demo").map_err(DemoError::Startup)?;
+    gpumem_observe::web::runtime::block_on_bounded(runtime, serve(manager, sim, settings))
 }
 
 async fn serve(
@@ -137,7 +137,7 @@ async fn serve(
             settings
                 .runbook_url
                 .clone()
-                .unwrap_or_else(|| crate::web::DEFAULT_RUNBOOK.to_string()),
+                .unwrap_or_else(|| gpumem_observe::web::DEFAULT_RUNBOOK.to_string()),
         )
         .flight(settings.flight.clone())
         .routes(spike::routes(Arc::clone(&spike)))
@@ -212,7 +212,7 @@ pub(crate) async fn interrupted() {
 }
 
 /// One workspace per device, sized for the memory of now; a device without room gets none.
-fn start_workspaces(manager: &MemoryManager) -> Vec<crate::manager::Workspace> {
+fn start_workspaces(manager: &MemoryManager) -> Vec<gpumem::manager::Workspace> {
     let mut workspaces = Vec::new();
     for device in manager.device_indices() {
         match manager.workspace(device, WORKSPACE_LAYER) {
@@ -220,7 +220,7 @@ fn start_workspaces(manager: &MemoryManager) -> Vec<crate::manager::Workspace> {
                 tracing::info!(
                     "workspace on GPU {device}: batch {} ({}) for a 4096x11008 int4 layer",
                     workspace.batch(),
-                    crate::units::Bytes(workspace.bytes())
+                    gpumem::units::Bytes(workspace.bytes())
                 );
                 workspaces.push(workspace);
             }
@@ -231,7 +231,7 @@ fn start_workspaces(manager: &MemoryManager) -> Vec<crate::manager::Workspace> {
 }
 
 /// Re-plans each workspace for the pressure of now; one log line per resize.
-fn adapt_workspaces(workspaces: &mut [crate::manager::Workspace]) {
+fn adapt_workspaces(workspaces: &mut [gpumem::manager::Workspace]) {
     for workspace in workspaces {
         match workspace.adapt() {
             Ok(Some(change)) => tracing::info!(
@@ -239,8 +239,8 @@ fn adapt_workspaces(workspaces: &mut [crate::manager::Workspace]) {
                 change.device,
                 change.from_batch,
                 change.to_batch,
-                crate::units::Bytes(change.from_bytes),
-                crate::units::Bytes(change.to_bytes),
+                gpumem::units::Bytes(change.from_bytes),
+                gpumem::units::Bytes(change.to_bytes),
                 change.pressure
             ),
             Ok(None) => {}

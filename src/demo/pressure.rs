@@ -2,9 +2,9 @@
 //! processes" hold; on a real GPU it cannot, so it holds ballast itself (tag `pressure_ballast`).
 //! Either way pressure rises and falls on a slow wave, and a spike pushes it to critical.
 
-use crate::backend::sim::SimBackend;
-use crate::manager::{AllocOptions, DeviceBuffer, MemoryManager, Tag};
-use crate::units::{align_down, MIB};
+use gpumem::backend::sim::SimBackend;
+use gpumem::manager::{AllocOptions, DeviceBuffer, MemoryManager, Tag};
+use gpumem::units::{align_down, MIB};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -40,7 +40,7 @@ impl PressureSpike {
         self.until_ms.store(until.as_millis() as u64, Relaxed);
         tracing::info!(
             "pressure spike for {}",
-            crate::units::format_duration(length)
+            gpumem::units::format_duration(length)
         );
     }
 

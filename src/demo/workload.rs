@@ -3,8 +3,8 @@
 //! per tick, and leak a small buffer now and then. Everything it holds is bounded — the weights,
 //! a KV budget, a cap on leaks — so it can run for days.
 
-use crate::manager::{AllocOptions, DeviceBuffer, MemoryManager, Tag};
-use crate::units::{align_down, KIB, MIB};
+use gpumem::manager::{AllocOptions, DeviceBuffer, MemoryManager, Tag};
+use gpumem::units::{align_down, KIB, MIB};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -234,7 +234,7 @@ impl DeviceWorkload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::units::GIB;
+    use gpumem::units::GIB;
 
     #[test]
     fn the_budget_fits_the_device() {

@@ -92,7 +92,7 @@ fn outside_buffers_and_backtraces_show_in_json_metrics_and_the_page() {
         .unwrap();
     m.track_external(0, 0x7f00_2000_0000, 64 * MIB, "nccl")
         .unwrap();
-    let exporter = gpumem::Exporter::builder()
+    let exporter = gpumem_observe::Exporter::builder()
         .manager(m.clone())
         .listen(([127, 0, 0, 1], 0))
         .interval(std::time::Duration::from_millis(100))

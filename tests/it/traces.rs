@@ -4,9 +4,9 @@
 //! byte throughout.
 
 use gpumem::backend::sim::{SimBackend, SimConfig};
-use gpumem::replay::{replay, replay_config};
-use gpumem::trace::load_trace;
 use gpumem::{ManagerConfig, MemoryManager};
+use gpumem_replay::replay::{replay, replay_config};
+use gpumem_replay::trace::load_trace;
 use std::path::Path;
 use std::sync::Arc;
 

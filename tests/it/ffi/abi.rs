@@ -5,8 +5,8 @@
 // Calling the C ABI as a C host would takes `unsafe`, as it does for any host.
 #![allow(unsafe_code)]
 
+use capi::*;
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
-use gpumem::ffi::{self, *};
 use gpumem::manager::MemoryConfig;
 use gpumem::{MemoryManager, StreamId};
 use serde_json::Value;
@@ -38,7 +38,7 @@ fn installed() -> &'static (Arc<SimBackend>, Mutex<()>) {
         }));
         let manager = MemoryManager::new(Arc::clone(&backend) as _, MemoryConfig::default())
             .expect("manager");
-        ffi::install(manager).expect("the first install succeeds");
+        capi::install(manager).expect("the first install succeeds");
         (backend, Mutex::new(()))
     })
 }
@@ -86,7 +86,7 @@ fn alloc_and_free_round_trip_through_the_shared_manager() {
     assert!(stat("allocated_bytes.all.current") >= in_use + 5 * MIB as u64);
     gpumem_free(ptr, 5 * MIB + 3, 0, stream(0));
     assert_eq!(stat("allocated_bytes.all.current"), in_use);
-    assert!(ffi::install(
+    assert!(capi::install(
         MemoryManager::new(
             Arc::new(SimBackend::new(SimConfig::default())),
             MemoryConfig::default()

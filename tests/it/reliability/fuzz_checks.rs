@@ -4,10 +4,10 @@
 //! Each check panics, naming the property, when the input breaks one.
 
 use super::alloc_model;
-use gpumem::collect::read::parse as parse_published;
-use gpumem::collect::REJECTION_REASONS;
 use gpumem::manager::{load_config, parse_config_str, ConfigSources};
-use gpumem::trace::{parse_trace, TraceEvent};
+use gpumem_observe::collect::read::parse as parse_published;
+use gpumem_observe::collect::REJECTION_REASONS;
+use gpumem_replay::trace::{parse_trace, TraceEvent};
 
 /// Longest error message a bad input may produce: errors quote the input, but only a little.
 const MAX_ERROR_LEN: usize = 600;

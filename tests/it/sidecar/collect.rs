@@ -3,8 +3,8 @@
 //! that disappears; and atomic writes read while they are being replaced.
 
 use super::{now, published, TempDir};
-use gpumem::collect::{check_dir, CollectSettings, Collected, Collector};
 use gpumem::safe_fs::write_atomically;
+use gpumem_observe::collect::{check_dir, CollectSettings, Collected, Collector};
 use std::time::Duration;
 
 fn collector(dir: &TempDir) -> Collector {
@@ -77,7 +77,7 @@ fn a_dead_pid_is_dropped_at_once_when_the_namespace_is_ours() {
     let foreign = published(dead, "elsewhere", t).replace(
         &format!(
             "\"pid_namespace\":\"{}\"",
-            gpumem::publish::process::current_pid_namespace().expect("linux")
+            gpumem::snapshot::process::current_pid_namespace().expect("linux")
         ),
         "\"pid_namespace\":\"pid:[1]\"",
     );

@@ -7,9 +7,10 @@
 use super::{now, published, serve, TempDir};
 use crate::web::{eventually, get, value_of};
 use gpumem::backend::sim::{SimBackend, SimConfig};
-use gpumem::publish::Publisher;
 use gpumem::units::MIB;
-use gpumem::{AllocOptions, Exporter, GraphPoolId, ManagerConfig, MemoryManager, Tag};
+use gpumem::{AllocOptions, GraphPoolId, ManagerConfig, MemoryManager, Tag};
+use gpumem_observe::publish::Publisher;
+use gpumem_observe::Exporter;
 use std::sync::Arc;
 use std::time::Duration;
 

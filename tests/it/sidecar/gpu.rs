@@ -6,7 +6,7 @@
 use super::{publishing_demo, serve, TempDir};
 use crate::support::gpu_required;
 use crate::web::{eventually, get, value_of};
-use gpumem::nvml::NvmlReader;
+use gpumem_observe::nvml::NvmlReader;
 use std::time::Duration;
 
 fn nvml() -> Option<NvmlReader> {

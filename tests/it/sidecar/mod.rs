@@ -1,4 +1,4 @@
-//! The sidecar: publishing (`gpumem::publish`), collecting (`gpumem::collect`), `gpumem serve`
+//! The sidecar: publishing (`gpumem_observe::publish`), collecting (`gpumem_observe::collect`), `gpumem serve`
 //! as a user runs it next to `gpumem demo --publish-dir`, NVML (real where there is a GPU, its
 //! absence everywhere else), CUDA graph pools and outside memory published as the process's own
 //! exporter shows them, the Python writer of docs/publish-format.md, and the Docker and
@@ -92,7 +92,7 @@ pub(crate) fn published(pid: u32, process: &str, timestamp: f64) -> String {
         "version": 1,
         "pid": pid,
         "process": process,
-        "pid_namespace": gpumem::publish::process::current_pid_namespace(),
+        "pid_namespace": gpumem::snapshot::process::current_pid_namespace(),
         "timestamp_seconds": timestamp,
         "interval_seconds": 1.0,
         "writer": "test",

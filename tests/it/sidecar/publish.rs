@@ -4,10 +4,10 @@
 
 use super::TempDir;
 use gpumem::backend::sim::{SimBackend, SimConfig};
-use gpumem::collect::read_file;
-use gpumem::publish::{PublishError, Publisher, FORMAT, VERSION};
 use gpumem::units::MIB;
 use gpumem::{AllocOptions, ManagerConfig, MemoryManager, Tag};
+use gpumem_observe::collect::read_file;
+use gpumem_observe::publish::{PublishError, Publisher, FORMAT, VERSION};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

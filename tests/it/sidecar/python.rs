@@ -4,7 +4,7 @@
 
 use super::TempDir;
 use crate::web::tool_available;
-use gpumem::collect::read_file;
+use gpumem_observe::collect::read_file;
 use std::process::{Command, Output};
 
 /// Just enough of `torch` for the writer: device 0 in use, device 1 untouched.
@@ -126,7 +126,7 @@ fn the_python_package_publishes_pytorch_statistics_as_a_valid_file() {
     if cfg!(target_os = "linux") {
         assert_eq!(
             file.pid_namespace,
-            gpumem::publish::process::current_pid_namespace()
+            gpumem::snapshot::process::current_pid_namespace()
         );
     }
     let names: Vec<_> = std::fs::read_dir(publish.path())

@@ -226,7 +226,7 @@ fn without_nvml_serve_keeps_serving_and_says_why() {
 
 #[test]
 fn on_a_host_without_nvml_the_default_is_the_same() {
-    if gpumem::nvml::NvmlReader::open(None).is_ok() {
+    if gpumem_observe::nvml::NvmlReader::open(None).is_ok() {
         eprintln!("skipped: this host has NVML (the GPU tests cover it)");
         return;
     }

@@ -1,7 +1,7 @@
 //! The server's header deadline: connections that send no request, or go quiet after one,
 //! are closed once it passes, while a client that sends its request is served.
 
-use gpumem::web::serve_with_header_timeout;
+use gpumem_observe::web::serve_with_header_timeout;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ fn get_root(stream: &mut TcpStream) -> String {
 
 #[test]
 fn idle_and_stalled_connections_are_closed_at_the_header_deadline() {
-    let runtime = gpumem::web::runtime::build("deadline-test").unwrap();
+    let runtime = gpumem_observe::web::runtime::build("deadline-test").unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();

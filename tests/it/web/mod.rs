@@ -10,12 +10,10 @@ mod tools;
 pub(crate) use http::{eventually, get, request, request_raw, tool_available, value_of};
 
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
-use gpumem::exporter::ExporterError;
 use gpumem::units::{GIB, MIB};
-use gpumem::{
-    AllocOptions, DeviceBuffer, Exporter, ExporterHandle, GraphPoolId, ManagerConfig,
-    MemoryManager, Tag,
-};
+use gpumem::{AllocOptions, DeviceBuffer, GraphPoolId, ManagerConfig, MemoryManager, Tag};
+use gpumem_observe::exporter::ExporterError;
+use gpumem_observe::{Exporter, ExporterHandle};
 use http::samples;
 use serde_json::Value;
 use std::collections::HashMap;

@@ -5,10 +5,10 @@
 use super::{count, published};
 use crate::reliability::{rss_kib, Scratch};
 use crate::web::get;
-use gpumem::collect::{
+use gpumem::snapshot::unix_now;
+use gpumem_observe::collect::{
     series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES, SERIES_PER_DEVICE, SERIES_PER_POOL,
 };
-use gpumem::snapshot::unix_now;
 use std::time::{Duration, SystemTime};
 
 fn collector(dir: &Scratch) -> Collector {
@@ -44,7 +44,8 @@ fn collected_series_stay_within_the_default_budget() {
     assert_eq!(collected.status.budget_exceeded_total, 1);
     let note = collected.status.over_budget.expect("a note for /healthz");
     assert!(note.contains("--collect-max-series"), "{note}");
-    let file = gpumem::collect::read_file(&dir.path().join("big-0.json"), 4 << 20).expect("valid");
+    let file =
+        gpumem_observe::collect::read_file(&dir.path().join("big-0.json"), 4 << 20).expect("valid");
     assert_eq!(
         series_of(&file),
         1 + SERIES_PER_DEVICE * 64 + SERIES_PER_POOL * 64 * 16

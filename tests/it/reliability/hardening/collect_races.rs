@@ -4,7 +4,7 @@
 
 use crate::reliability::Scratch;
 use crate::web::get;
-use gpumem::collect::read_file;
+use gpumem_observe::collect::read_file;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -59,7 +59,8 @@ fn strings_in_collected_files_are_cut() {
     file["writer"] = huge.clone().into();
     file["devices"][0]["name"] = huge.clone().into();
     let path = dir.file("long.json", &serde_json::to_vec(&file).expect("encode"));
-    let read = gpumem::collect::read_file(&path, 16 << 20).expect("long text is cut, not refused");
+    let read =
+        gpumem_observe::collect::read_file(&path, 16 << 20).expect("long text is cut, not refused");
     assert!(read.writer.as_deref().is_some_and(|w| w.len() <= 128));
     assert!(read.devices[0]
         .name
@@ -68,7 +69,8 @@ fn strings_in_collected_files_are_cut() {
 
     file["pid"] = huge.into();
     let path = dir.file("typed.json", &serde_json::to_vec(&file).expect("encode"));
-    let rejection = gpumem::collect::read_file(&path, 16 << 20).expect_err("pid is a number");
+    let rejection =
+        gpumem_observe::collect::read_file(&path, 16 << 20).expect_err("pid is a number");
     let message = rejection.to_string();
     assert!(
         message.len() < 1000,

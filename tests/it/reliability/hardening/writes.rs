@@ -94,14 +94,14 @@ fn the_publisher_never_writes_through_a_planted_link() {
     let dir = Scratch::new("publish-planted");
     let victim = dir.file("victim.txt", b"keep me");
     let pid = std::process::id();
-    let name = gpumem::publish::file_name(pid);
+    let name = gpumem_observe::publish::file_name(pid);
     for n in 0..64 {
         let planted = dir.path().join(format!(".{name}.{pid}.{n}.tmp"));
         std::os::unix::fs::symlink(&victim, planted).expect("symlink");
     }
     let backend = std::sync::Arc::new(SimBackend::new(SimConfig::default()));
     let manager = gpumem::MemoryManager::new(backend, Default::default()).expect("manager");
-    let publisher = gpumem::publish::Publisher::builder()
+    let publisher = gpumem_observe::publish::Publisher::builder()
         .manager(manager)
         .dir(dir.path())
         .interval(Duration::from_millis(100))

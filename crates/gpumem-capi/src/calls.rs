@@ -1,0 +1,236 @@
+//! What each C entry point does, in safe Rust with `Result<_, String>`: `mod.rs` only converts
+//! arguments, catches panics and records errors.
+
+use super::runtime::{runtime, Runtime};
+use gpumem::backend::StreamId;
+use gpumem::manager::AllocOptions;
+use gpumem::snapshot::{capture, CaptureSettings};
+use gpumem::Tag;
+use gpumem_observe::exporter::{parse_listen, Exporter, DEFAULT_LISTEN};
+use gpumem_observe::publish::Publisher;
+use serde_json::{json, Map, Value};
+
+/// The alignment PyTorch's own allocator gives every block; kernels may rely on it.
+const ALIGNMENT: u64 = 512;
+
+pub(super) fn device_index(device: i32) -> Result<usize, String> {
+    usize::try_from(device).map_err(|_| format!("device {device} is not a device index"))
+}
+
+pub(super) fn alloc(
+    size: isize,
+    device: i32,
+    stream: u64,
+    tag: Option<Tag>,
+) -> Result<u64, String> {
+    let size = u64::try_from(size).map_err(|_| format!("size {size} is negative"))?;
+    if size == 0 {
+        // PyTorch asks for empty tensors too; like its own allocator, no memory and no error.
+        return Ok(0);
+    }
+    let device = device_index(device)?;
+    let runtime = runtime()?;
+    let stream = StreamId(stream);
+    runtime.keeping_host_context(|| {
+        runtime.free_what_streams_finished();
+        let options = AllocOptions {
+            alignment: ALIGNMENT,
+            tag,
+            stream,
+            graph_pool: runtime.graph_pool_for(device, stream)?,
+        };
+        let buffer = runtime
+            .manager
+            .alloc(device, size, &options)
+            .map_err(|e| e.to_string())?;
+        let ptr = buffer.ptr();
+        if let Some(stale) = runtime.live.insert(buffer) {
+            // Never expected: the pools handed out an address that is still live. Freeing the
+            // older record would free the new one's block too, so it is kept (leaked) instead.
+            std::mem::forget(stale);
+            super::record_error(
+                "gpumem_alloc",
+                &format!("address {ptr:#x} was handed out twice"),
+            );
+        }
+        Ok(ptr)
+    })
+}
+
+pub(super) fn free(ptr: u64, size: isize, device: i32, stream: u64) -> Result<(), String> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let runtime = runtime()?;
+    let Some(live) = runtime.live.remove(ptr) else {
+        return Err(format!(
+            "{ptr:#x} was not allocated by gpumem_alloc, or was freed already"
+        ));
+    };
+    let mismatch = describe_mismatch(&live.buffer, size, device, stream);
+    runtime.keeping_host_context(|| {
+        runtime.free_what_streams_finished();
+        runtime.free_when_streams_done(live)
+    })?;
+    // Freed anyway: the pointer is what identifies the allocation.
+    mismatch.map_or(Ok(()), Err)
+}
+
+/// The host used the allocation at `ptr` on `stream` too: when freed, its memory waits for the
+/// work queued on `stream` by then.
+pub(super) fn record_stream(ptr: u64, stream: u64) -> Result<(), String> {
+    let runtime = runtime()?;
+    if runtime.live.record_use(ptr, StreamId(stream)) {
+        Ok(())
+    } else {
+        Err(format!("{ptr:#x} is not a live allocation of gpumem_alloc"))
+    }
+}
+
+/// The host's idea of the allocation differs from ours: worth saying, not worth leaking over.
+fn describe_mismatch(
+    buffer: &gpumem::DeviceBuffer,
+    size: isize,
+    device: i32,
+    stream: u64,
+) -> Option<String> {
+    let sized = u64::try_from(size).is_ok_and(|s| s == buffer.size());
+    let placed = usize::try_from(device).is_ok_and(|d| d == buffer.device());
+    (!sized || !placed || stream != buffer.stream().0).then(|| {
+        format!(
+            "freed {:#x} as {size} bytes on device {device}, stream {stream:#x}, but it was \
+             allocated as {} bytes on device {}, stream {:#x} (freed all the same)",
+            buffer.ptr(),
+            buffer.size(),
+            buffer.device(),
+            buffer.stream().0
+        )
+    })
+}
+
+pub(super) fn empty_cache() -> Result<i64, String> {
+    let runtime = runtime()?;
+    let released = runtime.keeping_host_context(|| {
+        // Memory whose other streams are done is free: it goes back with the rest.
+        runtime.free_what_streams_finished();
+        runtime.manager.empty_cache()
+    });
+    Ok(i64::try_from(released).unwrap_or(i64::MAX))
+}
+
+fn capture_settings(runtime: &Runtime) -> CaptureSettings {
+    let config = runtime.manager.config();
+    CaptureSettings {
+        leak_age: config.leak_age,
+        pressure: config.pressure,
+        ..CaptureSettings::default()
+    }
+}
+
+pub(super) fn snapshot_json() -> Result<String, String> {
+    let runtime = runtime()?;
+    let snapshot = runtime.keeping_host_context(|| {
+        capture(
+            std::slice::from_ref(&runtime.manager),
+            &capture_settings(runtime),
+        )
+    });
+    serde_json::to_string(&snapshot).map_err(|e| e.to_string())
+}
+
+pub(super) fn memory_stats_json(device: i32) -> Result<String, String> {
+    let runtime = runtime()?;
+    let stats = memory_stats(runtime, device_index(device)?)?;
+    serde_json::to_string(&stats).map_err(|e| e.to_string())
+}
+
+/// The keys of `torch.cuda.memory_stats()` that gpumem can fill in, with the same meanings
+/// (pools are not split into PyTorch's small and large here: `all` only), plus the number of
+/// live allocations the C ABI holds.
+pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, String> {
+    let stats = runtime
+        .manager
+        .device_stats(device)
+        .map_err(|e| e.to_string())?;
+    let c = &stats.counters;
+    let mut out = Map::new();
+    let mut put = |key: &str, value: u64| {
+        out.insert(key.to_string(), json!(value));
+    };
+    put("allocated_bytes.all.current", c.in_use_bytes);
+    put("allocated_bytes.all.peak", c.peak_in_use_bytes);
+    put("active_bytes.all.current", c.in_use_bytes);
+    put("active_bytes.all.peak", c.peak_in_use_bytes);
+    put("requested_bytes.all.current", c.requested_bytes);
+    put("requested_bytes.all.peak", c.peak_requested_bytes);
+    put("reserved_bytes.all.current", c.reserved_bytes);
+    put("reserved_bytes.all.peak", c.peak_reserved_bytes);
+    put(
+        "inactive_split_bytes.all.current",
+        c.reserved_bytes.saturating_sub(c.in_use_bytes),
+    );
+    put("allocation.all.current", c.live_allocations);
+    put("allocation.all.allocated", c.allocations);
+    put("allocation.all.freed", c.frees);
+    put("segment.all.allocated", c.driver_allocs);
+    put("segment.all.freed", c.driver_frees);
+    put("num_device_alloc", c.driver_allocs);
+    put("num_device_free", c.driver_frees);
+    put("num_ooms", stats.ooms);
+    put("num_alloc_retries", stats.oom_retries);
+    put("pool_requests", c.requests);
+    put("pool_hits", c.hits);
+    put("pool_misses", stats.misses);
+    put("pool_miss_ns_total", stats.miss_ns_total);
+    put("ffi_live_allocations", runtime.live.len() as u64);
+    put(
+        "ffi_frees_waiting_for_streams",
+        runtime.deferred.len() as u64,
+    );
+    let graph_pools = runtime
+        .manager
+        .graph_pools(device)
+        .map_err(|e| e.to_string())?;
+    let held: Vec<_> = graph_pools.iter().filter(|pool| pool.pinned).collect();
+    put("graph_pools.current", held.len() as u64);
+    put(
+        "graph_pool_reserved_bytes.current",
+        held.iter().map(|pool| pool.mapped_bytes).sum(),
+    );
+    put(
+        "graph_pool_allocated_bytes.current",
+        held.iter().map(|pool| pool.in_use_bytes).sum(),
+    );
+    Ok(Value::Object(out))
+}
+
+pub(super) fn serve(listen: Option<&str>) -> Result<i32, String> {
+    let addr = parse_listen(listen.unwrap_or(DEFAULT_LISTEN))?;
+    let runtime = runtime()?;
+    let mut exporter = runtime.exporter.lock();
+    if let Some(running) = exporter.as_ref() {
+        return Ok(i32::from(running.local_addr().port()));
+    }
+    let handle = Exporter::builder()
+        .manager(runtime.manager.clone())
+        .listen(addr)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let port = i32::from(handle.local_addr().port());
+    *exporter = Some(handle);
+    Ok(port)
+}
+
+pub(super) fn publish(dir: Option<&str>) -> Result<(), String> {
+    let runtime = runtime()?;
+    let mut publisher = runtime.publisher.lock();
+    if publisher.is_some() {
+        return Err("already publishing; one publisher per process".to_string());
+    }
+    let mut builder = Publisher::builder().manager(runtime.manager.clone());
+    if let Some(dir) = dir {
+        builder = builder.dir(dir);
+    }
+    *publisher = Some(builder.spawn().map_err(|e| e.to_string())?);
+    Ok(())
+}

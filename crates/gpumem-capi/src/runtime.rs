@@ -1,0 +1,115 @@
+//! The one manager behind the C ABI, opened on first use from the environment: `GPUMEM_BACKEND`
+//! (`cuda`, the default, or `sim` for tests without a GPU), `GPUMEM_CONFIG` and the `GPUMEM_*`
+//! settings the command line reads too. Also the exporter and publisher it may run.
+
+use super::graphs::GraphCaptures;
+use super::live::LiveBuffers;
+use super::streams::DeferredFrees;
+use gpumem::backend::cuda::CudaBackend;
+use gpumem::backend::{open_backend, BackendChoice, DeviceBackend};
+use gpumem::manager::MemoryManager;
+use gpumem::settings::Settings;
+use gpumem_observe::exporter::ExporterHandle;
+use gpumem_observe::publish::PublisherHandle;
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock};
+
+pub(super) struct Runtime {
+    pub manager: MemoryManager,
+    /// The same backend as the manager's, when it is the CUDA driver: for the host's current
+    /// context, which only it has.
+    pub cuda: Option<Arc<CudaBackend>>,
+    pub live: LiveBuffers,
+    pub graphs: GraphCaptures,
+    pub deferred: DeferredFrees,
+    pub exporter: Mutex<Option<ExporterHandle>>,
+    pub publisher: Mutex<Option<PublisherHandle>>,
+}
+
+/// The runtime, opened by the first call that needs it. A failure to open is kept and returned
+/// to every later call: the environment will not change its answer.
+pub(super) fn runtime() -> Result<&'static Runtime, String> {
+    RUNTIME
+        .get_or_init(|| open().map_err(|why| format!("gpumem could not start: {why}")))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+/// Makes `manager` the one the C ABI uses, instead of opening one from the environment: for a
+/// Rust program that hosts Python and wants one manager for both, and for tests. Only before
+/// the first call of the C ABI; an error afterwards. A CUDA manager installed this way does not
+/// restore the host's current context (the library knows the CUDA backend only when it opened
+/// it itself).
+pub fn install(manager: MemoryManager) -> Result<(), String> {
+    RUNTIME
+        .set(Ok(Runtime::new(manager, None)))
+        .map_err(|_| "the C ABI already has its memory manager".to_string())
+}
+
+fn open() -> Result<Runtime, String> {
+    // One pool per device and stream, shared by every thread (a file or GPUMEM_SHARDS may say
+    // otherwise). PyTorch's autograd threads free what the main thread allocated in the
+    // forward pass and allocate the gradients: with a shard per thread, one thread's cached
+    // pages are of no use to the other, and the cache budget moves them between the shards
+    // through the driver at every step.
+    let base = gpumem::manager::MemoryConfig {
+        shards: 1,
+        ..Default::default()
+    };
+    let settings = Settings::from_environment(base).map_err(|e| e.to_string())?;
+    // Memory handed to a host must be real: "auto" would fall back to a simulated device
+    // without a GPU and give PyTorch addresses no kernel can touch.
+    let choice = match settings.backend {
+        None => BackendChoice::Cuda,
+        Some(BackendChoice::Auto) => {
+            return Err(
+                "GPUMEM_BACKEND=auto is not accepted here: a library must hand out real \
+                        device memory; use cuda (the default) or sim (simulated, for tests)"
+                    .to_string(),
+            )
+        }
+        Some(choice) => choice,
+    };
+    let (backend, cuda): (Arc<dyn DeviceBackend>, _) = match choice {
+        BackendChoice::Cuda => {
+            let cuda = Arc::new(CudaBackend::open().map_err(|e| e.to_string())?);
+            (Arc::clone(&cuda) as Arc<dyn DeviceBackend>, Some(cuda))
+        }
+        choice => {
+            let opened = open_backend(choice, settings.sim.clone()).map_err(|e| e.to_string())?;
+            (opened.backend, None)
+        }
+    };
+    // The same checks as the command line's: the selection, and a reserve or preallocation
+    // that no selected device can hold.
+    let config = settings
+        .resolve(backend.as_ref())
+        .map_err(|e| e.to_string())?;
+    let manager = MemoryManager::new(backend, config).map_err(|e| e.to_string())?;
+    tracing::debug!(backend = %manager.backend().kind(), "gpumem library opened");
+    Ok(Runtime::new(manager, cuda))
+}
+
+impl Runtime {
+    fn new(manager: MemoryManager, cuda: Option<Arc<CudaBackend>>) -> Self {
+        Runtime {
+            manager,
+            cuda,
+            live: LiveBuffers::new(),
+            graphs: GraphCaptures::default(),
+            deferred: DeferredFrees::default(),
+            exporter: Mutex::new(None),
+            publisher: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` so that the thread's current CUDA context is the same afterwards as before.
+    pub(super) fn keeping_host_context<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.cuda {
+            Some(cuda) => cuda.keeping_current_context(f),
+            None => f(),
+        }
+    }
+}

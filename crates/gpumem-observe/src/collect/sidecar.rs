@@ -1,0 +1,452 @@
+//! The sidecar's snapshot source (`gpumem serve`): device memory from NVML — or from a backend
+//! the user chose (`--backend sim`, or CUDA when a context is explicitly allowed) — NVML's
+//! per-process memory mapped to the pids this sidecar can see, and the collected files. No
+//! source is fatal: each reports whether it works (`gpumem_up{source=...}`) and why not.
+
+use super::collector::{CollectSettings, Collector};
+use crate::nvml::{NvmlDevice, NvmlReader, PidMapper};
+use crate::sampler::SnapshotSource;
+use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice, BackendKind, DeviceBackend};
+use gpumem::snapshot::{
+    unix_now, CaptureSettings, DeviceMemory, DeviceSnapshot, GpuProcess, Pressure, SidecarSnapshot,
+    Snapshot, SourceStatus,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a missing NVML is looked for again (the driver may come up after the sidecar).
+const NVML_RETRY: Duration = Duration::from_secs(60);
+
+/// Where device memory comes from.
+pub enum DeviceSource {
+    /// NVML (no CUDA context). When it is unavailable and `cuda_fallback` is set, the CUDA
+    /// driver's `cuMemGetInfo` instead, which creates a context on each device.
+    Nvml {
+        library: Option<String>,
+        cuda_fallback: bool,
+    },
+    /// A backend the caller opened: the simulated device, or CUDA when a context is allowed.
+    Backend(Arc<dyn DeviceBackend>),
+}
+
+/// A backend read for device memory, and its source name (`sim`, `cuda`).
+type NamedBackend = (Arc<dyn DeviceBackend>, &'static str);
+
+/// NVML and how it is doing.
+struct NvmlState {
+    library: Option<String>,
+    reader: Result<NvmlReader, String>,
+    last_attempt: Instant,
+    /// Look for NVML again while it is missing (not when a fallback took over).
+    retry: bool,
+}
+
+/// The sidecar's [`SnapshotSource`].
+pub struct Sidecar {
+    nvml: Option<NvmlState>,
+    backend: Option<NamedBackend>,
+    /// Device indices to report (of the device source); `None` for all.
+    selection: Option<Vec<usize>>,
+    pids: PidMapper,
+    collector: Option<Collector>,
+    exited: Option<super::exited::ExitedTracker>,
+}
+
+impl Sidecar {
+    /// Opens the device source (never fails: an unavailable source is reported, not fatal)
+    /// and logs which one is used and why, as every command's first log line does.
+    pub fn open(source: DeviceSource, collect: Option<CollectSettings>) -> Self {
+        let (nvml, backend) = match source {
+            DeviceSource::Backend(backend) => {
+                let name = source_name(backend.kind());
+                tracing::info!(
+                    "devices: {name} ({} device(s)), chosen with --backend",
+                    backend.device_count()
+                );
+                (None, Some((backend, name)))
+            }
+            DeviceSource::Nvml {
+                library,
+                cuda_fallback,
+            } => open_nvml(library, cuda_fallback),
+        };
+        Sidecar {
+            nvml,
+            backend,
+            selection: None,
+            pids: PidMapper::new(),
+            exited: collect.as_ref().map(|c| {
+                super::exited::ExitedTracker::new(c.dir.clone(), super::exited::DEFAULT_RETENTION)
+            }),
+            collector: collect.map(Collector::new),
+        }
+    }
+
+    /// How long a process that stopped publishing stays listed as exited (default 15 min).
+    pub fn keep_exited_for(&mut self, retention: std::time::Duration) {
+        if let Some(collector) = &self.collector {
+            let dir = collector.settings().dir.clone();
+            self.exited = Some(super::exited::ExitedTracker::new(dir, retention));
+        }
+    }
+
+    /// How many devices the device source has, when one works.
+    pub fn device_count(&self) -> Option<usize> {
+        if let Some(NvmlState { reader: Ok(r), .. }) = &self.nvml {
+            return Some(r.device_count());
+        }
+        self.backend.as_ref().map(|(b, _)| b.device_count())
+    }
+
+    /// Reports only these device indices (already checked against [`device_count`](Self::device_count)).
+    pub fn select_devices(&mut self, indices: Vec<usize>) {
+        self.selection = Some(indices);
+    }
+
+    fn read_nvml(&mut self, sources: &mut Vec<SourceStatus>) -> Option<NvmlReading> {
+        let state = self.nvml.as_mut()?;
+        if state.reader.is_err() && state.retry && state.last_attempt.elapsed() >= NVML_RETRY {
+            state.last_attempt = Instant::now();
+            state.reader = NvmlReader::open(state.library.as_deref());
+            if let Ok(reader) = &state.reader {
+                tracing::info!("devices: NVML is available now ({})", reader.library());
+            }
+        }
+        let reader = match &state.reader {
+            Ok(reader) => reader,
+            Err(reason) => {
+                sources.push(status("nvml", false, Some(reason.clone())));
+                return None;
+            }
+        };
+        let selection = self.selection.as_ref().map(|s| {
+            s.iter()
+                .copied()
+                .filter(|&i| i < reader.device_count())
+                .collect::<Vec<_>>()
+        });
+        match reader.read(selection.as_deref()) {
+            Ok(devices) => {
+                let failures: Vec<&str> = devices
+                    .iter()
+                    .filter_map(|d| d.memory.as_ref().err().map(String::as_str))
+                    .collect();
+                let up = failures.is_empty();
+                sources.push(status("nvml", up, (!up).then(|| failures.join("; "))));
+                Some(NvmlReading { devices })
+            }
+            Err(reason) => {
+                sources.push(status("nvml", false, Some(reason)));
+                None
+            }
+        }
+    }
+
+    fn read_backend(
+        &self,
+        settings: &CaptureSettings,
+        sources: &mut Vec<SourceStatus>,
+    ) -> Vec<DeviceSnapshot> {
+        let Some((backend, name)) = &self.backend else {
+            return Vec::new();
+        };
+        let indices: Vec<usize> = match &self.selection {
+            Some(selected) => selected.clone(),
+            None => (0..backend.device_count()).collect(),
+        };
+        let mut failures = Vec::new();
+        let mut devices = Vec::new();
+        for index in indices {
+            let properties = match backend.properties(index) {
+                Ok(p) => p,
+                Err(error) => {
+                    failures.push(format!("device {index}: {error}"));
+                    continue;
+                }
+            };
+            let memory = match backend.mem_info(index) {
+                Ok(info) => Some((info.total, info.free)),
+                Err(error) => {
+                    failures.push(format!("device {index}: {error}"));
+                    None
+                }
+            };
+            let mut device = device_snapshot(index, memory, settings);
+            device.name = properties.name;
+            device.uuid = properties.uuid;
+            device.simulated = properties.simulated;
+            device.total_bytes = memory.map_or(properties.total_memory_bytes, |(total, _)| total);
+            devices.push(device);
+        }
+        let up = failures.is_empty();
+        sources.push(status(name, up, (!up).then(|| failures.join("; "))));
+        devices
+    }
+
+    /// NVML's compute processes, named and mapped to this namespace's pids where possible.
+    fn gpu_processes(&self, reading: &NvmlReading) -> Vec<GpuProcess> {
+        let mut processes: Vec<GpuProcess> = Vec::new();
+        for device in &reading.devices {
+            let Ok(list) = &device.processes else {
+                continue;
+            };
+            for p in list {
+                let mapping = self.pids.map(p.pid, p.name.as_deref());
+                let nvml_name = p.name.as_deref().and_then(|n| {
+                    std::path::Path::new(n.trim())
+                        .file_name()
+                        .map(|b| b.to_string_lossy().into_owned())
+                });
+                let process = gpumem::snapshot::process::clean_process_name(
+                    mapping
+                        .as_ref()
+                        .map(|m| m.process.as_str())
+                        .or(nvml_name.as_deref())
+                        .unwrap_or(""),
+                );
+                let pid = mapping.as_ref().map_or(p.pid, |m| m.pid);
+                // One series per (gpu, pid): NVML may list a process once per MIG instance.
+                if let Some(known) = processes
+                    .iter_mut()
+                    .find(|k| k.gpu == device.index && k.pid == pid)
+                {
+                    known.used_bytes = match (known.used_bytes, p.used_bytes) {
+                        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                        (a, b) => a.or(b),
+                    };
+                    continue;
+                }
+                processes.push(GpuProcess {
+                    gpu: device.index,
+                    uuid: device.uuid.clone(),
+                    pid,
+                    nvml_pid: p.pid,
+                    mapped: mapping.is_some(),
+                    process,
+                    used_bytes: p.used_bytes,
+                });
+            }
+        }
+        processes
+    }
+}
+
+impl SnapshotSource for Sidecar {
+    fn capture(&mut self, settings: &CaptureSettings) -> Snapshot {
+        let started = Instant::now();
+        let timestamp_seconds = unix_now();
+        let mut sources = Vec::new();
+        let mut problems = Vec::new();
+        let reading = self.read_nvml(&mut sources);
+        let (devices, gpu_processes, backend) = match &reading {
+            Some(reading) => (
+                reading
+                    .devices
+                    .iter()
+                    .map(|d| nvml_device(d, settings))
+                    .collect(),
+                self.gpu_processes(reading),
+                "nvml",
+            ),
+            None => match &self.backend {
+                Some((_, name)) => (self.read_backend(settings, &mut sources), Vec::new(), *name),
+                None => (Vec::new(), Vec::new(), "none"),
+            },
+        };
+        let mut processes = Vec::new();
+        let mut exited = Vec::new();
+        let mut collect = None;
+        if let Some(collector) = &mut self.collector {
+            let collected = collector.scan();
+            sources.push(status(
+                "collect",
+                collected.status.readable,
+                collected.problem.clone(),
+            ));
+            problems.extend(collected.problem);
+            processes = collected.processes;
+            for process in &mut processes {
+                bound_tags(process, settings.tags_listed);
+            }
+            if let Some(tracker) = &mut self.exited {
+                exited = tracker.update(&processes, timestamp_seconds);
+            }
+            collect = Some(collected.status);
+        }
+        let mut devices = devices;
+        for device in &mut devices {
+            add_collected(device, &processes, settings);
+        }
+        Snapshot {
+            devices,
+            problems,
+            sidecar: Some(SidecarSnapshot {
+                sources,
+                gpu_processes,
+                processes,
+                collect,
+                exited,
+            }),
+            ..gpumem::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
+        }
+    }
+}
+
+/// Counts what the collected processes hold on `device` (joined on the UUID, else the index)
+/// as the device's in-use and reserved bytes, so the page's bar and chart show them next to
+/// everyone else's memory. Device memory read from another source than the processes' own (a
+/// simulated device, or NVML a moment before they grew) may say less is used than they hold:
+/// then used is raised to what they hold, so the bar, the pressure and the process table agree.
+fn add_collected(
+    device: &mut DeviceSnapshot,
+    processes: &[gpumem::snapshot::CollectedProcess],
+    settings: &CaptureSettings,
+) {
+    let on_device = processes
+        .iter()
+        .flat_map(|p| &p.devices)
+        .filter(|d| d.is(device));
+    let (mut reserved, mut in_use) = (0u64, 0u64);
+    for published in on_device {
+        let held = published
+            .reserved_bytes
+            .or(published.in_use_bytes)
+            .unwrap_or(0);
+        reserved = reserved.saturating_add(held);
+        in_use = in_use.saturating_add(published.in_use_bytes.unwrap_or(held).min(held));
+    }
+    device.stats.pools.reserved_bytes = reserved;
+    device.stats.pools.in_use_bytes = in_use;
+    let Some(memory) = &mut device.memory else {
+        return;
+    };
+    if memory.used_bytes < reserved {
+        memory.used_bytes = reserved.min(memory.total_bytes);
+        memory.free_bytes = memory.total_bytes - memory.used_bytes;
+    }
+    memory.used_by_this_process_bytes = reserved.min(memory.used_bytes);
+    memory.used_by_others_bytes = memory.used_bytes - memory.used_by_this_process_bytes;
+    device.pressure = Some(Pressure::measure(
+        &settings.pressure,
+        memory.used_bytes,
+        memory.total_bytes,
+    ));
+}
+
+/// Keeps each collected device's largest `keep` tags and folds the rest into `other`, so the
+/// `tag` label stays bounded however many tags a writer publishes.
+fn bound_tags(process: &mut gpumem::snapshot::CollectedProcess, keep: usize) {
+    for device in &mut process.devices {
+        if device.tags.len() <= keep {
+            continue;
+        }
+        let groups = gpumem::snapshot::published::tag_groups(&device.tags);
+        device.tags = gpumem::snapshot::fold_smallest(groups, keep)
+            .iter()
+            .map(gpumem::snapshot::published::published_tag)
+            .collect();
+    }
+}
+
+struct NvmlReading {
+    devices: Vec<NvmlDevice>,
+}
+
+/// NVML first; the CUDA fallback only when NVML is missing and a context is allowed.
+fn open_nvml(
+    library: Option<String>,
+    cuda_fallback: bool,
+) -> (Option<NvmlState>, Option<NamedBackend>) {
+    let reader = NvmlReader::open(library.as_deref());
+    let mut backend = None;
+    match &reader {
+        Ok(reader) => tracing::info!(
+            "devices: nvml ({}, {} device(s)); no CUDA context is created",
+            reader.library(),
+            reader.device_count()
+        ),
+        Err(reason) if cuda_fallback => {
+            match open_backend(BackendChoice::Cuda, SimConfig::default()) {
+                Ok(opened) => {
+                    tracing::warn!(
+                        "devices: cuda, because NVML is unavailable ({reason}); \
+                         --allow-cuda-context: this creates a CUDA context on every device"
+                    );
+                    backend = Some((opened.backend, "cuda"));
+                }
+                Err(error) => tracing::warn!(
+                    "devices: none; NVML is unavailable ({reason}) and so is CUDA ({error})"
+                ),
+            }
+        }
+        Err(reason) => tracing::warn!(
+            "devices: none; NVML is unavailable ({reason}); serving collected snapshots only \
+             (--allow-cuda-context would read device memory through CUDA, at the cost of a context)"
+        ),
+    }
+    let retry = reader.is_err() && backend.is_none();
+    let state = NvmlState {
+        library,
+        reader,
+        last_attempt: Instant::now(),
+        retry,
+    };
+    (Some(state), backend)
+}
+
+fn source_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Cuda => "cuda",
+        BackendKind::Sim => "sim",
+    }
+}
+
+fn status(source: &str, up: bool, reason: Option<String>) -> SourceStatus {
+    SourceStatus {
+        source: source.to_string(),
+        up,
+        reason,
+    }
+}
+
+/// NVML's total includes what the driver reserves for itself; `cuMemGetInfo`'s does not. Counting
+/// total as used plus free makes the sidecar's numbers those of an in-process exporter on the
+/// same device, and its "used" that of `nvidia-smi`.
+fn nvml_device(device: &NvmlDevice, settings: &CaptureSettings) -> DeviceSnapshot {
+    let memory = device
+        .memory
+        .as_ref()
+        .ok()
+        .map(|m| (m.used.saturating_add(m.free), m.free));
+    let mut snapshot = device_snapshot(device.index, memory, settings);
+    snapshot.name = device.name.clone();
+    snapshot.uuid = device.uuid.clone();
+    snapshot
+}
+
+/// A device with only memory: the sidecar has no pools of its own. "Used" is total minus free,
+/// as the in-process exporter counts it.
+fn device_snapshot(
+    index: usize,
+    memory: Option<(u64, u64)>,
+    settings: &CaptureSettings,
+) -> DeviceSnapshot {
+    let memory = memory.map(|(total, free)| {
+        let used = total.saturating_sub(free);
+        DeviceMemory {
+            total_bytes: total,
+            free_bytes: free,
+            used_bytes: used,
+            used_by_this_process_bytes: 0,
+            used_by_others_bytes: used,
+        }
+    });
+    DeviceSnapshot {
+        index,
+        total_bytes: memory.map_or(0, |m| m.total_bytes),
+        memory,
+        pressure: memory
+            .map(|m| Pressure::measure(&settings.pressure, m.used_bytes, m.total_bytes)),
+        ..DeviceSnapshot::default()
+    }
+}

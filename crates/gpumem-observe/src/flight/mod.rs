@@ -1,0 +1,579 @@
+//! The OOM flight recorder. After every sample it looks for what needs explaining later — new
+//! out-of-memory refusals, a device rising to critical pressure, and (in the sidecar) a collected
+//! process whose OOM count went up — and for each writes one self-contained JSON record
+//! ([`record`]) into a bounded directory ([`store`]), logs one line naming the file, and keeps
+//! the latest records in memory for `/api/v1/oom` and the status page.
+//!
+//! Driven by the sampler on its blocking thread, never by the allocator: an OOM costs the
+//! allocator one entry in its small refusal log, nothing more. Records of one device are at
+//! least `min_gap` apart; refusals in between are counted in the next record.
+
+pub mod record;
+pub mod store;
+
+pub use record::{FlightRecord, Trigger};
+
+use crate::history::{History, HistoryPoint};
+use crate::nvml::NvmlReader;
+use gpumem::manager::pressure::PressureLevel;
+use gpumem::snapshot::published::{published_pool, tag_groups};
+use gpumem::snapshot::{
+    CollectedProcess, DeviceSnapshot, ProcessDevice, SidecarSnapshot, Snapshot,
+};
+use gpumem::units::Bytes;
+use parking_lot::RwLock;
+use record::{device_history, OtherProcess, RecordDevice, RecordProcess};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records kept in memory for the API and the page.
+pub const KEPT_IN_MEMORY: usize = 20;
+
+/// Where records go and how many are kept.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlightSettings {
+    /// The directory records are written to; `None` keeps them in memory only.
+    pub dir: Option<PathBuf>,
+    /// Records kept in the directory, at most (oldest removed first).
+    pub max_files: usize,
+    /// Bytes all records in the directory take, at most.
+    pub max_bytes: u64,
+    /// How much history each record carries.
+    pub history: Duration,
+    /// The shortest time between two records of one device (or collected process).
+    pub min_gap: Duration,
+    /// Another directory whose records are listed too: the sidecar shows the engines' records
+    /// from `<collect-dir>/oom`.
+    pub read_dir: Option<PathBuf>,
+}
+
+impl Default for FlightSettings {
+    fn default() -> Self {
+        FlightSettings {
+            dir: None,
+            max_files: 50,
+            max_bytes: 64 << 20,
+            history: Duration::from_secs(300),
+            min_gap: Duration::from_secs(10),
+            read_dir: None,
+        }
+    }
+}
+
+/// The latest records, newest first, shared with the web layer.
+#[derive(Debug, Default)]
+pub struct FlightLog {
+    records: RwLock<VecDeque<Arc<FlightRecord>>>,
+    /// Where records are written, for people reading the API.
+    pub dir: Option<String>,
+}
+
+impl FlightLog {
+    /// The latest records, newest first.
+    pub fn latest(&self) -> Vec<Arc<FlightRecord>> {
+        self.records.read().iter().cloned().collect()
+    }
+
+    fn add(&self, record: FlightRecord) {
+        let mut records = self.records.write();
+        let at = records.partition_point(|r| r.timestamp_seconds > record.timestamp_seconds);
+        records.insert(at, Arc::new(record));
+        records.truncate(KEPT_IN_MEMORY);
+    }
+}
+
+/// What the recorder remembers about one device or collected process.
+struct Watch {
+    ooms: u64,
+    level: PressureLevel,
+    /// When the last record of each trigger was written: an OOM right after a rise to
+    /// critical pressure is still recorded.
+    last_oom: Option<Instant>,
+    last_critical: Option<Instant>,
+}
+
+/// Something to record: why, and how many refusals are new since which count.
+struct Due {
+    trigger: Trigger,
+    new_ooms: u64,
+    previous_ooms: u64,
+}
+
+/// See the module documentation.
+pub struct FlightRecorder {
+    settings: FlightSettings,
+    log: Arc<FlightLog>,
+    this_process: RecordProcess,
+    watched: HashMap<String, Watch>,
+    /// Files of `read_dir` already read (or refused), so each is read once.
+    known_files: HashSet<String>,
+    /// NVML, opened at the first in-process record (the sidecar has its own readings).
+    nvml: Option<Result<NvmlReader, String>>,
+}
+
+impl FlightRecorder {
+    pub fn new(settings: FlightSettings) -> Self {
+        let identity = gpumem::snapshot::process::current_identity();
+        let log = Arc::new(FlightLog {
+            records: RwLock::new(VecDeque::new()),
+            dir: settings.dir.as_ref().map(|d| d.display().to_string()),
+        });
+        FlightRecorder {
+            settings,
+            log,
+            this_process: RecordProcess {
+                pid: identity.pid,
+                process: identity.process,
+            },
+            watched: HashMap::new(),
+            known_files: HashSet::new(),
+            nvml: None,
+        }
+    }
+
+    pub fn log(&self) -> Arc<FlightLog> {
+        Arc::clone(&self.log)
+    }
+
+    /// Looks at one sample; writes and logs the records it calls for.
+    pub fn observe(&mut self, snapshot: &Snapshot, history: &History) {
+        let since = snapshot.timestamp_seconds - self.settings.history.as_secs_f64();
+        let points = history.reply_since(Some(since)).points;
+        match &snapshot.sidecar {
+            None => {
+                for device in &snapshot.devices {
+                    self.observe_own(device, &points, snapshot.timestamp_seconds);
+                }
+            }
+            Some(sidecar) => {
+                for device in &snapshot.devices {
+                    self.observe_sidecar_device(device, sidecar, &points, snapshot);
+                }
+                for process in &sidecar.processes {
+                    for device in &process.devices {
+                        self.observe_collected(process, device, sidecar, &points, snapshot);
+                    }
+                }
+            }
+        }
+        self.read_others();
+    }
+
+    /// Whether `key` calls for a record now. `count_existing`: OOMs counted before the first
+    /// look are new (in-process, where the count starts at 0); a sidecar meeting a process
+    /// for the first time only starts watching it.
+    fn due(
+        &mut self,
+        key: String,
+        ooms: u64,
+        level: Option<PressureLevel>,
+        count_existing: bool,
+    ) -> Option<Due> {
+        let min_gap = self.settings.min_gap;
+        let watch = self.watched.entry(key).or_insert_with(|| Watch {
+            ooms: if count_existing { 0 } else { ooms },
+            level: PressureLevel::Low,
+            last_oom: None,
+            last_critical: None,
+        });
+        // A count that went down is a restarted process: start again from there.
+        watch.ooms = watch.ooms.min(ooms);
+        let rose = level == Some(PressureLevel::Critical) && watch.level < PressureLevel::Critical;
+        if let Some(level) = level {
+            watch.level = level;
+        }
+        let new_ooms = ooms - watch.ooms;
+        let trigger = match (new_ooms > 0, rose) {
+            (true, _) => Trigger::Oom,
+            (false, true) => Trigger::CriticalPressure,
+            (false, false) => return None,
+        };
+        let last = match trigger {
+            Trigger::Oom => &mut watch.last_oom,
+            Trigger::CriticalPressure => &mut watch.last_critical,
+        };
+        if last.is_some_and(|t| t.elapsed() < min_gap) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        let previous_ooms = watch.ooms;
+        watch.ooms = ooms;
+        Some(Due {
+            trigger,
+            new_ooms,
+            previous_ooms,
+        })
+    }
+
+    fn observe_own(&mut self, device: &DeviceSnapshot, points: &[HistoryPoint], now: f64) {
+        let level = device.pressure.map(|p| p.level);
+        let key = format!("gpu{}", device.index);
+        let Some(due) = self.due(key, device.stats.ooms, level, true) else {
+            return;
+        };
+        let (other_processes, note) = self.nvml_processes(device);
+        let recent: Vec<_> = device
+            .recent_ooms
+            .iter()
+            .filter(|e| e.seq > due.previous_ooms)
+            .cloned()
+            .collect();
+        let stats = &device.stats;
+        let record = FlightRecord {
+            format: record::FORMAT.to_string(),
+            version: record::VERSION,
+            trigger: due.trigger,
+            timestamp_seconds: now,
+            file: None,
+            summary: String::new(),
+            process: Some(self.this_process.clone()),
+            device: RecordDevice {
+                gpu: device.index,
+                uuid: device.uuid.clone(),
+                name: device.name.clone(),
+                memory: device.memory,
+                pressure: device.pressure,
+                reserved_bytes: Some(stats.pools.reserved_bytes),
+                in_use_bytes: Some(stats.pools.in_use_bytes),
+            },
+            request: recent.last().cloned(),
+            ooms_since_previous: due.new_ooms,
+            recent_ooms: recent,
+            ooms_total: Some(stats.ooms),
+            oom_retries_total: Some(stats.oom_retries),
+            pools: device.pools.iter().map(published_pool).collect(),
+            top_tags: device.by_tag.clone(),
+            history: device_history(points, device.index, 0.0),
+            other_processes,
+            other_processes_note: note,
+        };
+        self.finish(record);
+    }
+
+    fn observe_sidecar_device(
+        &mut self,
+        device: &DeviceSnapshot,
+        sidecar: &SidecarSnapshot,
+        points: &[HistoryPoint],
+        snapshot: &Snapshot,
+    ) {
+        let level = device.pressure.map(|p| p.level);
+        let key = format!("device {}", device.uuid);
+        let Some(due) = self.due(key, 0, level, false) else {
+            return;
+        };
+        let (other_processes, note) = holders(device, sidecar, None);
+        let record = FlightRecord {
+            process: None,
+            device: record_device(device, None),
+            history: device_history(points, device.index, 0.0),
+            other_processes,
+            other_processes_note: note,
+            ..blank(due, snapshot.timestamp_seconds)
+        };
+        self.finish(record);
+    }
+
+    fn observe_collected(
+        &mut self,
+        process: &CollectedProcess,
+        published: &ProcessDevice,
+        sidecar: &SidecarSnapshot,
+        points: &[HistoryPoint],
+        snapshot: &Snapshot,
+    ) {
+        let Some(ooms) = published.ooms_total else {
+            return;
+        };
+        let key = format!("{} {} gpu{}", process.process, process.pid, published.gpu);
+        let Some(due) = self.due(key, ooms, None, false) else {
+            return;
+        };
+        // The sidecar's own view of the device: join on the UUID, else on the index.
+        let device = snapshot.devices.iter().find(|d| published.is(d));
+        let (other_processes, note, mut record_dev, history) = match device {
+            Some(d) => {
+                let (others, note) = holders(d, sidecar, Some(process.pid));
+                let history = device_history(points, d.index, 0.0);
+                (others, note, record_device(d, Some(published)), history)
+            }
+            None => (
+                Vec::new(),
+                Some("the sidecar has no reading of this device".to_string()),
+                RecordDevice::default(),
+                Vec::new(),
+            ),
+        };
+        record_dev.gpu = published.gpu as usize;
+        let record = FlightRecord {
+            process: Some(RecordProcess {
+                pid: process.pid,
+                process: process.process.clone(),
+            }),
+            device: record_dev,
+            ooms_total: Some(ooms),
+            oom_retries_total: published.oom_retries_total,
+            pools: published.pools.clone(),
+            top_tags: tag_groups(&published.tags),
+            history,
+            other_processes,
+            other_processes_note: note,
+            ..blank(due, snapshot.timestamp_seconds)
+        };
+        self.finish(record);
+    }
+
+    /// Names, summarises, writes and logs a record, and keeps it for the API.
+    fn finish(&mut self, mut record: FlightRecord) {
+        record.summary = summary(&record);
+        let mut name = format!(
+            "{}-{}-gpu{}",
+            store::utc_stamp(record.timestamp_seconds),
+            record.trigger.name(),
+            record.device.gpu
+        );
+        if let Some(p) = &record.process {
+            name.push_str(&format!("-pid{}", p.pid));
+        }
+        name.push_str(".json");
+        let outcome = match &self.settings.dir {
+            Some(dir) => {
+                record.file = Some(name.clone());
+                let written = store::write(
+                    dir,
+                    &record,
+                    self.settings.max_files,
+                    self.settings.max_bytes,
+                );
+                match written {
+                    Ok(path) => {
+                        self.known_files.insert(name);
+                        format!("flight record: {}", path.display())
+                    }
+                    Err(error) => {
+                        record.file = None;
+                        format!(
+                            "could not write the flight record into {}: {error}",
+                            dir.display()
+                        )
+                    }
+                }
+            }
+            None => "flight record kept in memory only (no --oom-dir); see /api/v1/oom".to_string(),
+        };
+        tracing::warn!("{}; {outcome}", record.summary);
+        self.log.add(record);
+    }
+
+    /// Records other processes wrote into `read_dir`, newest first, each read once.
+    fn read_others(&mut self) {
+        let Some(dir) = self.settings.read_dir.clone() else {
+            return;
+        };
+        let known = &self.known_files;
+        let found = store::read_new(&dir, &|name| known.contains(name), KEPT_IN_MEMORY);
+        for (name, record) in found {
+            if let Some(mut record) = record {
+                record.file = Some(name.clone());
+                self.log.add(record);
+            }
+            // Bounded: the directory itself is bounded, so this only guards against churn.
+            if self.known_files.len() > 10_000 {
+                self.known_files.clear();
+            }
+            self.known_files.insert(name);
+        }
+    }
+
+    /// Compute processes NVML lists on the device (in-process, where NVML is present).
+    fn nvml_processes(&mut self, device: &DeviceSnapshot) -> (Vec<OtherProcess>, Option<String>) {
+        let others = device
+            .memory
+            .map(|m| {
+                format!(
+                    "; {} used by others in total",
+                    Bytes(m.used_by_others_bytes)
+                )
+            })
+            .unwrap_or_default();
+        if device.simulated {
+            return (
+                Vec::new(),
+                Some(format!("simulated device: no NVML{others}")),
+            );
+        }
+        let reader = self.nvml.get_or_insert_with(|| NvmlReader::open(None));
+        let reader = match reader {
+            Ok(reader) => reader,
+            Err(reason) => {
+                return (
+                    Vec::new(),
+                    Some(format!("NVML unavailable: {reason}{others}")),
+                )
+            }
+        };
+        let devices = match reader.read(None) {
+            Ok(devices) => devices,
+            Err(reason) => return (Vec::new(), Some(format!("NVML failed: {reason}{others}"))),
+        };
+        let Some(found) = devices.into_iter().find(|d| d.uuid == device.uuid) else {
+            return (
+                Vec::new(),
+                Some(format!("NVML does not list {}{others}", device.uuid)),
+            );
+        };
+        match found.processes {
+            Ok(list) => (
+                list.into_iter()
+                    .map(|p| OtherProcess {
+                        pid: p.pid,
+                        process: p.name.as_deref().map_or_else(
+                            || "unknown".to_string(),
+                            gpumem::snapshot::process::clean_process_name,
+                        ),
+                        used_bytes: p.used_bytes,
+                        source: "nvml".to_string(),
+                    })
+                    .collect(),
+                None,
+            ),
+            Err(reason) => (
+                Vec::new(),
+                Some(format!("NVML process list failed: {reason}{others}")),
+            ),
+        }
+    }
+}
+
+/// A record with only the trigger and time filled in.
+fn blank(due: Due, timestamp_seconds: f64) -> FlightRecord {
+    FlightRecord {
+        format: record::FORMAT.to_string(),
+        version: record::VERSION,
+        trigger: due.trigger,
+        timestamp_seconds,
+        file: None,
+        summary: String::new(),
+        process: None,
+        device: RecordDevice::default(),
+        request: None,
+        ooms_since_previous: due.new_ooms,
+        recent_ooms: Vec::new(),
+        ooms_total: None,
+        oom_retries_total: None,
+        pools: Vec::new(),
+        top_tags: Vec::new(),
+        history: Vec::new(),
+        other_processes: Vec::new(),
+        other_processes_note: None,
+    }
+}
+
+/// The sidecar's reading of a device, with the publishing process's pool totals when known.
+fn record_device(device: &DeviceSnapshot, published: Option<&ProcessDevice>) -> RecordDevice {
+    RecordDevice {
+        gpu: device.index,
+        uuid: device.uuid.clone(),
+        name: device.name.clone(),
+        memory: device.memory,
+        pressure: device.pressure,
+        reserved_bytes: published.and_then(|p| p.reserved_bytes),
+        in_use_bytes: published.and_then(|p| p.in_use_bytes),
+    }
+}
+
+/// Who holds memory on `device`, as the sidecar sees it: NVML's compute processes, then the
+/// collected processes (their reserved bytes), leaving out `except`.
+fn holders(
+    device: &DeviceSnapshot,
+    sidecar: &SidecarSnapshot,
+    except: Option<u32>,
+) -> (Vec<OtherProcess>, Option<String>) {
+    let mut others: Vec<OtherProcess> = sidecar
+        .gpu_processes
+        .iter()
+        .filter(|p| p.uuid == device.uuid && Some(p.pid) != except)
+        .map(|p| OtherProcess {
+            pid: p.pid,
+            process: p.process.clone(),
+            used_bytes: p.used_bytes,
+            source: "nvml".to_string(),
+        })
+        .collect();
+    for process in sidecar.processes.iter().filter(|p| Some(p.pid) != except) {
+        for published in &process.devices {
+            if published.is(device) {
+                others.push(OtherProcess {
+                    pid: process.pid,
+                    process: process.process.clone(),
+                    used_bytes: published.reserved_bytes,
+                    source: "published".to_string(),
+                });
+            }
+        }
+    }
+    let nvml_up = sidecar.sources.iter().any(|s| s.source == "nvml" && s.up);
+    let note =
+        (!nvml_up).then(|| "no NVML: only processes that publish snapshots are listed".to_string());
+    (others, note)
+}
+
+/// The one line logged for a record (and shown in lists).
+fn summary(record: &FlightRecord) -> String {
+    let device = &record.device;
+    let who = record
+        .process
+        .as_ref()
+        .map(|p| format!(" ({} pid {})", p.process, p.pid))
+        .unwrap_or_default();
+    let memory = device
+        .memory
+        .map(|m| format!("{} used of {}", Bytes(m.used_bytes), Bytes(m.total_bytes)))
+        .unwrap_or_else(|| "device memory unknown".to_string());
+    match record.trigger {
+        Trigger::Oom => {
+            let latest = record
+                .request
+                .as_ref()
+                .map(|r| {
+                    format!(
+                        ", the latest {} for tag {} ({})",
+                        Bytes(r.requested_bytes),
+                        r.tag.as_deref().unwrap_or("untagged"),
+                        r.kind.replace('_', " ")
+                    )
+                })
+                .unwrap_or_default();
+            let cached: u64 = record
+                .pools
+                .iter()
+                .filter_map(|p| p.cached_free_bytes)
+                .sum();
+            let largest = record
+                .pools
+                .iter()
+                .filter_map(|p| p.largest_free_block_bytes)
+                .max()
+                .unwrap_or(0);
+            format!(
+                "out of memory on GPU {}{who}: {} allocation(s) refused{latest}; device {memory}; pools cache {} free, largest block {}",
+                device.gpu,
+                record.ooms_since_previous,
+                Bytes(cached),
+                Bytes(largest)
+            )
+        }
+        Trigger::CriticalPressure => {
+            let ratio = device
+                .pressure
+                .map(|p| format!("{:.1} % of usable memory", p.used_ratio * 100.0))
+                .unwrap_or_else(|| "usable memory".to_string());
+            format!(
+                "GPU {}{who} rose to critical memory pressure: {ratio} in use; device {memory}",
+                device.gpu
+            )
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! gpumem's observability over the core's managers: the [`sampler`] (one background task that
+//! snapshots every interval into a [`history`] ring), the [`web`] server (`/metrics`, the status
+//! page, the JSON API, `/healthz`), the [`exporter`] an engine embeds, the OOM [`flight`]
+//! recorder, [`nvml`] readings (no CUDA context), [`publish`]ing snapshots for a sidecar and,
+//! with the feature `sidecar`, [`collect`]ing them.
+
+pub mod exporter;
+pub mod flight;
+pub mod history;
+pub mod nvml;
+pub mod publish;
+pub mod sampler;
+pub mod web;
+
+#[cfg(feature = "sidecar")]
+pub mod collect;
+
+pub use exporter::{Exporter, ExporterHandle};

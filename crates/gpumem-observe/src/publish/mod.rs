@@ -1,0 +1,25 @@
+//! Publishing: an engine writes its managers' snapshots into a shared directory (default
+//! `/run/gpumem`), one file per process, so that a sidecar (`gpumem serve --collect-dir`) can
+//! export them without the engine opening a port —
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let manager: gpumem::MemoryManager = unimplemented!();
+//! let publisher = gpumem_observe::publish::Publisher::builder()
+//!     .manager(manager)
+//!     .dir("/run/gpumem")
+//!     .spawn()?;
+//! // ... serve inference ...
+//! publisher.shutdown(); // removes the file
+//! # Ok(()) }
+//! ```
+//!
+//! The file format (its types live with the snapshot, in [`gpumem::snapshot::published`], so
+//! that a reader needs only the core) is in `docs/publish-format.md`.
+
+mod publisher;
+
+pub use gpumem::snapshot::published::{file_name, Identity, PublishedFile, FORMAT, VERSION};
+pub use publisher::{
+    default_dir, PublishError, Publisher, PublisherBuilder, PublisherHandle, DEFAULT_DIR,
+};

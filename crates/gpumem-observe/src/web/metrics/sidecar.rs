@@ -1,0 +1,345 @@
+//! The sidecar's part of `/metrics`: collected processes' series (the manager families of the
+//! parent module, labelled `process`, `pid`, `gpu`, `uuid`), NVML's per-process memory,
+//! `gpumem_up{source=...}`, and the collector's own health. Each field `f` of the publish
+//! format's device is exported as `gpumem_f`, each pool field as `gpumem_pool_f`.
+
+use super::{def, sample, Def, Families, COUNTER, GAUGE};
+use gpumem::snapshot::{ProcessDevice, ProcessPool, ReasonCount, Snapshot};
+use prometheus::proto::Metric;
+
+type ProcessValue = fn(&ProcessDevice) -> Option<f64>;
+type ProcessPoolValue = fn(&ProcessPool) -> Option<f64>;
+
+fn n(v: Option<u64>) -> Option<f64> {
+    v.map(|v| v as f64)
+}
+
+/// Manager families a collected device fills, by name (they are declared in the parent).
+pub(super) const PROCESS_DEVICE: &[(&str, ProcessValue)] = &[
+    ("gpumem_requested_bytes", |d| n(d.requested_bytes)),
+    ("gpumem_in_use_bytes", |d| n(d.in_use_bytes)),
+    ("gpumem_reserved_bytes", |d| n(d.reserved_bytes)),
+    ("gpumem_in_use_peak_bytes", |d| n(d.in_use_peak_bytes)),
+    ("gpumem_reserved_peak_bytes", |d| n(d.reserved_peak_bytes)),
+    ("gpumem_allocations_total", |d| n(d.allocations_total)),
+    ("gpumem_frees_total", |d| n(d.frees_total)),
+    ("gpumem_driver_allocs_total", |d| n(d.driver_allocs_total)),
+    ("gpumem_driver_frees_total", |d| n(d.driver_frees_total)),
+    ("gpumem_driver_errors_total", |d| n(d.driver_errors_total)),
+    ("gpumem_ooms_total", |d| n(d.ooms_total)),
+    ("gpumem_oom_retries_total", |d| n(d.oom_retries_total)),
+    ("gpumem_cpu_fallbacks_total", |d| n(d.cpu_fallbacks_total)),
+    ("gpumem_host_fallback_bytes", |d| n(d.host_fallback_bytes)),
+    ("gpumem_graph_pool_bytes", |d| n(d.graph_pool_bytes)),
+    ("gpumem_graph_pools", |d| n(d.graph_pools)),
+    ("gpumem_external_bytes", |d| n(d.external_bytes)),
+    ("gpumem_external_buffers", |d| n(d.external_buffers)),
+    ("gpumem_live_allocations", |d| n(d.live_allocations)),
+    ("gpumem_live_bytes", |d| n(d.live_bytes)),
+    ("gpumem_leak_suspect_allocations", |d| {
+        n(d.leak_suspect_allocations)
+    }),
+    ("gpumem_leak_suspect_bytes", |d| n(d.leak_suspect_bytes)),
+    ("gpumem_oldest_allocation_age_seconds", |d| {
+        d.oldest_allocation_age_seconds
+    }),
+];
+
+/// Pool families a collected pool fills, by name.
+pub(super) const PROCESS_POOL: &[(&str, ProcessPoolValue)] = &[
+    ("gpumem_pool_reserved_bytes", |p| n(p.reserved_bytes)),
+    ("gpumem_pool_in_use_bytes", |p| n(p.in_use_bytes)),
+    ("gpumem_pool_requested_bytes", |p| n(p.requested_bytes)),
+    ("gpumem_pool_cached_free_bytes", |p| n(p.cached_free_bytes)),
+    ("gpumem_pool_largest_free_block_bytes", |p| {
+        n(p.largest_free_block_bytes)
+    }),
+    ("gpumem_pool_fragmentation_ratio", |p| p.fragmentation_ratio),
+    ("gpumem_pool_idle_pages", |p| n(p.idle_pages)),
+    ("gpumem_pool_live_allocations", |p| n(p.live_allocations)),
+    ("gpumem_pool_requests_total", |p| n(p.requests_total)),
+    ("gpumem_pool_hits_total", |p| n(p.hits_total)),
+    ("gpumem_pool_driver_allocs_total", |p| {
+        n(p.driver_allocs_total)
+    }),
+    (
+        "gpumem_pool_driver_frees_total",
+        |p| n(p.driver_frees_total),
+    ),
+    ("gpumem_pool_driver_errors_total", |p| {
+        n(p.driver_errors_total)
+    }),
+];
+
+const PROCESS_MEMORY: Def = def("gpumem_process_used_bytes", GAUGE, &["gpu", "uuid", "pid", "process"],
+    "Device memory a compute process uses, from NVML; pid as this sidecar's PID namespace sees it where it can be mapped, else NVML's (host) pid.");
+const COLLECT_PROCESSES: Def = def("gpumem_collect_processes", GAUGE, &[],
+    "Processes whose published snapshots are exported now: fresh (newer than three intervals) and with their pid alive.");
+const COLLECT_FILES: Def = def(
+    "gpumem_collect_files",
+    GAUGE,
+    &[],
+    "Candidate files (*.json) in the collect directory at the latest scan.",
+);
+const COLLECT_REJECTED: Def = def("gpumem_collect_rejected_files", GAUGE, &["reason"],
+    "Files skipped at the latest scan, by reason: empty, too_large, truncated, not_json, invalid, newer_version, unreadable, duplicate_pid, too_many_files, over_budget.");
+const COLLECT_REJECTIONS: Def = def(
+    "gpumem_collect_rejections_total",
+    COUNTER,
+    &["reason"],
+    "Files skipped since the start, by reason (a file skipped at every scan counts at every scan).",
+);
+const COLLECT_DROPPED: Def = def("gpumem_collect_dropped_processes_total", COUNTER, &["reason"],
+    "Processes whose series were dropped, by reason: stale (no new snapshot for three intervals) or exited (pid gone).");
+const COLLECT_DIR_ERRORS: Def = def(
+    "gpumem_collect_dir_errors_total",
+    COUNTER,
+    &[],
+    "Scans that could not list the collect directory; the reason is on /healthz.",
+);
+const COLLECT_BUDGET: Def = def(
+    "gpumem_collect_budget_exceeded_total",
+    COUNTER,
+    &[],
+    "Scans that skipped files because the collected data was over its budget of series and bytes (serve --collect-max-series, --collect-max-bytes); what was skipped is on /healthz.",
+);
+const SNAPSHOT_AGE: Def = def(
+    "gpumem_collect_snapshot_age_seconds",
+    GAUGE,
+    &["process", "pid"],
+    "Age of each collected process's latest published snapshot when it was read.",
+);
+
+const EXITED: Def = def("gpumem_collect_exited_processes", GAUGE, &[],
+    "Processes that stopped publishing (exited, killed or stale) within the exited retention (--exited-retention, 15 minutes by default); their last numbers are on the page and in /api/v1/snapshot.");
+
+/// The families only the sidecar has.
+pub(super) const DEFS: &[&Def] = &[
+    &EXITED,
+    &PROCESS_MEMORY,
+    &COLLECT_PROCESSES,
+    &COLLECT_FILES,
+    &COLLECT_REJECTED,
+    &COLLECT_REJECTIONS,
+    &COLLECT_DROPPED,
+    &COLLECT_DIR_ERRORS,
+    &COLLECT_BUDGET,
+    &SNAPSHOT_AGE,
+];
+
+/// Whether the snapshot's own devices get this per-device family. A sidecar has no pools of
+/// its own: only the device's memory and pressure are its own series.
+pub(super) fn own_device_series(snapshot: &Snapshot, def: &Def) -> bool {
+    snapshot.sidecar.is_none()
+        || def.name.starts_with("gpumem_device_memory_")
+        || def.name.starts_with("gpumem_pressure_")
+}
+
+/// `gpumem_up{source=...}`, one per source in use.
+pub(super) fn up_samples(snapshot: &Snapshot) -> Vec<Metric> {
+    let Some(sidecar) = &snapshot.sidecar else {
+        return Vec::new();
+    };
+    sidecar
+        .sources
+        .iter()
+        .map(|s| {
+            sample(
+                GAUGE,
+                &[("source", s.source.as_str())],
+                f64::from(u8::from(s.up)),
+            )
+        })
+        .collect()
+}
+
+/// The collected processes' samples of one per-device family.
+pub(super) fn process_device_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metric> {
+    let Some(sidecar) = &snapshot.sidecar else {
+        return Vec::new();
+    };
+    let Some((_, value)) = PROCESS_DEVICE.iter().find(|(name, _)| *name == def.name) else {
+        return Vec::new();
+    };
+    let mut samples = Vec::new();
+    for process in &sidecar.processes {
+        let pid = process.pid.to_string();
+        for device in &process.devices {
+            if let Some(v) = value(device) {
+                let gpu = device.gpu.to_string();
+                let uuid = device.uuid.as_deref().unwrap_or("");
+                let labels = [
+                    ("process", process.process.as_str()),
+                    ("pid", pid.as_str()),
+                    ("gpu", gpu.as_str()),
+                    ("uuid", uuid),
+                ];
+                samples.push(sample(def.kind, &labels, v));
+            }
+        }
+    }
+    samples
+}
+
+/// The collected processes' samples of one per-pool family.
+pub(super) fn process_pool_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metric> {
+    let Some(sidecar) = &snapshot.sidecar else {
+        return Vec::new();
+    };
+    let Some((_, value)) = PROCESS_POOL.iter().find(|(name, _)| *name == def.name) else {
+        return Vec::new();
+    };
+    let mut samples = Vec::new();
+    for process in &sidecar.processes {
+        let pid = process.pid.to_string();
+        for device in &process.devices {
+            let gpu = device.gpu.to_string();
+            let uuid = device.uuid.as_deref().unwrap_or("");
+            for pool in &device.pools {
+                if let Some(v) = value(pool) {
+                    let labels = [
+                        ("process", process.process.as_str()),
+                        ("pid", pid.as_str()),
+                        ("gpu", gpu.as_str()),
+                        ("uuid", uuid),
+                        ("pool", pool.pool.as_str()),
+                    ];
+                    samples.push(sample(def.kind, &labels, v));
+                }
+            }
+        }
+    }
+    samples
+}
+
+/// The sidecar-only families.
+pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
+    let Some(sidecar) = &snapshot.sidecar else {
+        return;
+    };
+    let used = sidecar
+        .gpu_processes
+        .iter()
+        .filter_map(|p| {
+            let used = p.used_bytes? as f64;
+            let (gpu, pid) = (p.gpu.to_string(), p.pid.to_string());
+            let labels = [
+                ("gpu", gpu.as_str()),
+                ("uuid", p.uuid.as_str()),
+                ("pid", pid.as_str()),
+                ("process", p.process.as_str()),
+            ];
+            Some(sample(GAUGE, &labels, used))
+        })
+        .collect();
+    out.add(&PROCESS_MEMORY, used);
+    let Some(collect) = &sidecar.collect else {
+        return;
+    };
+    let single = |def: &Def, value: f64| vec![sample(def.kind, &[], value)];
+    let by_reason = |def: &Def, counts: &[ReasonCount]| {
+        counts
+            .iter()
+            .map(|c| sample(def.kind, &[("reason", c.reason.as_str())], c.count as f64))
+            .collect()
+    };
+    out.add(
+        &COLLECT_PROCESSES,
+        single(&COLLECT_PROCESSES, sidecar.processes.len() as f64),
+    );
+    out.add(&COLLECT_FILES, single(&COLLECT_FILES, collect.files as f64));
+    out.add(&EXITED, single(&EXITED, sidecar.exited.len() as f64));
+    out.add(
+        &COLLECT_REJECTED,
+        by_reason(&COLLECT_REJECTED, &collect.rejected),
+    );
+    out.add(
+        &COLLECT_REJECTIONS,
+        by_reason(&COLLECT_REJECTIONS, &collect.rejections_total),
+    );
+    out.add(
+        &COLLECT_DROPPED,
+        by_reason(&COLLECT_DROPPED, &collect.dropped_total),
+    );
+    out.add(
+        &COLLECT_DIR_ERRORS,
+        single(&COLLECT_DIR_ERRORS, collect.dir_errors_total as f64),
+    );
+    out.add(
+        &COLLECT_BUDGET,
+        single(&COLLECT_BUDGET, collect.budget_exceeded_total as f64),
+    );
+    let ages = sidecar
+        .processes
+        .iter()
+        .map(|p| {
+            let pid = p.pid.to_string();
+            let labels = [("process", p.process.as_str()), ("pid", pid.as_str())];
+            sample(GAUGE, &labels, p.age_seconds)
+        })
+        .collect();
+    out.add(&SNAPSHOT_AGE, ages);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{all_defs, DEVICE_METRICS, POOL_METRICS};
+    use super::*;
+    use gpumem::snapshot::{ProcessDevice, ProcessPool};
+
+    #[test]
+    fn the_collect_budget_counts_the_series_exported() {
+        use crate::collect::{SERIES_PER_DEVICE, SERIES_PER_POOL};
+        assert_eq!(SERIES_PER_DEVICE, PROCESS_DEVICE.len() as u64);
+        assert_eq!(SERIES_PER_POOL, PROCESS_POOL.len() as u64);
+    }
+
+    /// Every field of the publish format maps to a declared family named after it.
+    #[test]
+    fn every_published_field_is_exported_under_its_own_name() {
+        let device = ProcessDevice {
+            pools: vec![ProcessPool::default()],
+            tags: vec![gpumem::snapshot::ProcessTag::default()],
+            ..ProcessDevice::default()
+        };
+        let json = serde_json::to_value(&device).expect("serialises");
+        let declared: Vec<&str> = all_defs().map(|d| d.name).collect();
+        let fields = json.as_object().expect("an object");
+        for key in fields.keys() {
+            if ["gpu", "uuid", "name", "pools", "tags"].contains(&key.as_str()) {
+                continue;
+            }
+            let name = format!("gpumem_{key}");
+            assert!(
+                PROCESS_DEVICE.iter().any(|(n, _)| *n == name),
+                "{name} unmapped"
+            );
+            assert!(
+                DEVICE_METRICS.iter().any(|(d, _)| d.name == name),
+                "{name} undeclared"
+            );
+        }
+        assert_eq!(PROCESS_DEVICE.len(), fields.len() - 5);
+        let pool = json["pools"][0].as_object().expect("a pool");
+        for key in pool.keys().filter(|k| *k != "pool") {
+            let name = format!("gpumem_pool_{key}");
+            assert!(
+                PROCESS_POOL.iter().any(|(n, _)| *n == name),
+                "{name} unmapped"
+            );
+            assert!(
+                POOL_METRICS.iter().any(|(d, _)| d.name == name),
+                "{name} undeclared"
+            );
+        }
+        assert_eq!(PROCESS_POOL.len(), pool.len() - 1);
+        let tag = json["tags"][0].as_object().expect("a tag");
+        for key in tag.keys().filter(|k| *k != "tag") {
+            let name = format!("gpumem_tag_{key}");
+            assert!(declared.contains(&name.as_str()), "{name} undeclared");
+        }
+        for def in DEFS {
+            assert!(declared.contains(&def.name));
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The sidecar's part of the status page: its sources, the processes whose snapshots it
+//! collects, and the compute processes NVML sees — as ready-to-print rows.
+
+use super::super::format;
+use gpumem::snapshot::{CollectStatus, CollectedProcess, GpuProcess, SidecarSnapshot};
+
+pub(crate) struct SidecarView {
+    pub sources: Vec<SourceRow>,
+    /// Whether `--collect-dir` is set (the processes table is shown only then).
+    pub collecting: bool,
+    /// "Collecting from /run/gpumem: 3 files, 1 skipped (truncated: 1)".
+    pub collect_summary: String,
+    pub processes: Vec<ProcessRow>,
+    pub gpu_processes: Vec<GpuProcessRow>,
+    /// Processes that stopped publishing lately, one row per device, newest first.
+    pub exited: Vec<ExitedRow>,
+}
+
+/// One device of an exited process, with its last numbers.
+pub(crate) struct ExitedRow {
+    pub process: String,
+    pub pid: u32,
+    pub gpu: u32,
+    /// `exited`, `stale` or `stopped`.
+    pub reason: String,
+    pub reserved: String,
+    pub peak_reserved: String,
+    pub ooms: String,
+    pub ooms_warn: bool,
+    pub leaks: String,
+    pub gone_for: String,
+}
+
+pub(crate) struct SourceRow {
+    pub source: String,
+    pub up: bool,
+    pub reason: String,
+}
+
+/// One device of one collected process.
+pub(crate) struct ProcessRow {
+    pub process: String,
+    pub pid: u32,
+    pub gpu: u32,
+    /// The device's UUID (joins the row to its device section).
+    pub uuid: String,
+    pub reserved: String,
+    /// Raw, for scripts and tests (`data-reserved-bytes`); 0 when unknown.
+    pub reserved_bytes: u64,
+    pub in_use: String,
+    pub peak_reserved: String,
+    pub live: String,
+    /// "2 pools, 52.00 MiB" while the process holds memory for CUDA graphs, else "–".
+    pub graphs: String,
+    pub leaks: String,
+    pub leaks_warn: bool,
+    pub ooms: String,
+    pub age: String,
+}
+
+pub(crate) struct GpuProcessRow {
+    pub gpu: usize,
+    pub pid: u32,
+    pub process: String,
+    pub used: String,
+    /// "host pid 123456" when the pid could not be mapped to this namespace.
+    pub note: String,
+}
+
+impl SidecarView {
+    pub(crate) fn new(sidecar: &SidecarSnapshot) -> Self {
+        SidecarView {
+            sources: sidecar
+                .sources
+                .iter()
+                .map(|s| SourceRow {
+                    source: s.source.clone(),
+                    up: s.up,
+                    reason: s.reason.clone().unwrap_or_default(),
+                })
+                .collect(),
+            collecting: sidecar.collect.is_some(),
+            collect_summary: sidecar.collect.as_ref().map(summary).unwrap_or_default(),
+            processes: sidecar.processes.iter().flat_map(process_rows).collect(),
+            gpu_processes: sidecar.gpu_processes.iter().map(gpu_process_row).collect(),
+            exited: sidecar
+                .exited
+                .iter()
+                .flat_map(|e| {
+                    let gone_for = format::age(gpumem::snapshot::unix_now() - e.exited_at_seconds);
+                    e.last.devices.iter().map(move |d| ExitedRow {
+                        process: e.last.process.clone(),
+                        pid: e.last.pid,
+                        gpu: d.gpu,
+                        reason: e.reason.clone(),
+                        reserved: optional_bytes(d.reserved_bytes),
+                        peak_reserved: optional_bytes(d.reserved_peak_bytes),
+                        ooms: optional_count(d.ooms_total),
+                        ooms_warn: d.ooms_total.is_some_and(|n| n > 0),
+                        leaks: optional_bytes(d.leak_suspect_bytes),
+                        gone_for: gone_for.clone(),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+fn summary(collect: &CollectStatus) -> String {
+    let skipped: Vec<String> = collect
+        .rejected
+        .iter()
+        .filter(|r| r.count > 0)
+        .map(|r| format!("{} {}", r.count, r.reason.replace('_', " ")))
+        .collect();
+    let state = if collect.readable {
+        format!("{} file(s)", collect.files)
+    } else {
+        "the directory cannot be read".to_string()
+    };
+    if skipped.is_empty() {
+        format!("{} — {state}", collect.dir)
+    } else {
+        format!("{} — {state}; skipped: {}", collect.dir, skipped.join(", "))
+    }
+}
+
+fn optional_bytes(value: Option<u64>) -> String {
+    value.map_or_else(|| "–".to_string(), format::bytes)
+}
+
+fn optional_count(value: Option<u64>) -> String {
+    value.map_or_else(|| "–".to_string(), format::count)
+}
+
+fn process_rows(process: &CollectedProcess) -> Vec<ProcessRow> {
+    process
+        .devices
+        .iter()
+        .map(|d| ProcessRow {
+            process: process.process.clone(),
+            pid: process.pid,
+            gpu: d.gpu,
+            uuid: d.uuid.clone().unwrap_or_default(),
+            reserved: optional_bytes(d.reserved_bytes),
+            reserved_bytes: d.reserved_bytes.unwrap_or(0),
+            in_use: optional_bytes(d.in_use_bytes),
+            peak_reserved: optional_bytes(d.reserved_peak_bytes),
+            live: optional_count(d.live_allocations),
+            graphs: match (d.graph_pools, d.graph_pool_bytes) {
+                (Some(pools), Some(bytes)) if pools > 0 => format::graph_pools(pools, bytes),
+                _ => "–".to_string(),
+            },
+            leaks: optional_bytes(d.leak_suspect_bytes),
+            leaks_warn: d.leak_suspect_bytes.is_some_and(|b| b > 0),
+            ooms: optional_count(d.ooms_total),
+            age: format::age(process.age_seconds),
+        })
+        .collect()
+}
+
+fn gpu_process_row(p: &GpuProcess) -> GpuProcessRow {
+    GpuProcessRow {
+        gpu: p.gpu,
+        pid: p.pid,
+        process: p.process.clone(),
+        used: optional_bytes(p.used_bytes),
+        note: if p.mapped {
+            String::new()
+        } else {
+            "host pid, not visible from this PID namespace".to_string()
+        },
+    }
+}

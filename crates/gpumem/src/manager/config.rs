@@ -1,0 +1,395 @@
+//! How a `MemoryManager` allocates and looks after its memory: strategy, limits, caching,
+//! leak tracking, pressure and upkeep — with presets, a builder and validation that names the
+//! key that is wrong. Loading from a TOML file and the environment is in `config_file`.
+
+use super::pressure::PressureThresholds;
+pub use crate::error::ConfigError;
+use crate::pool::PoolSettings;
+use crate::units::{GIB, KIB, MIB};
+use serde::Serialize;
+use std::time::Duration;
+
+/// What one of the configuration guide's "cached buffers" (`max_cached_buffers`) stands for: one
+/// page at the granularity of the CUDA and simulated backends.
+pub const CACHED_BUFFER_BYTES: u64 = 2 * MIB;
+
+/// Pooled (the caching allocator) or direct (every request to the driver: the baseline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Caching arenas over the driver's virtual memory API.
+    Pooled,
+    /// No pooling: `cuMemAlloc`/`cuMemFree` for every request.
+    Direct,
+}
+
+impl crate::named::Named for Strategy {
+    const CHOICES: &'static [crate::named::Choice<Self>] = &[
+        crate::named::Choice::plain("pooled", Strategy::Pooled),
+        crate::named::Choice::plain("direct", Strategy::Direct),
+    ];
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemoryConfig {
+    /// `Pooled` (pooling on) or `Direct` (pooling off).
+    pub strategy: Strategy,
+    /// Backend device indices to manage; `None` manages every device.
+    pub devices: Option<Vec<usize>>,
+    /// The pools of a device never hold more than this share of its memory (0 < f <= 1).
+    pub gpu_memory_fraction: f64,
+    /// An absolute cap on what the pools of one device hold (`max_pool_size`).
+    pub max_pool_bytes: Option<u64>,
+    /// At critical pressure, a request that would leave less than this free on the device
+    /// fails at once (or falls back to host memory when `cpu_fallback` is on).
+    pub min_free_bytes: u64,
+    /// Serve [`alloc_or_host`](super::MemoryManager::alloc_or_host) from host memory when the
+    /// device cannot.
+    pub cpu_fallback: bool,
+    /// Record each allocation's creation time (for leak ages); ids, sizes and tags are always kept.
+    pub track_allocations: bool,
+    /// Also record the allocating thread's name and a backtrace (slow: for hunting a leak).
+    pub capture_backtraces: bool,
+    /// Live allocations older than this are leak suspects.
+    pub leak_age: Duration,
+    pub pressure: PressureThresholds,
+    /// Return cached memory to the driver when a device reaches high pressure.
+    pub trim_on_high_pressure: bool,
+    /// How often a background thread runs the manager's upkeep (pressure levels and callbacks,
+    /// idle pages returned by age); `None` leaves it to the caller's `maintain()` (the
+    /// exporter's sampler only reads).
+    pub cleanup_interval: Option<Duration>,
+    /// Upkeep returns pages idle for longer than this; `None` keeps them.
+    pub release_idle_after: Option<Duration>,
+    /// A cap on idle (cached, unused) bytes per device (the guide's `max_cached_buffers = N` sets
+    /// it to N pages of [`CACHED_BUFFER_BYTES`]: gpumem caches pages, not buffers).
+    pub max_cached_bytes: Option<u64>,
+    /// Map this much per device up front and keep at least this much cached
+    /// (`CUDA_MEMORY_POOL_SIZE`).
+    pub preallocate_bytes: u64,
+    /// Independent pools per device and stream, picked by thread, so threads rarely share a
+    /// lock. 0 picks one per core, at most 8; rounded down to a power of two.
+    pub shards: usize,
+    /// Requests up to this size are served from the small pool.
+    pub small_max_bytes: u64,
+    /// Freed pages stay mapped (cached for reuse) while a device's pools map no more than the
+    /// recent peak of pages under live blocks plus a slack of this many pages...
+    pub idle_pages_kept: usize,
+    /// ...or this many per 1024 of that peak, whichever is more. Beyond it, the oldest idle
+    /// pages go back to the driver. So the pools keep what the workload needed lately (steps
+    /// that repeat hit the cache) while holding at most a small slack above its real peak.
+    pub idle_per_mille: usize,
+    /// The largest piece of physical memory a miss creates: the pages a miss maps are backed
+    /// by one chunk up to this size, as the driver charges granting access and unmapping per
+    /// chunk, not per byte. A chunk goes back to the driver only once no live block touches any
+    /// of its pages, so a larger cap makes misses cheaper and may keep more cached.
+    pub max_chunk_bytes: u64,
+    /// Chunks inside a long miss (16 MiB by default; 0, or no more than `max_chunk_bytes`:
+    /// none). A run of new pages that holds at least four of these between two
+    /// `max_chunk_bytes` chunks gets one such chunk at each end and chunks of this size between:
+    /// a 460 MB block then costs 29 grants of access, not 74. The pages under one large block
+    /// are freed together, and only its ends may share a page with the blocks beside it; but
+    /// what is allocated later in its place keeps a large chunk mapped whole, so they stay
+    /// moderate (32 MiB: gpt2_train_cycled 1.0314 of its peak). This is their smallest size:
+    /// where the cache's slack is larger (peaks from 2 GiB up), they grow to it, and to a
+    /// quarter of the run at most.
+    pub inside_chunk_bytes: u64,
+}
+
+/// The same settings under the name the embedding examples use (`ManagerConfig` next to
+/// `MemoryManager`); `MemoryConfig` is the name the configuration guide and presets use.
+pub type ManagerConfig = MemoryConfig;
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            strategy: Strategy::Pooled,
+            devices: None,
+            gpu_memory_fraction: 0.9,
+            max_pool_bytes: None,
+            min_free_bytes: 512 * MIB,
+            cpu_fallback: false,
+            track_allocations: true,
+            capture_backtraces: false,
+            leak_age: Duration::from_secs(600),
+            pressure: PressureThresholds::default(),
+            trim_on_high_pressure: true,
+            cleanup_interval: Some(Duration::from_secs(1)),
+            release_idle_after: Some(Duration::from_secs(60)),
+            max_cached_bytes: None,
+            preallocate_bytes: 0,
+            shards: 0,
+            small_max_bytes: 64 * KIB,
+            idle_pages_kept: 4,
+            idle_per_mille: 8,
+            max_chunk_bytes: 6 * MIB,
+            inside_chunk_bytes: 16 * MIB,
+        }
+    }
+}
+
+impl MemoryConfig {
+    /// A serving process: upkeep every 5 s, cache trimmed under pressure, leaks after 10 min.
+    pub fn for_inference() -> Self {
+        MemoryConfig {
+            cleanup_interval: Some(Duration::from_secs(5)),
+            ..Self::default()
+        }
+    }
+
+    /// A small or shared GPU: the pools stay under 80 %, keep little cached, give idle memory
+    /// back after 5 s, and spill to host memory rather than fail.
+    pub fn for_constrained() -> Self {
+        MemoryConfig {
+            gpu_memory_fraction: 0.8,
+            min_free_bytes: GIB,
+            cpu_fallback: true,
+            cleanup_interval: Some(Duration::from_secs(1)),
+            release_idle_after: Some(Duration::from_secs(5)),
+            idle_pages_kept: 2,
+            idle_per_mille: 4,
+            ..Self::default()
+        }
+    }
+
+    /// Development: leaks show after a minute, with the thread and backtrace that made them.
+    pub fn development() -> Self {
+        MemoryConfig {
+            capture_backtraces: true,
+            leak_age: Duration::from_secs(60),
+            cleanup_interval: Some(Duration::from_secs(1)),
+            ..Self::default()
+        }
+    }
+
+    /// Production: as [`for_inference`](Self::for_inference).
+    pub fn production() -> Self {
+        Self::for_inference()
+    }
+
+    /// Tests: no background thread, nothing cached between steps, leaks after a second.
+    pub fn testing() -> Self {
+        MemoryConfig {
+            leak_age: Duration::from_secs(1),
+            release_idle_after: Some(Duration::ZERO),
+            cleanup_interval: None,
+            ..Self::default()
+        }
+    }
+
+    /// A preset by name: default, inference, constrained, development, production, testing.
+    pub fn preset(name: &str) -> Result<Self, ConfigError> {
+        match name {
+            "default" => Ok(Self::default()),
+            "inference" => Ok(Self::for_inference()),
+            "constrained" => Ok(Self::for_constrained()),
+            "development" => Ok(Self::development()),
+            "production" => Ok(Self::production()),
+            "testing" => Ok(Self::testing()),
+            other => Err(ConfigError::new(
+                "preset",
+                format!("unknown preset '{other}' (known: default, inference, constrained, development, production, testing)"),
+            )),
+        }
+    }
+
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+    pub fn pooling(self, on: bool) -> Self {
+        self.strategy(if on {
+            Strategy::Pooled
+        } else {
+            Strategy::Direct
+        })
+    }
+    pub fn devices(mut self, devices: Vec<usize>) -> Self {
+        self.devices = Some(devices);
+        self
+    }
+    pub fn gpu_memory_fraction(mut self, fraction: f64) -> Self {
+        self.gpu_memory_fraction = fraction;
+        self
+    }
+    pub fn max_pool_size(mut self, bytes: u64) -> Self {
+        self.max_pool_bytes = Some(bytes);
+        self
+    }
+    pub fn min_free_bytes(mut self, bytes: u64) -> Self {
+        self.min_free_bytes = bytes;
+        self
+    }
+    pub fn cpu_fallback(mut self, on: bool) -> Self {
+        self.cpu_fallback = on;
+        self
+    }
+    pub fn track_allocations(mut self, on: bool) -> Self {
+        self.track_allocations = on;
+        self
+    }
+    pub fn capture_backtraces(mut self, on: bool) -> Self {
+        self.capture_backtraces = on;
+        self
+    }
+    pub fn leak_age(mut self, age: Duration) -> Self {
+        self.leak_age = age;
+        self
+    }
+    pub fn pressure_thresholds(mut self, thresholds: PressureThresholds) -> Self {
+        self.pressure = thresholds;
+        self
+    }
+    pub fn max_cached_bytes(mut self, bytes: u64) -> Self {
+        self.max_cached_bytes = Some(bytes);
+        self
+    }
+    pub fn cleanup_interval(mut self, interval: Option<Duration>) -> Self {
+        self.cleanup_interval = interval;
+        self
+    }
+
+    /// Checks every value against its range; the error names the first key that is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fraction = self.gpu_memory_fraction;
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(ConfigError::new(
+                "gpu_memory_fraction",
+                format!("{fraction} is out of range (0 < value <= 1)"),
+            ));
+        }
+        if self.max_pool_bytes == Some(0) {
+            return Err(ConfigError::new(
+                "max_pool_size",
+                "0 is out of range (at least one page, e.g. 2MiB)",
+            ));
+        }
+        if self.leak_age.is_zero() {
+            return Err(ConfigError::new(
+                "leak_age",
+                "must be longer than zero (e.g. 10m)",
+            ));
+        }
+        if let Some(interval) = self.cleanup_interval {
+            if interval < Duration::from_millis(10) {
+                return Err(ConfigError::new(
+                    "cleanup_interval",
+                    format!("{interval:?} is too short (at least 10ms)"),
+                ));
+            }
+        }
+        if self.shards > 64 {
+            return Err(ConfigError::new(
+                "shards",
+                format!("{} is out of range (0 to 64)", self.shards),
+            ));
+        }
+        if !(512..=64 * MIB).contains(&self.small_max_bytes) {
+            return Err(ConfigError::new(
+                "small_max_bytes",
+                format!("{} is out of range (512 B to 64 MiB)", self.small_max_bytes),
+            ));
+        }
+        if self.idle_per_mille > 1024 {
+            return Err(ConfigError::new(
+                "idle_per_mille",
+                format!("{} is out of range (0 to 1024)", self.idle_per_mille),
+            ));
+        }
+        if !(MIB..=64 * GIB).contains(&self.max_chunk_bytes) {
+            return Err(ConfigError::new(
+                "max_chunk_bytes",
+                format!(
+                    "{} is out of range (1 MiB to 64 GiB; chunks are whole pages, at least one)",
+                    self.max_chunk_bytes
+                ),
+            ));
+        }
+        if self.inside_chunk_bytes > 64 * GIB {
+            return Err(ConfigError::new(
+                "inside_chunk_bytes",
+                format!(
+                    "{} is out of range (0 to 64 GiB; 0, or no more than max_chunk_bytes, for none)",
+                    self.inside_chunk_bytes
+                ),
+            ));
+        }
+        self.pressure
+            .validate()
+            .map_err(|message| ConfigError::new("pressure", message))
+    }
+
+    /// A power of two, so picking a thread's shard is a mask, not a division.
+    pub(crate) fn shard_count(&self) -> usize {
+        let wanted = if self.shards > 0 {
+            self.shards
+        } else {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(8)
+        };
+        1 << wanted.ilog2()
+    }
+
+    /// The most the pools of a device with `total` bytes may hold.
+    pub(crate) fn pool_cap(&self, total: u64) -> u64 {
+        let by_fraction = (total as f64 * self.gpu_memory_fraction) as u64;
+        self.max_pool_bytes
+            .map_or(by_fraction, |cap| cap.min(by_fraction))
+    }
+
+    pub(crate) fn pool_settings(&self, device_total: u64) -> PoolSettings {
+        PoolSettings {
+            small_max: self.small_max_bytes,
+            // Twice the device: address space is cheap, and a hole-riddled range must never
+            // be what fails an allocation the device could serve.
+            span: device_total.saturating_mul(2),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_differ() {
+        for name in [
+            "default",
+            "inference",
+            "constrained",
+            "development",
+            "production",
+            "testing",
+        ] {
+            MemoryConfig::preset(name).unwrap().validate().unwrap();
+        }
+        assert!(MemoryConfig::for_constrained().cpu_fallback);
+        assert!(MemoryConfig::development().capture_backtraces);
+        let err = MemoryConfig::preset("turbo").unwrap_err();
+        assert!(err.to_string().contains("known: default"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_the_key_and_range() {
+        let err = MemoryConfig::default()
+            .gpu_memory_fraction(1.5)
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.key, "gpu_memory_fraction");
+        assert!(err.to_string().contains("(0 < value <= 1)"), "{err}");
+        let err = MemoryConfig::default()
+            .leak_age(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.key, "leak_age");
+    }
+
+    #[test]
+    fn the_pool_cap_is_the_tighter_of_fraction_and_size() {
+        let config = MemoryConfig::default();
+        assert_eq!(config.pool_cap(10 * GIB), 9 * GIB);
+        assert_eq!(config.clone().max_pool_size(GIB).pool_cap(10 * GIB), GIB);
+    }
+}
