@@ -1,6 +1,6 @@
 //! Model check (loom) of the allocator's lock-free statistics: every interleaving and every
 //! weak-memory outcome loom can produce, over the real `PoolCounters` and `DeviceReserve`
-//! code (their atomics become loom's under `--cfg gpumem_loom`; see `src/pool/atomic.rs`).
+//! code (their atomics become loom's under `--cfg gpumem_loom`; see `crates/gpumem/src/pool/atomic.rs`).
 //! The patterns checked: pool counters written only by the holder of the pool's lock with
 //! plain relaxed load + store and read lock-free by snapshots; the device's reserved bytes
 //! shared by all pools (`fetch_add`/`fetch_sub`), its peak (`fetch_max`), and a peak reset
