@@ -474,7 +474,10 @@ def run_child(workload, mode, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if args.library:
         env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(args.python_dir), env.get("PYTHONPATH")]))
+    # --python-dir installed: the gpumem package installed in this interpreter (a wheel), not
+    # the repository's source tree.
+    source = None if args.python_dir == "installed" else os.path.abspath(args.python_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     command = [sys.executable, os.path.abspath(__file__), "--child", "--workload", workload, "--mode", mode]
     command += ["--size", args.size]
     if args.quick:
@@ -558,7 +561,8 @@ def main():
                         help="small: the first measured models (~3 GB); large: half an 80 GB GPU (see SIZES)")
     parser.add_argument("--library", help="libgpumem.so to use (default: $GPUMEM_LIBRARY or the package's)")
     parser.add_argument("--python-dir", default=os.path.join(HERE, "..", "..", "python"),
-                        help="directory holding the gpumem package (default: the repository's python/)")
+                        help="directory holding the gpumem package (default: the repository's python/; "
+                             "installed: the package installed in this interpreter, e.g. from a wheel)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS + EXTRA_WORKLOADS)}")
     parser.add_argument("--modes", default=",".join(m for m in MODES if m != "floor"),
