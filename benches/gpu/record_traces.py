@@ -211,11 +211,189 @@ def cnn_serve_large():
     serve_resnet50([16, 128, 512, 64, 1024, 256, 32, 768, 2048, 128], side=384, rounds=3)
 
 
+def detect_multiscale():
+    """Faster R-CNN (ResNet-50 FPN) detecting in batches of images whose sizes differ within the
+    batch and between batches (multi-scale inference): proposals, ROI pooling and the padded
+    batch tensor change shape with every request. fp32, as detectors are usually served."""
+    import torchvision
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, min_size=480, max_size=1024).to(DEV).eval()
+    with torch.no_grad():
+        for _ in range(30):
+            images = [torch.rand(3, random.randint(320, 900), random.randint(320, 1200), device=DEV)
+                      for _ in range(random.randint(1, 6))]
+            model(images)
+
+
+def segment_multiscale():
+    """DeepLabV3 (ResNet-50) segmentation at a scale pyramid (0.5x to 1.75x of 512 px), batch 1 to
+    8, fp16: the test-time augmentation a segmentation service runs."""
+    import torchvision
+    model = torchvision.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, num_classes=21).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(12):
+            batch = random.choice([1, 2, 4, 8])
+            for scale in (0.5, 0.75, 1.0, 1.25, 1.5, 1.75):
+                side = int(512 * scale) // 8 * 8
+                model(torch.randn(batch, 3, side, side, device=DEV, dtype=torch.half))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, channels_in, channels_out, embedding):
+        super().__init__()
+        self.norm1 = torch.nn.GroupNorm(8, channels_in)
+        self.conv1 = torch.nn.Conv2d(channels_in, channels_out, 3, padding=1)
+        self.time = torch.nn.Linear(embedding, channels_out)
+        self.norm2 = torch.nn.GroupNorm(8, channels_out)
+        self.conv2 = torch.nn.Conv2d(channels_out, channels_out, 3, padding=1)
+        self.skip = torch.nn.Conv2d(channels_in, channels_out, 1) if channels_in != channels_out else torch.nn.Identity()
+
+    def forward(self, x, t):
+        h = self.conv1(torch.nn.functional.silu(self.norm1(x)))
+        h = h + self.time(t)[:, :, None, None]
+        h = self.conv2(torch.nn.functional.silu(self.norm2(h)))
+        return h + self.skip(x)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(8, channels)
+        self.qkv = torch.nn.Conv2d(channels, channels * 3, 1)
+        self.out = torch.nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, 4, c // 4, h * w).unbind(1)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2))
+        return x + self.out(y.transpose(-1, -2).reshape(b, c, h, w))
+
+
+class _UNet(torch.nn.Module):
+    """A diffusion UNet (ResNet blocks with a timestep embedding, self-attention at the two lowest
+    resolutions, skip connections), small enough to need no download and shaped like Stable
+    Diffusion's denoiser."""
+
+    def __init__(self, widths=(128, 256, 384, 512), embedding=512):
+        super().__init__()
+        self.embedding = embedding
+        self.time = torch.nn.Sequential(torch.nn.Linear(embedding, embedding), torch.nn.SiLU(),
+                                        torch.nn.Linear(embedding, embedding))
+        self.stem = torch.nn.Conv2d(4, widths[0], 3, padding=1)
+        self.down, self.up, self.attend_down, self.attend_up = (torch.nn.ModuleList() for _ in range(4))
+        channels = widths[0]
+        for level, width in enumerate(widths):
+            self.down.append(_Block(channels, width, embedding))
+            self.attend_down.append(_Attention(width) if level >= 2 else torch.nn.Identity())
+            channels = width
+        self.middle = _Block(channels, channels, embedding)
+        for level, width in reversed(list(enumerate(widths))):
+            self.up.append(_Block(channels + width, width, embedding))
+            self.attend_up.append(_Attention(width) if level >= 2 else torch.nn.Identity())
+            channels = width
+        self.head = torch.nn.Conv2d(channels, 4, 3, padding=1)
+
+    def forward(self, x, steps):
+        half = self.embedding // 2
+        frequencies = torch.exp(-torch.arange(half, device=x.device) * (9.2 / half))
+        angles = steps[:, None].float() * frequencies[None]
+        t = self.time(torch.cat([angles.sin(), angles.cos()], dim=1).to(x.dtype))
+        h, skips = self.stem(x), []
+        for index, (block, attend) in enumerate(zip(self.down, self.attend_down)):
+            h = attend(block(h, t))
+            skips.append(h)
+            if index < len(self.down) - 1:
+                h = torch.nn.functional.avg_pool2d(h, 2)
+        h = self.middle(h, t)
+        for index, (block, attend) in enumerate(zip(self.up, self.attend_up)):
+            skip = skips.pop()
+            if h.shape[-2:] != skip.shape[-2:]:
+                h = torch.nn.functional.interpolate(h, size=skip.shape[-2:], mode="nearest")
+            h = attend(block(torch.cat([h, skip], dim=1), t))
+        return self.head(h)
+
+
+def unet_diffusion():
+    """A diffusion UNet trained (AdamW, bf16 autocast) on latents of varying resolution and batch,
+    then sampling: 20 denoising steps with classifier-free guidance (the batch doubled) at three
+    resolutions — the training and serving halves of an image generator."""
+    model = _UNet().to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(16):
+        batch, side = random.choice([(8, 32), (4, 64), (16, 32), (2, 96), (6, 48)])
+        latents = torch.randn(batch, 4, side, side, device=DEV)
+        steps = torch.randint(0, 1000, (batch,), device=DEV)
+        noise = torch.randn_like(latents)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(latents + noise, steps), noise)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for batch, side in [(4, 64), (1, 128), (8, 48)]:
+            latents = torch.randn(batch, 4, side, side, device=DEV)
+            for step in range(20):
+                steps = torch.full((batch * 2,), 999 - step * 50, device=DEV)
+                both = model(torch.cat([latents, latents]), steps)
+                conditional, unconditional = both.chunk(2)
+                latents = latents - 0.05 * (unconditional + 7.5 * (conditional - unconditional))
+
+
+def moe_train():
+    """A Mixtral-style mixture-of-experts model (8 experts, top-2) trained with AdamW and bf16
+    autocast at a batch and sequence length drawn per step: the experts' token counts, and so
+    their activations, differ from step to step."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = MixtralConfig(hidden_size=768, intermediate_size=1536, num_hidden_layers=6,
+                           num_attention_heads=12, num_key_value_heads=4, num_local_experts=8,
+                           num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=2048,
+                           output_router_logits=True, router_aux_loss_coef=0.01)
+    model = MixtralForCausalLM(config).to(DEV).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(16):
+        batch, length = random.choice([(8, 256), (4, 512), (16, 128), (2, 1024), (6, 384)])
+        ids = torch.randint(0, 32000, (batch, length), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def encoder_packed():
+    """A BERT-base encoder serving padding-free: each batch packs requests of long-tailed lengths
+    into one row with a block-diagonal attention mask, so the row's length — and every
+    activation — is the sum of the requests', never a padded maximum."""
+    from transformers import BertConfig, BertModel
+    config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        max_position_embeddings=4096)
+    model = BertModel(config, add_pooling_layer=False).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(60):
+            lengths = [min(512, int(random.paretovariate(1.2) * 16)) for _ in range(random.randint(1, 24))]
+            total = sum(lengths)
+            if total > 4096:
+                lengths, total = lengths[:1], lengths[0]
+            ids = torch.randint(3, 30000, (1, total), device=DEV)
+            positions = torch.cat([torch.arange(n, device=DEV) for n in lengths])[None]
+            owner = torch.repeat_interleave(torch.arange(len(lengths), device=DEV),
+                                            torch.tensor(lengths, device=DEV))
+            blocks = owner[:, None] == owner[None, :]
+            mask = torch.zeros(1, 1, total, total, device=DEV, dtype=torch.half)
+            mask.masked_fill_(~blocks, torch.finfo(torch.half).min)
+            model(input_ids=ids, position_ids=positions, attention_mask=mask)
+
+
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
                  encoder_varlen=encoder_varlen, vit_train=vit_train, t5_generate=t5_generate,
                  moe_generate=moe_generate, longctx_generate=longctx_generate,
                  gpt2_train_cycled=gpt2_train_cycled, cnn_serve_cycled=cnn_serve_cycled,
-                 gpt2_train_large=gpt2_train_large, cnn_serve_large=cnn_serve_large)
+                 gpt2_train_large=gpt2_train_large, cnn_serve_large=cnn_serve_large,
+                 detect_multiscale=detect_multiscale, segment_multiscale=segment_multiscale,
+                 unet_diffusion=unet_diffusion, moe_train=moe_train, encoder_packed=encoder_packed)
 
 names = sys.argv[1:] or list(WORKLOADS)
 unknown = [name for name in names if name not in WORKLOADS]
