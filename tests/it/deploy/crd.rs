@@ -211,7 +211,7 @@ impl Checker<'_> {
     }
 
     fn string(&mut self, path: &str, value: &Value) {
-        if !value.as_str().is_some_and(|s| !s.is_empty()) {
+        if value.as_str().is_none_or(str::is_empty) {
             self.error(path, format!("should be a non-empty string, is {value}"));
         }
     }
