@@ -14,11 +14,12 @@ pub(super) fn is_operator_kind(object: &Value) -> bool {
             .contains(&object["kind"].as_str().unwrap_or(""))
 }
 
-/// Field names of the v1 CRDs, by the object they belong to.
-const SERVICE_MONITOR_SPEC: &[&str] = &[
+/// Field names of the v1 CRDs, by the object they belong to. The two monitors' specs share all
+/// but their endpoints' key and a few fields of ServiceMonitor's own.
+const MONITOR_SPEC: &[&str] = &[
     "attachMetadata",
     "bodySizeLimit",
-    "endpoints",
+    "convertClassicHistogramsToNHCB",
     "fallbackScrapeProtocol",
     "jobLabel",
     "keepDroppedTargets",
@@ -31,38 +32,14 @@ const SERVICE_MONITOR_SPEC: &[&str] = &[
     "podTargetLabels",
     "sampleLimit",
     "scrapeClass",
-    "scrapeProtocols",
-    "selector",
-    "selectorMechanism",
-    "serviceDiscoveryRole",
-    "targetLabels",
-    "targetLimit",
     "scrapeClassicHistograms",
-    "convertClassicHistogramsToNHCB",
-];
-const POD_MONITOR_SPEC: &[&str] = &[
-    "attachMetadata",
-    "bodySizeLimit",
-    "fallbackScrapeProtocol",
-    "jobLabel",
-    "keepDroppedTargets",
-    "labelLimit",
-    "labelNameLengthLimit",
-    "labelValueLengthLimit",
-    "namespaceSelector",
-    "nativeHistogramBucketLimit",
-    "nativeHistogramMinBucketFactor",
-    "podMetricsEndpoints",
-    "podTargetLabels",
-    "sampleLimit",
-    "scrapeClass",
     "scrapeProtocols",
     "selector",
     "selectorMechanism",
     "targetLimit",
-    "scrapeClassicHistograms",
-    "convertClassicHistogramsToNHCB",
 ];
+const SERVICE_MONITOR_ONLY: &[&str] = &["endpoints", "serviceDiscoveryRole", "targetLabels"];
+const POD_MONITOR_ONLY: &[&str] = &["podMetricsEndpoints"];
 /// An endpoint of either monitor (PodMonitor's adds portNumber; ServiceMonitor's adds
 /// bearerTokenFile).
 const ENDPOINT: &[&str] = &[
@@ -149,11 +126,11 @@ pub(super) fn check(object: &Value) -> Vec<String> {
     let spec = &object["spec"];
     match object["kind"].as_str() {
         Some("ServiceMonitor") => {
-            at.keys("spec", spec, SERVICE_MONITOR_SPEC);
+            at.keys("spec", spec, &[MONITOR_SPEC, SERVICE_MONITOR_ONLY].concat());
             at.monitor(spec, "endpoints");
         }
         Some("PodMonitor") => {
-            at.keys("spec", spec, POD_MONITOR_SPEC);
+            at.keys("spec", spec, &[MONITOR_SPEC, POD_MONITOR_ONLY].concat());
             at.monitor(spec, "podMetricsEndpoints");
         }
         Some("PrometheusRule") => at.rules(spec),
@@ -345,6 +322,19 @@ fn the_operator_shape_check_catches_misspelt_and_mistyped_fields() {
     let mut misspelt = good.clone();
     misspelt["spec"]["endpoint"] = misspelt["spec"]["endpoints"].clone();
     assert!(!check(&misspelt).is_empty(), "spec.endpoint passed");
+
+    let mut pod_monitor = good.clone();
+    pod_monitor["kind"] = json!("PodMonitor");
+    assert!(
+        !check(&pod_monitor).is_empty(),
+        "a PodMonitor with a ServiceMonitor's endpoints passed"
+    );
+    let endpoints = pod_monitor["spec"]
+        .as_object_mut()
+        .and_then(|spec| spec.remove("endpoints"))
+        .expect("endpoints");
+    pod_monitor["spec"]["podMetricsEndpoints"] = endpoints;
+    assert_eq!(check(&pod_monitor), Vec::<String>::new());
 
     let rule = json!({
         "apiVersion": GROUP_VERSION, "kind": "PrometheusRule", "metadata": {"name": "r"},
