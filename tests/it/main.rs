@@ -6,6 +6,7 @@ mod browser;
 mod cli;
 mod cuda_loading;
 mod demo;
+mod deploy;
 mod doc_figures;
 mod e2e;
 mod estimate;

@@ -1,6 +1,7 @@
-//! `grafana/dashboard.json` read as data — its panels, their PromQL, its template variables and
-//! how to fill them in — and its structure checked: the `${datasource}` variable on every panel
-//! and query, an expression in every target, instance and GPU filters on every selector,
+//! `grafana/dashboard.json` read as data — its panels, their PromQL, its annotations, its template
+//! variables and how to fill them in — and its structure checked: the `${datasource}` variable on
+//! every panel, query and annotation, an expression in every target, instance and GPU filters on
+//! every selector, namespace and pod filters (and groupings) on every per-pod one, legends by pod,
 //! counters only under `rate()`/`increase()`, panels on the grid without overlap, and only metric
 //! names that a running demo serves (the alert rules' as well).
 
@@ -45,6 +46,43 @@ fn is_row(panel: &Value) -> bool {
 pub(super) struct PanelQuery {
     pub panel: String,
     pub expr: String,
+}
+
+/// The annotation queries (out-of-memory refusals, critical pressure), each named
+/// "annotation NAME": checked like panel queries, but they return data only while what they
+/// mark happens.
+pub(super) fn annotation_queries(dashboard: &Value) -> Vec<PanelQuery> {
+    dashboard["annotations"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["datasource"]["type"] == "prometheus")
+        .map(|a| PanelQuery {
+            panel: format!("annotation {}", a["name"].as_str().unwrap_or("?")),
+            expr: a["expr"].as_str().unwrap_or("").to_string(),
+        })
+        .collect()
+}
+
+/// The panels' queries and the annotations'.
+fn all_queries(dashboard: &Value) -> Vec<PanelQuery> {
+    let mut all = queries(dashboard);
+    all.extend(annotation_queries(dashboard));
+    all
+}
+
+/// Families about a device or an exporter as a whole, which belong to no pod: their panels are
+/// not filtered by namespace or pod (on a node agent they carry neither).
+const DEVICE_WIDE: &[&str] = &[
+    "gpumem_device_memory_",
+    "gpumem_pressure_",
+    "gpumem_up",
+    "gpumem_collect_",
+    "gpumem_build_info",
+];
+
+fn device_wide(name: &str) -> bool {
+    DEVICE_WIDE.iter().any(|prefix| name.starts_with(prefix))
 }
 
 pub(super) fn queries(dashboard: &Value) -> Vec<PanelQuery> {
@@ -217,15 +255,31 @@ fn the_dashboard_uses_its_variables_everywhere() {
     };
     assert_eq!(var("datasource")["type"], "datasource");
     assert_eq!(var("datasource")["query"], "prometheus");
-    for name in ["instance", "gpu"] {
+    for name in ["instance", "gpu", "namespace", "pod"] {
         assert_eq!(var(name)["type"], "query", "{name}");
         assert_eq!(var(name)["datasource"], datasource(), "{name}");
+    }
+    // Under "All", namespace and pod must also pass series that have no such label (a device's,
+    // an in-process exporter's): Grafana's default All is a list of the values found, which
+    // would not.
+    for name in ["namespace", "pod"] {
+        assert_eq!(var(name)["multi"], true, "{name}");
+        assert_eq!(var(name)["includeAll"], true, "{name}");
+        assert_eq!(var(name)["allValue"], ".*", "{name}");
     }
     let names: Vec<String> = variable_queries(&dashboard)
         .into_iter()
         .map(|v| v.name)
         .collect();
-    assert_eq!(names, ["instance", "gpu"]);
+    assert_eq!(names, ["instance", "gpu", "namespace", "pod"]);
+    for annotation in dashboard["annotations"]["list"]
+        .as_array()
+        .expect("annotations")
+    {
+        let name = annotation["name"].as_str().unwrap_or("?");
+        assert_eq!(annotation["datasource"], datasource(), "annotation {name}");
+        assert_eq!(annotation["enable"], true, "annotation {name}");
+    }
 
     let mut ids = BTreeSet::new();
     let mut boxes: Vec<(&str, [i64; 4])> = Vec::new();
@@ -268,7 +322,7 @@ fn the_dashboard_uses_its_variables_everywhere() {
 
 #[test]
 fn every_selector_filters_and_every_counter_is_rated() {
-    for query in queries(&load()) {
+    for query in all_queries(&load()) {
         let expr = &query.expr;
         let uses = metric_uses(expr);
         assert!(!uses.is_empty(), "{}: reads no gpumem metric", query.panel);
@@ -302,7 +356,7 @@ fn the_dashboard_and_the_alerts_use_only_metrics_the_demo_serves() {
     let (served, per_gpu) = families(&super::demo_metrics());
     let dashboard = load();
     let mut used = BTreeSet::new();
-    for query in queries(&dashboard) {
+    for query in all_queries(&dashboard) {
         for (at, name) in metric_uses(&query.expr) {
             let sidecar = SIDECAR_METRICS.contains(&name);
             assert!(
@@ -322,14 +376,23 @@ fn the_dashboard_and_the_alerts_use_only_metrics_the_demo_serves() {
             used.insert(name.to_string());
         }
     }
+    // A variable may also read a sidecar family (namespace and pod come from NVML's processes
+    // on a node agent), but at least one family it reads must be the demo's, so that the
+    // end-to-end test can fill it in.
     for variable in variable_queries(&dashboard) {
-        for name in metric_names(&variable.selector) {
+        let names = metric_names(&variable.selector);
+        for name in &names {
             assert!(
-                served.contains(&name),
+                served.contains(name) || SIDECAR_METRICS.contains(&name.as_str()),
                 "variable {}: no {name}",
                 variable.name
             );
         }
+        assert!(
+            names.iter().any(|name| served.contains(name)),
+            "variable {}: the demo serves none of {names:?}",
+            variable.name
+        );
     }
     for rule in super::rules::alert_rules() {
         for name in metric_names(&rule.expr) {
@@ -361,6 +424,86 @@ fn the_dashboard_and_the_alerts_use_only_metrics_the_demo_serves() {
     .chain(SIDECAR_METRICS.iter().copied())
     {
         assert!(used.contains(needed), "no panel shows {needed}");
+    }
+}
+
+/// The series a pod's processes make keep their `namespace` and `pod` through every per-pod
+/// query: filtered by the variables, kept by every aggregation, shown in the legend instead of
+/// the scrape address; the device-wide ones are left alone; one panel says who holds the GPU.
+#[test]
+fn per_pod_queries_keep_namespace_and_pod() {
+    let dashboard = load();
+    let mut per_pod = 0;
+    for query in all_queries(&dashboard) {
+        let expr = &query.expr;
+        for (at, name) in metric_uses(expr) {
+            let labels = selector_labels(expr, at, name);
+            let filtered = ["namespace=~\"$namespace\"", "pod=~\"$pod\""]
+                .iter()
+                .all(|m| labels.contains(m));
+            if device_wide(name) {
+                assert!(
+                    !labels.contains("$pod"),
+                    "{}: {name} belongs to no pod, so a pod filter empties it",
+                    query.panel
+                );
+                continue;
+            }
+            assert!(
+                filtered,
+                "{}: {name} should be filtered by $namespace and $pod",
+                query.panel
+            );
+            per_pod += 1;
+        }
+        if metric_uses(expr).iter().all(|(_, name)| device_wide(name)) {
+            continue;
+        }
+        for (at, _) in expr.match_indices(" by (") {
+            let grouping = expr[at + 5..].split(')').next().unwrap_or("");
+            let labels: Vec<&str> = grouping.split(',').map(str::trim).collect();
+            assert!(
+                labels.contains(&"namespace") && labels.contains(&"pod"),
+                "{}: `by ({grouping})` drops namespace or pod",
+                query.panel
+            );
+        }
+    }
+    assert!(per_pod >= 20, "only {per_pod} per-pod selectors");
+
+    for panel in panels(&dashboard) {
+        let title = panel["title"].as_str().unwrap_or("?");
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or("");
+            if metric_uses(expr).iter().all(|(_, name)| device_wide(name)) {
+                continue;
+            }
+            let legend = target["legendFormat"].as_str().unwrap_or("");
+            assert!(
+                legend.contains("{{namespace}}/{{pod}}") && !legend.contains("{{instance}}"),
+                "{title}: the legend should name the pod, not the scrape address: {legend}"
+            );
+        }
+    }
+
+    let who = panels(&dashboard)
+        .into_iter()
+        .find(|p| p["title"] == "Who holds the GPU")
+        .expect("a \"Who holds the GPU\" panel");
+    let expr = who["targets"][0]["expr"].as_str().unwrap_or("");
+    assert!(
+        expr.starts_with("sum by (namespace, pod, ") && expr.contains("gpumem_process_used_bytes{"),
+        "who holds the GPU: {expr}"
+    );
+    let marked: Vec<String> = annotation_queries(&dashboard)
+        .into_iter()
+        .flat_map(|q| metric_names(&q.expr))
+        .collect();
+    for needed in ["gpumem_ooms_total", "gpumem_pressure_level"] {
+        assert!(
+            marked.iter().any(|m| m == needed),
+            "no annotation marks {needed}"
+        );
     }
 }
 

@@ -7,7 +7,7 @@
 //! unless CI=true.
 
 use super::dashboard;
-use super::prometheus::Prometheus;
+use super::prometheus::{ever, Prometheus};
 use super::rules::rules_with_short_for;
 use crate::sidecar::{serve, TempDir};
 use crate::support::Running;
@@ -47,10 +47,13 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
     let prometheus = Prometheus::start(sidecar.addr, &rules_with_short_for("1s"));
     let instance = sidecar.addr.to_string();
 
-    // The dashboard's per-tag and per-process panels return data for the collected process.
+    // The dashboard's per-tag and per-process panels return data for the collected process,
+    // with namespace and pod at "All" (the sidecar here is scraped without pod labels).
     let values = [
         ("instance", instance.as_str()),
         ("gpu", "0"),
+        ("namespace", ".*"),
+        ("pod", ".*"),
         ("__rate_interval", "4s"),
     ];
     let board = dashboard::load();
@@ -120,6 +123,16 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
         eventually(left(), || listed(sidecar.addr)),
         "the sidecar's /api/v1/oom lacks {file}"
     );
+    // The dashboard's out-of-memory annotation marks the refusals.
+    let oom = dashboard::annotation_queries(&board)
+        .into_iter()
+        .find(|a| a.expr.contains("gpumem_ooms_total"))
+        .expect("an out-of-memory annotation");
+    let promql = ever(&dashboard::substitute(&oom.expr, &values).expect("variables"));
+    let marked = eventually(left(), || {
+        prometheus.query(&promql).is_ok_and(|r| !r.is_empty())
+    });
+    assert!(marked, "{}: no mark for the refusals: {promql}", oom.panel);
 
     // kill -9: no clean-up by the demo; the sidecar keeps it as exited, with its numbers.
     let pid = demo.pid();

@@ -1,8 +1,10 @@
 //! A real Prometheus (the Debian package's `prometheus`) on a free loopback port with a temporary
 //! data directory, scraping `gpumem demo` every second with `grafana/alerts.yml` loaded (its
-//! `for:` cut to one second). Once it has scraped, every dashboard query returns data (those on
-//! sidecar-only metrics must parse: a demo has no NVML processes), and so do the instance and GPU
-//! variables; a pressure spike forced through the demo's API fires the pressure alerts; every rule
+//! `for:` cut to one second), its target labelled with a namespace and a pod as Kubernetes
+//! service discovery labels a pod's exporter. Once it has scraped, every dashboard query returns
+//! data for that pod (those on sidecar-only metrics must parse: a demo has no NVML processes),
+//! and so do the instance, GPU, namespace and pod variables; a pressure spike forced through the
+//! demo's API fires the pressure alerts and shows in the critical-pressure annotation; every rule
 //! evaluates without error; stopping the demo fires GpumemExporterDown. Skipped without
 //! prometheus, unless CI=true.
 
@@ -24,6 +26,8 @@ const BUDGET: Duration = Duration::from_secs(90);
 /// What the dashboard's `$__rate_interval` becomes: Grafana's floor of four scrape intervals.
 const RATE_INTERVAL: &str = "4s";
 const JOB: &str = "gpumem";
+/// The target labels the test's scrape adds, as a PodMonitor's would for an inference pod.
+const POD_LABELS: [(&str, &str); 2] = [("namespace", "serving"), ("pod", "llm-0")];
 
 /// Percent-encodes a query parameter.
 fn url_encode(text: &str) -> String {
@@ -56,6 +60,15 @@ impl Prometheus {
     /// and waits (up to 20 s) until it is ready. Retries on another port when it exits at once
     /// (the free port it was given was taken in between).
     pub(super) fn start(target: SocketAddr, rules: &str) -> Prometheus {
+        Self::start_labelled(target, rules, &[])
+    }
+
+    /// As [`Prometheus::start`], with `labels` added to every series of the target.
+    pub(super) fn start_labelled(
+        target: SocketAddr,
+        rules: &str,
+        labels: &[(&str, &str)],
+    ) -> Prometheus {
         let dir = tempfile::Builder::new()
             .prefix("gpumem-prometheus-")
             .tempdir()
@@ -66,6 +79,12 @@ impl Prometheus {
              rule_files:\n  - alerts.yml\n\
              scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{target}']\n"
         );
+        let config = if labels.is_empty() {
+            config
+        } else {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            format!("{config}        labels: {{{}}}\n", labels.join(", "))
+        };
         std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
         let mut failures = Vec::new();
         for _ in 0..3 {
@@ -158,6 +177,12 @@ impl Prometheus {
     }
 }
 
+/// Whether an annotation's query held at any point of the last two minutes, as one instant
+/// query (Grafana asks for the range; a mark shows where the query has a value).
+pub(super) fn ever(promql: &str) -> String {
+    format!("max_over_time(({promql})[2m:1s])")
+}
+
 fn log_tail(dir: &Path) -> String {
     let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
@@ -174,7 +199,7 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
     let left = || BUDGET.saturating_sub(started.elapsed());
     let demo = Running::sim_demo("120s");
     let target = demo.addr;
-    let prometheus = Prometheus::start(target, &rules_with_short_for(STEP));
+    let prometheus = Prometheus::start_labelled(target, &rules_with_short_for(STEP), &POD_LABELS);
     let instance = target.to_string();
 
     // Five scrapes give every rate() over $__rate_interval its two samples.
@@ -194,10 +219,13 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
         "the pressure alert fires before the spike"
     );
 
-    // Every dashboard query, with its variables filled in as Grafana would, returns data.
+    // Every dashboard query, with its variables filled in as Grafana would for the pod picked
+    // at the top, returns data.
     let values = [
         ("instance", instance.as_str()),
         ("gpu", "0"),
+        ("namespace", POD_LABELS[0].1),
+        ("pod", POD_LABELS[1].1),
         ("__rate_interval", RATE_INTERVAL),
     ];
     let board = dashboard::load();
@@ -266,6 +294,21 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
         "the spike did not fire the pressure alerts; pressure level {:?}",
         prometheus.value("gpumem_pressure_level")
     );
+    // The dashboard's critical-pressure annotation marks it; the out-of-memory one at least
+    // parses (the demo may refuse nothing).
+    for annotation in dashboard::annotation_queries(&board) {
+        let promql = dashboard::substitute(&annotation.expr, &values)
+            .unwrap_or_else(|e| panic!("{}: {e}", annotation.panel));
+        let marked = prometheus.query(&ever(&promql));
+        assert!(marked.is_ok(), "{}: {marked:?}", annotation.panel);
+        if annotation.panel.contains("pressure") {
+            assert!(
+                marked.is_ok_and(|r| !r.is_empty()),
+                "{}: no mark for the spike",
+                annotation.panel
+            );
+        }
+    }
 
     // Every rule of the file was loaded and evaluates against real series without error.
     let rules = prometheus.rules();

@@ -196,13 +196,14 @@ fn every_alert_has_a_severity_annotations_and_a_runbook_section() {
                 rule.name
             );
         }
-        // Absolute: the external label `gpumem_runbook_url` when set, else the instance's own
-        // copy at /runbook; the section anchor is the same either way.
+        // Absolute: the external label `gpumem_runbook_url` when set, else the repository's
+        // copy, which opens from anywhere even while the instance is down (not the instance's
+        // /runbook); the section anchor is the same either way.
         let url = rule
             .annotations
             .get("runbook_url")
             .map_or("", String::as_str);
-        let base = "{{ with $externalLabels.gpumem_runbook_url }}{{ . }}{{ else }}http://{{ $labels.instance }}/runbook{{ end }}#";
+        let base = "{{ with $externalLabels.gpumem_runbook_url }}{{ . }}{{ else }}https://github.com/gpumem/gpumem/blob/main/docs/runbook.md{{ end }}#";
         let anchor = url.strip_prefix(base).unwrap_or_else(|| {
             panic!("{}: runbook_url should be {base}..., is {url:?}", rule.name)
         });

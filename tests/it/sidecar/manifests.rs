@@ -48,7 +48,7 @@ pub(super) fn strings(value: &Yaml) -> Vec<String> {
 
 /// Runs `gpumem <args> --help`: clap refuses an unknown flag before printing help, and the
 /// help must list each flag used, so both a typo and a removed flag fail here.
-pub(super) fn assert_flags_parse(args: &[String]) {
+pub(crate) fn assert_flags_parse(args: &[String]) {
     let output = gpumem(&[]).args(args).arg("--help").output().expect("runs");
     let help = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -67,14 +67,14 @@ pub(super) fn assert_flags_parse(args: &[String]) {
 }
 
 /// The value after `flag` in an argument list.
-pub(super) fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+pub(crate) fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     let at = args.iter().position(|a| a == flag)?;
     args.get(at + 1).map(String::as_str)
 }
 
 /// Starts the command a container would run, on a free port and a temporary directory, and
 /// checks what probes and scrapers ask for.
-pub(super) fn assert_serves_probes(args: &[String], dir: &TempDir) -> Running {
+pub(crate) fn assert_serves_probes(args: &[String], dir: &TempDir) -> Running {
     let local: Vec<String> = args
         .iter()
         .map(|a| match a.as_str() {

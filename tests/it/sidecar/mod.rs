@@ -9,7 +9,7 @@ mod compose;
 mod device_wide;
 mod gpu;
 mod k8s;
-mod manifests;
+pub(crate) mod manifests;
 mod publish;
 mod python;
 mod serve;
