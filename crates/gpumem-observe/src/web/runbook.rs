@@ -1,6 +1,7 @@
-//! `GET /runbook`: `docs/runbook.md`, compiled in and served as a plain HTML page whose section
-//! anchors are the alerts' names (`#gpumemoutofmemory`), so the status page's hints and the
-//! alerts' `runbook_url` have an absolute link that works wherever gpumem runs, offline too.
+//! `GET /runbook`: `docs/runbook.md`, compiled in and rendered to HTML (CommonMark with tables)
+//! whose section anchors are the alerts' names (`#gpumemoutofmemory`), as GitHub makes them: the
+//! status page's hints link here, offline too, and the alerts' default links to the same
+//! sections of the repository's copy.
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -44,43 +45,54 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Headings become linkable `<h1>`/`<h2>`/`<h3>`; everything between them is kept as written
-/// (pre-wrapped), which reads well for a runbook of short paragraphs and lists.
+/// The runbook as a page: headings get GitHub's anchors, and HTML written in the markdown is
+/// shown as text, never passed through (the page sends a strict content policy; a stray tag in
+/// a doc must not be able to run anything).
 fn render(markdown: &str) -> String {
-    let mut html = String::from(
+    use pulldown_cmark::{html, Event, Options, Parser, Tag, TagEnd};
+    let mut page = String::from(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>gpumem runbook</title><link rel=\"stylesheet\" href=\"/static/style.css\"></head>\
          <body><main class=\"runbook\"><p><a href=\"/\">← status page</a></p>\n",
     );
-    let mut block = String::new();
-    let flush = |block: &mut String, html: &mut String| {
-        if !block.trim().is_empty() {
-            html.push_str(&format!(
-                "<pre class=\"md\">{}</pre>\n",
-                escape(block.trim())
-            ));
-        }
-        block.clear();
-    };
-    for line in markdown.lines().filter(|l| !l.starts_with("<!--")) {
-        let level = line.chars().take_while(|&c| c == '#').count();
-        if (1..=3).contains(&level) && line[level..].starts_with(' ') {
-            flush(&mut block, &mut html);
-            let title = line[level..].trim();
-            html.push_str(&format!(
-                "<h{level} id=\"{}\">{}</h{level}>\n",
-                anchor(title),
-                escape(title)
-            ));
-        } else {
-            block.push_str(line);
-            block.push('\n');
+    let mut events = Vec::new();
+    let mut heading: Option<(pulldown_cmark::HeadingLevel, Vec<Event<'_>>)> = None;
+    for event in Parser::new_ext(markdown, Options::ENABLE_TABLES) {
+        let event = match event {
+            Event::Html(raw) | Event::InlineHtml(raw) => Event::Text(raw),
+            other => other,
+        };
+        match (event, &mut heading) {
+            (Event::Start(Tag::Heading { level, .. }), None) => heading = Some((level, Vec::new())),
+            (Event::End(TagEnd::Heading(_)), Some(_)) => {
+                let Some((level, inner)) = heading.take() else {
+                    continue;
+                };
+                let title: String = inner
+                    .iter()
+                    .filter_map(|e| match e {
+                        Event::Text(t) | Event::Code(t) => Some(t.as_ref()),
+                        _ => None,
+                    })
+                    .collect();
+                let mut inner_html = String::new();
+                html::push_html(&mut inner_html, inner.into_iter());
+                events.push(Event::Html(
+                    format!(
+                        "<{level} id=\"{}\">{inner_html}</{level}>\n",
+                        anchor(&title)
+                    )
+                    .into(),
+                ));
+            }
+            (event, Some((_, inner))) => inner.push(event),
+            (event, None) => events.push(event),
         }
     }
-    flush(&mut block, &mut html);
-    html.push_str("</main></body></html>\n");
-    html
+    html::push_html(&mut page, events.into_iter());
+    page.push_str("</main></body></html>\n");
+    page
 }
 
 #[cfg(test)]
@@ -98,6 +110,27 @@ mod tests {
             assert!(page.contains(&format!("id=\"{id}\"")), "{id} missing");
         }
         assert_eq!(anchor("The OOM flight recorder"), "the-oom-flight-recorder");
-        assert!(!page.contains("<script"), "markdown is escaped");
+        assert!(
+            !page.contains("<pre class=\"md\">"),
+            "rendered, not pre-wrapped"
+        );
+        assert!(
+            page.contains("<ul>") && page.contains("<code>"),
+            "lists and code"
+        );
+    }
+
+    #[test]
+    fn html_in_the_markdown_is_shown_as_text() {
+        let page = render("# Title `x`\n\nA <script>alert(1)</script> and <b>bold</b>.\n");
+        assert!(
+            page.contains("<h1 id=\"title-x\">Title <code>x</code></h1>"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("<script>") && !page.contains("<b>"),
+            "{page}"
+        );
+        assert!(page.contains("&lt;script&gt;"), "{page}");
     }
 }
