@@ -39,12 +39,6 @@ pub fn anchor(heading: &str) -> String {
         .collect()
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 /// The runbook as a page: headings get GitHub's anchors, and HTML written in the markdown is
 /// shown as text, never passed through (the page sends a strict content policy; a stray tag in
 /// a doc must not be able to run anything).
