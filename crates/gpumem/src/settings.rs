@@ -5,7 +5,6 @@
 
 use crate::backend::{sim, BackendChoice, DeviceBackend};
 use crate::manager::MemoryConfig;
-use crate::named::Named;
 use crate::units::{parse_bytes, Bytes, GIB, TIB};
 use std::fmt;
 
@@ -170,6 +169,7 @@ impl Settings {
         lookup: impl Fn(&str) -> Option<String>,
         base: MemoryConfig,
     ) -> Result<Self, SettingsError> {
+        use crate::named::Named;
         let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let invalid = |name: &str, why: String| SettingsError::Invalid(format!("{name}: {why}"));
         let backend = set("GPUMEM_BACKEND")
@@ -245,7 +245,6 @@ pub fn join_indices(indices: &[usize]) -> String {
 mod tests {
     use super::*;
     use crate::backend::sim::SimBackend;
-    use std::collections::HashMap;
 
     #[test]
     fn device_selection_accepts_all_and_lists() {
@@ -278,6 +277,7 @@ mod tests {
 
     #[cfg(feature = "config-file")]
     fn from(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        use std::collections::HashMap;
         let vars: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
