@@ -11,6 +11,7 @@ mod healthcheck;
 mod replay;
 mod serve;
 mod sources;
+mod sweep;
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -1,6 +1,7 @@
 //! `gpumem replay`: traces through a real `MemoryManager` (or the driver's own pool, the
 //! baseline), one report per trace, an optional plot, and a sweep over the cache settings.
 
+use super::sweep::Sweep;
 use super::{CliError, CommonArgs, Given};
 use crate::plot::{line_chart_svg, Series};
 use clap::Args;
@@ -9,7 +10,7 @@ use gpumem::backend::timed::TimedBackend;
 use gpumem::backend::BackendKind;
 use gpumem::manager::{MemoryConfig, MemoryManager, Strategy};
 use gpumem::safe_fs::{check_target, write_atomically, WriteOptions};
-use gpumem::units::{Bytes, MIB};
+use gpumem::units::Bytes;
 use gpumem_replay::replay::{
     replay_config, replay_driver_pool, replay_logging_misses, replay_timing_driver, MissRecord,
     ReplayReport, TimelinePoint,
@@ -33,10 +34,12 @@ pub(super) struct ReplayArgs {
     #[arg(long, env = "GPUMEM_STRATEGY", value_enum, default_value = "pooled")]
     strategy: ReplayStrategy,
 
-    /// Replay each trace once per cache setting (idle pages kept x idle per mille) and print
-    /// waste against time per operation, so you can pick your point; rows marked * are on the
-    /// frontier (no other setting is both less wasteful and faster). Ignores --idle-pages and
-    /// --idle-per-mille.
+    /// Replay each trace once per cache setting (largest chunk x idle pages kept x idle per
+    /// mille; --repeat N alternates N rounds and reports medians) and print waste against time
+    /// per operation, so you can pick your point; rows marked * are on the frontier (no other
+    /// setting is both less wasteful and faster). On the CUDA backend the driver's own pool is
+    /// replayed in every round too, and the setting that beats it on both axes is named with
+    /// the variables that select it. Ignores --idle-pages and --idle-per-mille.
     #[arg(long, env = "GPUMEM_SWEEP")]
     sweep: bool,
 
@@ -84,12 +87,6 @@ enum ReplayStrategy {
     DriverPool,
 }
 
-/// The cache settings `--sweep` tries: idle pages kept, idle pages per 1024 of the peak, and
-/// the largest chunk a miss creates.
-const SWEEP_IDLE_PAGES: [usize; 4] = [0, 4, 16, 64];
-const SWEEP_IDLE_PER_MILLE: [usize; 2] = [0, 8];
-const SWEEP_CHUNK_BYTES: [u64; 3] = [2 * MIB, 6 * MIB, 32 * MIB];
-
 pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Read every trace before replaying any, so a bad file fails fast and prints nothing else.
     let traces = args
@@ -120,9 +117,9 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             }
         }
     }
-    if args.repeat > 1 && (args.sweep || args.misses.is_some()) {
+    if args.repeat > 1 && args.misses.is_some() {
         return Err(CliError::usage(
-            "--repeat times plain replays: leave it out with --sweep and --misses",
+            "--repeat times plain replays: leave it out with --misses",
         ));
     }
     if args.sweep && args.strategy != ReplayStrategy::Pooled {
@@ -156,6 +153,11 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Every trace gets a fresh manager with this configuration, checked before anything is
     // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
     let driver_pool = match args.strategy {
+        // A sweep on the driver compares every setting with the driver's own pool.
+        ReplayStrategy::Pooled if args.sweep && backend.kind() == BackendKind::Cuda => Some(
+            CudaBackend::open()
+                .map_err(|e| CliError::runtime(format!("--sweep: the driver pool: {e}")))?,
+        ),
         ReplayStrategy::DriverPool if backend.kind() != BackendKind::Cuda => {
             return Err(CliError::usage(
                 "--strategy driver-pool needs the CUDA backend (cuMemAllocAsync); the simulated device has no driver pool",
@@ -173,7 +175,15 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         _ => CliError::usage(e.to_string()),
     })?;
     if args.sweep {
-        return sweep(&traces, &backend, device, &config, args.json);
+        let sweep = Sweep {
+            backend: &backend,
+            device,
+            base: &config,
+            repeat: args.repeat,
+            driver_pool: driver_pool.as_ref(),
+            json: args.json,
+        };
+        return sweep.run(&traces);
     }
     if !args.json {
         println!(
@@ -231,7 +241,7 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
 
 /// The replay with the median ns/op (the lower middle one of an even count), carrying every
 /// replay's ns/op when there were several.
-fn median_run(
+pub(super) fn median_run(
     mut runs: Vec<(ReplayReport, Vec<TimelinePoint>)>,
 ) -> (ReplayReport, Vec<TimelinePoint>) {
     let in_order: Vec<f64> = runs.iter().map(|(report, _)| report.ns_per_op).collect();
@@ -260,7 +270,7 @@ fn write_misses(path: &Path, misses: &[MissRecord], inputs: &[PathBuf]) -> Resul
 }
 
 /// A fresh manager per trace: nothing cached from the previous one skews the next.
-fn replay_fresh(
+pub(super) fn replay_fresh(
     backend: &std::sync::Arc<dyn gpumem::backend::DeviceBackend>,
     device: usize,
     config: &MemoryConfig,
@@ -281,97 +291,8 @@ fn replay_fresh(
     })
 }
 
-/// `--sweep`: every trace under every cache setting, as a table per trace or JSON lines.
-fn sweep(
-    traces: &[Trace],
-    backend: &std::sync::Arc<dyn gpumem::backend::DeviceBackend>,
-    device: usize,
-    base: &MemoryConfig,
-    json: bool,
-) -> Result<(), CliError> {
-    let defaults = MemoryConfig::default();
-    for trace in traces {
-        let mut reports = Vec::new();
-        let grid = SWEEP_CHUNK_BYTES.iter().flat_map(|&chunk| {
-            SWEEP_IDLE_PAGES.iter().flat_map(move |&pages| {
-                SWEEP_IDLE_PER_MILLE
-                    .iter()
-                    .map(move |&per_mille| (chunk, pages, per_mille))
-            })
-        });
-        for (max_chunk_bytes, idle_pages_kept, idle_per_mille) in grid {
-            let config = MemoryConfig {
-                idle_pages_kept,
-                idle_per_mille,
-                max_chunk_bytes,
-                ..base.clone()
-            };
-            let label = format!(
-                "{} ({idle_pages_kept}/{idle_per_mille}/{})",
-                trace.name,
-                Bytes(max_chunk_bytes)
-            );
-            let bar = progress_bar(trace.events.len() as u64, &label);
-            let progress = |done| bar.set_position(done);
-            let (report, _) = replay_fresh(backend, device, &config, trace, progress, None)?
-                .map_err(|e| CliError::runtime(e.to_string()))?;
-            bar.finish_and_clear();
-            if json {
-                print_report(&report, true)?;
-            }
-            reports.push(report);
-        }
-        if json {
-            continue;
-        }
-        println!(
-            "{}: waste against time per operation ({} backend); * = on the frontier",
-            trace.name,
-            backend.kind()
-        );
-        println!(
-            "  {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
-            "CHUNK",
-            "IDLE PAGES",
-            "PER MILLE",
-            "RES/PEAK",
-            "NS/OP",
-            "MISSES",
-            "MISS P50",
-            "MISS P99",
-            "CREATED"
-        );
-        for report in &reports {
-            let dominated = reports.iter().any(|other| {
-                other.reserved_over_peak <= report.reserved_over_peak
-                    && other.ns_per_op <= report.ns_per_op
-                    && (other.reserved_over_peak < report.reserved_over_peak
-                        || other.ns_per_op < report.ns_per_op)
-            });
-            let is_default = report.idle_pages_kept == defaults.idle_pages_kept
-                && report.idle_per_mille == defaults.idle_per_mille
-                && report.max_chunk_bytes == defaults.max_chunk_bytes;
-            println!(
-                "{} {:>9} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
-                if dominated { " " } else { "*" },
-                Bytes(report.max_chunk_bytes).to_string(),
-                report.idle_pages_kept,
-                report.idle_per_mille,
-                report.reserved_over_peak,
-                report.ns_per_op,
-                report.misses,
-                micros(report.miss_p50_ns),
-                micros(report.miss_p99_ns),
-                report.pages_created,
-                if is_default { "  (default)" } else { "" }
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Nanoseconds as microseconds for the tables ("-" when there were none).
-fn micros(ns: u64) -> String {
+pub(super) fn micros(ns: u64) -> String {
     if ns == 0 {
         "-".to_string()
     } else {
@@ -379,7 +300,7 @@ fn micros(ns: u64) -> String {
     }
 }
 
-fn progress_bar(len: u64, name: &str) -> ProgressBar {
+pub(super) fn progress_bar(len: u64, name: &str) -> ProgressBar {
     let bar = ProgressBar::new(len);
     // Hidden automatically when stderr is not a terminal (CI logs, pipes).
     bar.set_style(
@@ -391,7 +312,7 @@ fn progress_bar(len: u64, name: &str) -> ProgressBar {
     bar
 }
 
-fn print_report(report: &ReplayReport, json: bool) -> Result<(), CliError> {
+pub(super) fn print_report(report: &ReplayReport, json: bool) -> Result<(), CliError> {
     if json {
         let line = serde_json::to_string(report)
             .map_err(|e| CliError::runtime(format!("could not encode JSON: {e}")))?;

@@ -236,7 +236,7 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
-    assert_eq!(rows.len(), 24, "3 chunk sizes x 4 x 2 cache settings");
+    assert_eq!(rows.len(), 30, "3 chunk sizes x 5 x 2 cache settings");
     assert!(rows
         .iter()
         .all(|r| r["trace"] == "steps" && r["misses"].as_u64() > Some(0)));
@@ -250,18 +250,27 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
             )
         })
         .collect();
-    assert_eq!(settings.len(), 24);
+    assert_eq!(settings.len(), 30);
+    // Repeated, the rounds alternate the settings and the table says it shows medians; the
+    // simulated device has no driver pool, and the table says so instead of naming a winner.
     let table = gpumem(&[
         "replay",
         "--backend",
         "sim",
         "--sweep",
+        "--repeat",
+        "2",
         trace.to_str().unwrap(),
     ]);
     assert!(table.status.success(), "{}", stderr(&table));
     let text = String::from_utf8(table.stdout).unwrap();
     assert!(
         text.contains("RES/PEAK") && text.contains("(default)"),
+        "{text}"
+    );
+    assert!(text.contains("medians of 2 alternated replays"), "{text}");
+    assert!(
+        text.contains("has no driver pool to compare with"),
         "{text}"
     );
 
@@ -410,7 +419,7 @@ fn replay_repeat_reports_the_median_replay_and_every_figure() {
     runs.sort_by(f64::total_cmp);
     assert_eq!(report["ns_per_op"].as_f64(), Some(runs[1]));
     // One replay reports no runs, and how much of its time went to driver calls (every one
-    // of its three allocations maps pages); a repeat beside a sweep or a miss log is refused.
+    // of its three allocations maps pages); a repeat beside a miss log is refused.
     let out = gpumem(&["replay", "--backend", "sim", "--json", trace]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report.get("ns_per_op_runs").is_none(), "{report}");
@@ -422,11 +431,7 @@ fn replay_repeat_reports_the_median_replay_and_every_figure() {
         in_driver <= report["ns_per_op"].as_f64().unwrap(),
         "{report}"
     );
-    for extra in [
-        &["--sweep"][..],
-        &["--misses", "m.jsonl"][..],
-        &["--repeat", "0"][..],
-    ] {
+    for extra in [&["--misses", "m.jsonl"][..], &["--repeat", "0"][..]] {
         let mut args = vec!["replay", "--backend", "sim", "--repeat", "2", trace];
         args.extend_from_slice(extra);
         let out = gpumem(&args);
@@ -541,4 +546,52 @@ fn bench_times_the_driver_pools_own_miss_on_a_gpu() {
         "{cases:?}"
     );
     assert!(median("pool-miss-cold") > 0.0, "{cases:?}");
+}
+
+/// On a GPU: a sweep replays the driver's own pool beside every setting and ends each trace
+/// with its figures and a verdict (a setting that beats it on both axes, or the closest).
+#[test]
+fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
+    if crate::support::cuda_backend().is_none() {
+        return;
+    }
+    let dir = tempdir();
+    let trace = write_trace(
+        &dir,
+        "steps.trace",
+        "# {\"name\": \"steps\"}\na 1 5000000 0\nf 1\na 2 9000000 0\na 3 700 0\nf 2\nf 3\n",
+    );
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "cuda",
+        "--sweep",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("driver pool (cuMemAllocAsync): "), "{text}");
+    assert!(
+        text.contains("beats the driver pool on both: GPUMEM_MAX_CHUNK_BYTES=")
+            || text.contains("no setting beats the driver pool on both")
+            || text.contains("no setting holds as little memory"),
+        "{text}"
+    );
+    let json = gpumem(&[
+        "replay",
+        "--backend",
+        "cuda",
+        "--sweep",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    let strategies: Vec<String> = String::from_utf8_lossy(&json.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["strategy"].to_string())
+        .collect();
+    assert_eq!(strategies.len(), 31, "30 settings and the driver pool");
+    assert!(
+        strategies.iter().any(|s| s.contains("driver")),
+        "{strategies:?}"
+    );
 }

@@ -18,7 +18,7 @@ pub use misses::{replay_logging_misses, MissRecord};
 const TIMELINE_POINTS: usize = 1500;
 
 /// The result of one replay: the fields DESIGN.md promises for `replay --json`, and more.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct ReplayReport {
     pub trace: String,
     pub backend: String,

@@ -1,0 +1,274 @@
+//! `gpumem replay --sweep`: every trace under every cache setting (the largest chunk a miss
+//! creates, idle pages kept, idle pages per 1024 of the peak), replayed in rounds so that the
+//! `--repeat` replays of one setting alternate with the others' and drift on a busy host falls
+//! on all of them; each setting's median replay is reported. On the CUDA backend the driver's
+//! own pool is replayed in every round beside them, and the setting that holds no more memory
+//! than the pool *and* takes no more time per operation is named, with the variables that
+//! select it.
+
+use super::replay::{median_run, micros, print_report, progress_bar, replay_fresh};
+use super::CliError;
+use gpumem::backend::cuda::CudaBackend;
+use gpumem::backend::DeviceBackend;
+use gpumem::manager::MemoryConfig;
+use gpumem::units::{Bytes, MIB};
+use gpumem_replay::replay::{replay_driver_pool, ReplayReport, TimelinePoint};
+use gpumem_replay::trace::Trace;
+use std::sync::Arc;
+
+/// The cache settings tried: idle pages kept, idle pages per 1024 of the peak, and the largest
+/// chunk a miss creates. 256 idle pages (512 MiB) is the end that buys time with memory.
+const IDLE_PAGES: [usize; 5] = [0, 4, 16, 64, 256];
+const IDLE_PER_MILLE: [usize; 2] = [0, 8];
+const CHUNK_BYTES: [u64; 3] = [2 * MIB, 6 * MIB, 32 * MIB];
+
+/// What one sweep replays on.
+pub(super) struct Sweep<'a> {
+    pub backend: &'a Arc<dyn DeviceBackend>,
+    pub device: usize,
+    pub base: &'a MemoryConfig,
+    pub repeat: u32,
+    /// The driver's pool to compare with (CUDA only).
+    pub driver_pool: Option<&'a CudaBackend>,
+    pub json: bool,
+}
+
+type Replayed = (ReplayReport, Vec<TimelinePoint>);
+
+impl Sweep<'_> {
+    pub(super) fn run(&self, traces: &[Trace]) -> Result<(), CliError> {
+        for trace in traces {
+            let (reports, pool) = self.replay_all(trace)?;
+            if self.json {
+                for report in reports.iter().chain(&pool) {
+                    print_report(report, true)?;
+                }
+            } else {
+                self.print_table(trace, &reports, pool.as_ref());
+            }
+        }
+        Ok(())
+    }
+
+    fn settings(&self) -> Vec<MemoryConfig> {
+        CHUNK_BYTES
+            .iter()
+            .flat_map(|&max_chunk_bytes| {
+                IDLE_PAGES.iter().flat_map(move |&idle_pages_kept| {
+                    IDLE_PER_MILLE
+                        .iter()
+                        .map(move |&idle_per_mille| MemoryConfig {
+                            idle_pages_kept,
+                            idle_per_mille,
+                            max_chunk_bytes,
+                            ..self.base.clone()
+                        })
+                })
+            })
+            .collect()
+    }
+
+    /// Every setting's median replay, and the driver pool's, from `repeat` alternating rounds.
+    fn replay_all(
+        &self,
+        trace: &Trace,
+    ) -> Result<(Vec<ReplayReport>, Option<ReplayReport>), CliError> {
+        let settings = self.settings();
+        let mut runs: Vec<Vec<Replayed>> = vec![Vec::new(); settings.len()];
+        let mut pool_runs = Vec::new();
+        for round in 1..=self.repeat {
+            for (config, runs) in settings.iter().zip(runs.iter_mut()) {
+                let label = format!(
+                    "{} ({}/{}/{}, {round}/{})",
+                    trace.name,
+                    Bytes(config.max_chunk_bytes),
+                    config.idle_pages_kept,
+                    config.idle_per_mille,
+                    self.repeat
+                );
+                let bar = progress_bar(trace.events.len() as u64, &label);
+                let progress = |done| bar.set_position(done);
+                let replayed =
+                    replay_fresh(self.backend, self.device, config, trace, progress, None)?
+                        .map_err(|e| CliError::runtime(e.to_string()))?;
+                bar.finish_and_clear();
+                runs.push(replayed);
+            }
+            if let Some(cuda) = self.driver_pool {
+                let label = format!("{} (driver pool, {round}/{})", trace.name, self.repeat);
+                let bar = progress_bar(trace.events.len() as u64, &label);
+                let progress = |done| bar.set_position(done);
+                let replayed = replay_driver_pool(cuda, self.device, trace, progress)
+                    .map_err(|e| CliError::runtime(e.to_string()))?;
+                bar.finish_and_clear();
+                pool_runs.push(replayed);
+            }
+        }
+        let reports = runs.into_iter().map(|r| median_run(r).0).collect();
+        let pool = (!pool_runs.is_empty()).then(|| median_run(pool_runs).0);
+        Ok((reports, pool))
+    }
+
+    fn print_table(&self, trace: &Trace, reports: &[ReplayReport], pool: Option<&ReplayReport>) {
+        let defaults = MemoryConfig::default();
+        let median = match self.repeat {
+            1 => String::new(),
+            n => format!(", medians of {n} alternated replays"),
+        };
+        println!(
+            "{}: waste against time per operation ({} backend{median}); * = on the frontier",
+            trace.name,
+            self.backend.kind()
+        );
+        println!(
+            "  {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
+            "CHUNK",
+            "IDLE PAGES",
+            "PER MILLE",
+            "RES/PEAK",
+            "NS/OP",
+            "MISSES",
+            "MISS P50",
+            "MISS P99",
+            "CREATED"
+        );
+        for report in reports {
+            let is_default = report.idle_pages_kept == defaults.idle_pages_kept
+                && report.idle_per_mille == defaults.idle_per_mille
+                && report.max_chunk_bytes == defaults.max_chunk_bytes;
+            println!(
+                "{} {:>9} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
+                if dominated(report, reports) { " " } else { "*" },
+                Bytes(report.max_chunk_bytes).to_string(),
+                report.idle_pages_kept,
+                report.idle_per_mille,
+                report.reserved_over_peak,
+                report.ns_per_op,
+                report.misses,
+                micros(report.miss_p50_ns),
+                micros(report.miss_p99_ns),
+                report.pages_created,
+                if is_default { "  (default)" } else { "" }
+            );
+        }
+        match pool {
+            Some(pool) => println!("{}", verdict(reports, pool)),
+            None => println!(
+                "  (the simulated device has no driver pool to compare with: sweep on the CUDA \
+                 backend to name the setting that beats it on both axes)"
+            ),
+        }
+        println!();
+    }
+}
+
+/// Whether another report is at least as good on both axes and better on one.
+fn dominated(report: &ReplayReport, all: &[ReplayReport]) -> bool {
+    all.iter().any(|other| {
+        other.reserved_over_peak <= report.reserved_over_peak
+            && other.ns_per_op <= report.ns_per_op
+            && (other.reserved_over_peak < report.reserved_over_peak
+                || other.ns_per_op < report.ns_per_op)
+    })
+}
+
+/// The settings that hold no more memory than the pool and take no more time, the least
+/// memory first (then the least time).
+fn beating_the_pool<'a>(reports: &'a [ReplayReport], pool: &ReplayReport) -> Vec<&'a ReplayReport> {
+    let mut winners: Vec<&ReplayReport> = reports
+        .iter()
+        .filter(|r| {
+            r.reserved_over_peak <= pool.reserved_over_peak && r.ns_per_op <= pool.ns_per_op
+        })
+        .collect();
+    winners.sort_by(|a, b| {
+        a.reserved_over_peak
+            .total_cmp(&b.reserved_over_peak)
+            .then(a.ns_per_op.total_cmp(&b.ns_per_op))
+    });
+    winners
+}
+
+/// The variables that select a report's setting, ready to prefix a command with.
+fn setting(report: &ReplayReport) -> String {
+    format!(
+        "GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}",
+        Bytes(report.max_chunk_bytes).to_string().replace(' ', ""),
+        report.idle_pages_kept,
+        report.idle_per_mille
+    )
+}
+
+/// The lines under a table: the driver pool's figures and the setting that beats them on both
+/// axes, or, when none does, the fastest setting within the pool's memory and its gap.
+fn verdict(reports: &[ReplayReport], pool: &ReplayReport) -> String {
+    let head = format!(
+        "  driver pool (cuMemAllocAsync): {:.4} reserved/peak, {:.0} ns/op",
+        pool.reserved_over_peak, pool.ns_per_op
+    );
+    match beating_the_pool(reports, pool).first() {
+        Some(best) => format!(
+            "{head}\n  beats the driver pool on both: {} ({:.4}, {:.0} ns/op)",
+            setting(best),
+            best.reserved_over_peak,
+            best.ns_per_op
+        ),
+        None => {
+            let within = reports
+                .iter()
+                .filter(|r| r.reserved_over_peak <= pool.reserved_over_peak)
+                .min_by(|a, b| a.ns_per_op.total_cmp(&b.ns_per_op));
+            match within {
+                Some(closest) => format!(
+                    "{head}\n  no setting beats the driver pool on both; the fastest within its \
+                     memory: {} ({:.4}, {:.0} ns/op, {:.2}x its time)",
+                    setting(closest),
+                    closest.reserved_over_peak,
+                    closest.ns_per_op,
+                    closest.ns_per_op / pool.ns_per_op
+                ),
+                None => format!("{head}\n  no setting holds as little memory as the driver pool"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rop: f64, ns: f64, pages: usize) -> ReplayReport {
+        ReplayReport {
+            reserved_over_peak: rop,
+            ns_per_op: ns,
+            idle_pages_kept: pages,
+            ..ReplayReport::default()
+        }
+    }
+
+    #[test]
+    fn the_least_memory_of_the_settings_that_beat_the_pool_is_named() {
+        let pool = report(1.09, 1400.0, 0);
+        let reports = [
+            report(1.03, 2000.0, 4),
+            report(1.05, 1100.0, 64),
+            report(1.04, 1300.0, 16),
+        ];
+        let text = verdict(&reports, &pool);
+        assert!(text.contains("GPUMEM_IDLE_PAGES_KEPT=16 "), "{text}");
+        assert!(text.contains("(1.0400, 1300 ns/op)"), "{text}");
+    }
+
+    #[test]
+    fn without_a_winner_the_fastest_within_the_pools_memory_and_its_gap_are_said() {
+        let pool = report(1.09, 1000.0, 0);
+        let reports = [report(1.03, 2000.0, 4), report(1.05, 1500.0, 64)];
+        let text = verdict(&reports, &pool);
+        assert!(
+            text.contains("no setting beats the driver pool on both"),
+            "{text}"
+        );
+        assert!(text.contains("GPUMEM_IDLE_PAGES_KEPT=64 "), "{text}");
+        assert!(text.contains("1.50x its time"), "{text}");
+    }
+}
