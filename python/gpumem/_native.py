@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, NoReturn, Optional
 
 # Where the wheel's build (maturin, module `gpumem._lib`) puts the library, by platform.
 _SHIPPED = os.path.join(
@@ -20,9 +20,6 @@ _SHIPPED = os.path.join(
 )
 _lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
-
-# A ctypes type of an argument or a result; None is C's void.
-_CType = Any
 
 
 class GpumemError(RuntimeError):
@@ -51,7 +48,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_char_p = ctypes.c_char_p
     void_p = ctypes.c_void_p
     owned = ctypes.POINTER(ctypes.c_char)  # strings we must hand back to gpumem_string_free
-    signatures: Dict[str, Tuple[List[_CType], _CType]] = {
+    signatures = {
         "gpumem_alloc": ([ctypes.c_ssize_t, ctypes.c_int, void_p], void_p),
         "gpumem_free": ([void_p, ctypes.c_ssize_t, ctypes.c_int, void_p], None),
         "gpumem_record_stream": ([void_p, void_p], ctypes.c_int),
