@@ -10,17 +10,22 @@ GPUMEM_TORCH_PUBLISH=DIR publishes snapshots for a sidecar.
 A failure is printed as one line on stderr and PyTorch keeps its own allocator: the program runs
 as it would have without gpumem.
 """
+from __future__ import annotations
+
 import importlib.abc
 import os
 import sys
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Optional, Sequence
 
 
-def _report(error):
+def _report(error: BaseException) -> None:
     print(f"gpumem: GPUMEM_TORCH is set but gpumem could not become PyTorch's allocator: {error}",
           file=sys.stderr)
 
 
-def _activate():
+def _activate() -> None:
     try:
         from . import torch as gpumem_torch
 
@@ -38,11 +43,16 @@ def _activate():
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
     """Finds `torch` the usual way and wraps its loader so `_activate` runs when it is done."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(
+        self,
+        name: str,
+        path: Optional[Sequence[str]] = None,
+        target: Optional[ModuleType] = None,
+    ) -> Optional[ModuleSpec]:
         if name != "torch":
             return None
         sys.meta_path.remove(self)  # once; and so the search below does not find us again
-        spec = None
+        spec: Optional[ModuleSpec] = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find else None
@@ -52,11 +62,11 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_then_activate(module):
+        def exec_then_activate(module: ModuleType) -> None:
             exec_module(module)
             _activate()
 
-        spec.loader.exec_module = exec_then_activate
+        spec.loader.exec_module = exec_then_activate  # type: ignore[method-assign]
         return spec
 
 

@@ -1,25 +1,32 @@
 """Loads the gpumem C library (the Rust crate's cdylib) with ctypes and declares its functions.
 
-The library is the one shipped inside this package, or the file GPUMEM_LIBRARY names (a build
-tree's target/release/libgpumem.so, for instance). PyTorch must load the very same file, so
-both go through `library_path()`.
+The library is the one shipped inside this package (the wheel puts it at `gpumem/_lib/`), or
+the file GPUMEM_LIBRARY names (a build tree's target/release/libgpumem.so, for instance).
+PyTorch must load the very same file, so both go through `library_path()`. Nothing here opens
+the library before a call needs it: `import gpumem` and `gpumem.publish` work without it.
 """
+from __future__ import annotations
+
 import ctypes
 import json
 import os
 import sys
 import threading
+from typing import Any, NoReturn, Optional
 
-_NAME = {"darwin": "libgpumem.dylib", "win32": "gpumem.dll"}.get(sys.platform, "libgpumem.so")
+# Where the wheel's build (maturin, module `gpumem._lib`) puts the library, by platform.
+_SHIPPED = os.path.join(
+    "_lib", {"darwin": "lib_lib.dylib", "win32": "_lib.dll"}.get(sys.platform, "lib_lib.so")
+)
 _lock = threading.Lock()
-_library = None
+_library: Optional[ctypes.CDLL] = None
 
 
 class GpumemError(RuntimeError):
     """A call into the gpumem library failed; the message is the library's own."""
 
 
-def library_path():
+def library_path() -> str:
     """The path of the gpumem library this package uses."""
     override = os.environ.get("GPUMEM_LIBRARY")
     if override:
@@ -27,16 +34,17 @@ def library_path():
         if not os.path.isfile(path):
             raise GpumemError(f"GPUMEM_LIBRARY names {path}, which does not exist")
         return path
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _NAME)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _SHIPPED)
     if not os.path.isfile(path):
         raise GpumemError(
-            f"{path} is missing: install the package with `pip install ./python` from the "
-            "repository (it builds the library), or point GPUMEM_LIBRARY at libgpumem.so"
+            f"{path} is missing: this copy of the package has no gpumem library (installed from "
+            "the source tree?); install the wheel (`pip install gpumem-allocator`), or point "
+            "GPUMEM_LIBRARY at a libgpumem.so built with `cargo build --release -p gpumem-capi`"
         )
     return path
 
 
-def _declare(lib):
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_char_p = ctypes.c_char_p
     void_p = ctypes.c_void_p
     owned = ctypes.POINTER(ctypes.c_char)  # strings we must hand back to gpumem_string_free
@@ -70,7 +78,7 @@ def _declare(lib):
     return lib
 
 
-def lib():
+def lib() -> ctypes.CDLL:
     """The loaded library (loaded once per process)."""
     global _library
     with _lock:
@@ -79,30 +87,31 @@ def lib():
         return _library
 
 
-def take_string(pointer):
+def take_string(pointer: Any) -> Optional[str]:
     """Copies a string the library returned and releases it; None for a null pointer."""
     if not pointer:
         return None
     try:
-        return ctypes.cast(pointer, ctypes.c_char_p).value.decode("utf-8")
+        value: bytes = ctypes.cast(pointer, ctypes.c_char_p).value or b""
+        return value.decode("utf-8")
     finally:
         lib().gpumem_string_free(pointer)
 
 
-def last_error():
+def last_error() -> Optional[str]:
     """The library's latest error message, or None."""
     return take_string(lib().gpumem_last_error())
 
 
-def fail(call):
+def fail(call: str) -> NoReturn:
     raise GpumemError(last_error() or f"{call} failed")
 
 
-def encode(text):
+def encode(text: Optional[object]) -> Optional[bytes]:
     return None if text is None else str(text).encode("utf-8")
 
 
-def json_call(call, *arguments):
+def json_call(call: str, *arguments: Any) -> Any:
     """Calls a function returning JSON and decodes it; raises GpumemError on failure."""
     text = take_string(getattr(lib(), call)(*arguments))
     if text is None:

@@ -9,6 +9,8 @@ gpumem's richer snapshots instead.)
 The directory is $GPUMEM_PUBLISH_DIR, else /run/gpumem; the process name $GPUMEM_PROCESS_NAME,
 else the script's name.
 """
+from __future__ import annotations
+
 import atexit
 import contextlib
 import json
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any, Callable, Dict, List, Optional
 
 DEFAULT_DIR = "/run/gpumem"
 INTERVAL_SECONDS = 1.0
@@ -24,13 +27,13 @@ INTERVAL_SECONDS = 1.0
 __all__ = ["snapshot", "publish_once", "start", "default_dir"]
 
 
-def default_dir():
+def default_dir() -> str:
     return os.environ.get("GPUMEM_PUBLISH_DIR") or DEFAULT_DIR
 
 
-def _device(torch, index, stats):
+def _device(torch: Any, index: int, stats: Dict[str, Any]) -> Dict[str, Any]:
     get = stats.get  # missing keys (older PyTorch) become null: "unknown", not exported
-    device = {
+    device: Dict[str, Any] = {
         "gpu": index,
         "requested_bytes": get("requested_bytes.all.current"),
         "in_use_bytes": get("allocated_bytes.all.current"),
@@ -62,23 +65,24 @@ def _device(torch, index, stats):
     return device
 
 
-def _process_name():
+def _process_name() -> str:
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     return os.environ.get("GPUMEM_PROCESS_NAME") or (
         script if script not in ("", "-", "-c") else "python"
     )
 
 
-def snapshot(interval=INTERVAL_SECONDS):
+def snapshot(interval: float = INTERVAL_SECONDS) -> Dict[str, Any]:
     """This process's file as a dict: every device it has reserved memory on."""
     import torch
 
-    devices = []
+    devices: List[Dict[str, Any]] = []
     if torch.cuda.is_initialized():
         for index in range(torch.cuda.device_count()):
             stats = torch.cuda.memory_stats(index)
             if stats.get("reserved_bytes.all.peak", 0) > 0:  # a device this process uses
                 devices.append(_device(torch, index, stats))
+    namespace: Optional[str]
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
@@ -96,7 +100,7 @@ def snapshot(interval=INTERVAL_SECONDS):
     }
 
 
-def publish_once(directory=None, interval=INTERVAL_SECONDS):
+def publish_once(directory: Optional[str] = None, interval: float = INTERVAL_SECONDS) -> str:
     """Writes this process's file atomically (a hidden temporary file, then a rename) and
     returns its path."""
     directory = directory or default_dir()
@@ -114,7 +118,9 @@ def publish_once(directory=None, interval=INTERVAL_SECONDS):
     return path
 
 
-def start(directory=None, interval=INTERVAL_SECONDS):
+def start(
+    directory: Optional[str] = None, interval: float = INTERVAL_SECONDS
+) -> Callable[[], None]:
     """Publishes every `interval` seconds on a daemon thread; removes the file at exit.
     Returns a function that stops publishing (and removes the file) at once."""
     directory = directory or default_dir()
@@ -122,7 +128,7 @@ def start(directory=None, interval=INTERVAL_SECONDS):
     path = os.path.join(directory, f"gpumem-{os.getpid()}.json")
     lock, stop = threading.Lock(), threading.Event()
 
-    def loop():
+    def loop() -> None:
         while not stop.is_set():
             with lock:  # never write after the file was removed
                 if stop.is_set():
@@ -133,7 +139,7 @@ def start(directory=None, interval=INTERVAL_SECONDS):
                     print(f"gpumem: could not publish to {directory}: {error}", file=sys.stderr)
             stop.wait(interval)
 
-    def remove():
+    def remove() -> None:
         with lock:
             stop.set()
             with contextlib.suppress(OSError):

@@ -13,10 +13,13 @@ forward to a pluggable allocator: gpumem then knows which memory pool each graph
 and when a graph is gone, and which other streams a tensor was used on. Everything except `use()` works
 without PyTorch too (the C library is loaded through ctypes).
 """
+from __future__ import annotations
+
 import contextlib
 import threading
 import warnings
 import weakref
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _native
 from ._native import GpumemError
@@ -40,10 +43,13 @@ __all__ = [
 
 _state = threading.local()
 _use_lock = threading.Lock()
-_allocator = None
+_allocator: Any = None  # torch.cuda.memory.CUDAPluggableAllocator, once use() has run
+
+# What names a device: an index, a torch.device, "cuda:1", or None for the current one.
+Device = Union[int, str, Any, None]
 
 
-def use():
+def use() -> None:
     """Makes gpumem the CUDA allocator of this process. Call it before the first CUDA tensor is
     created (PyTorch cannot swap an allocator that has allocated). Calling it again does nothing.
     """
@@ -71,7 +77,7 @@ def use():
         _follow_record_stream(torch.Tensor)
 
 
-def _follow_record_stream(tensor_class):
+def _follow_record_stream(tensor_class: Any) -> None:
     """Forwards `Tensor.record_stream(stream)` to gpumem, which PyTorch does not do for a
     pluggable allocator: the tensor's memory, once freed, then waits for the work queued on
     `stream` by then instead of being reused at once on the tensor's own stream."""
@@ -79,7 +85,7 @@ def _follow_record_stream(tensor_class):
         return
     record = tensor_class.record_stream
 
-    def record_stream(self, stream):
+    def record_stream(self: Any, stream: Any) -> None:
         record(self, stream)
         ptr = self.untyped_storage().data_ptr()
         if ptr and _native.lib().gpumem_record_stream(ptr, stream.cuda_stream) != 0:
@@ -94,7 +100,7 @@ def _follow_record_stream(tensor_class):
     tensor_class._gpumem_follows_streams = True
 
 
-def _follow_graph_pools(graph_class, cuda):
+def _follow_graph_pools(graph_class: Any, cuda: Any) -> None:
     """Tells gpumem which memory pool each CUDA graph capture uses and when its graph is gone.
 
     PyTorch keeps this to itself with a pluggable allocator. gpumem sees a capture on its own
@@ -106,7 +112,9 @@ def _follow_graph_pools(graph_class, cuda):
         return
     begin = graph_class.capture_begin
 
-    def capture_begin(self, pool=None, *args, **kwargs):
+    def capture_begin(
+        self: Any, pool: Optional[Tuple[int, int]] = None, *args: Any, **kwargs: Any
+    ) -> None:
         # A graph's pool id is readable only after its capture: give it one now, as
         # `torch.cuda.graph(pool=torch.cuda.graph_pool_handle())` would.
         if pool is None:
@@ -129,7 +137,7 @@ def _follow_graph_pools(graph_class, cuda):
     graph_class._gpumem_follows_pools = True
 
 
-def _release_graph_pool(device, high, low):
+def _release_graph_pool(device: int, high: int, low: int) -> None:
     # Runs when a graph is collected, possibly as the interpreter shuts down: never raises.
     try:
         _native.lib().gpumem_graph_pool_release(device, high, low)
@@ -137,20 +145,20 @@ def _release_graph_pool(device, high, low):
         pass
 
 
-def in_use():
+def in_use() -> bool:
     """Whether `use()` made gpumem PyTorch's allocator in this process."""
     return _allocator is not None
 
 
-def _tag_stack():
-    stack = getattr(_state, "tags", None)
+def _tag_stack() -> List[Optional[bytes]]:
+    stack: Optional[List[Optional[bytes]]] = getattr(_state, "tags", None)
     if stack is None:
         stack = _state.tags = []
     return stack
 
 
 @contextlib.contextmanager
-def tag(name, all_threads=False):
+def tag(name: str, all_threads: bool = False) -> Iterator[None]:
     """Allocations made inside carry `name` (`weights`, `kv_cache`, `activations`, ...) in the
     leak tracker, the status page and `/metrics`. Tags nest; the innermost wins.
 
@@ -172,14 +180,14 @@ def tag(name, all_threads=False):
         setter(stack[-1] if stack else None)
 
 
-_default_tags = []
+_default_tags: List[Optional[bytes]] = []
 
 
-def serve(listen="127.0.0.1:9400"):
+def serve(listen: str = "127.0.0.1:9400") -> str:
     """Serves `/metrics`, the status page and the JSON API (the same as `gpumem demo`) from a
     thread of this process; returns the status page's URL. Port 0 picks a free port. Calling it
     again returns the running exporter's URL."""
-    port = _native.lib().gpumem_serve(_native.encode(listen))
+    port: int = _native.lib().gpumem_serve(_native.encode(listen))
     if port < 0:
         _native.fail("serve")
     host = str(listen).rsplit(":", 1)[0] if listen else "127.0.0.1"
@@ -188,67 +196,70 @@ def serve(listen="127.0.0.1:9400"):
     return f"http://{host}:{port}/"
 
 
-def publish(directory=None):
+def publish(directory: Optional[str] = None) -> None:
     """Writes this process's snapshots into `directory` every second for a
     `gpumem serve --collect-dir` sidecar (default: $GPUMEM_PUBLISH_DIR, else /run/gpumem)."""
     if _native.lib().gpumem_publish(_native.encode(directory)) != 0:
         _native.fail("publish")
 
 
-def _device_index(device):
+def _device_index(device: Device) -> int:
     if device is None:
         try:
             import torch
 
             if torch.cuda.is_initialized():
-                return torch.cuda.current_device()
+                current: int = torch.cuda.current_device()
+                return current
         except ImportError:
             pass
         return 0
     if isinstance(device, int):
         return device
     index = getattr(device, "index", None)  # torch.device("cuda:1")
-    if index is not None:
+    if isinstance(index, int):
         return index
     text = str(device)
     return int(text.split(":", 1)[1]) if ":" in text else 0
 
 
-def memory_stats(device=None):
+def memory_stats(device: Device = None) -> Dict[str, Any]:
     """gpumem's statistics for `device` under the keys of `torch.cuda.memory_stats()`
     (`allocated_bytes.all.current`, `reserved_bytes.all.peak`, `num_ooms`, ...)."""
-    return _native.json_call("gpumem_memory_stats_json", _device_index(device))
+    stats: Dict[str, Any] = _native.json_call("gpumem_memory_stats_json", _device_index(device))
+    return stats
 
 
-def memory_allocated(device=None):
-    return memory_stats(device)["allocated_bytes.all.current"]
+def memory_allocated(device: Device = None) -> int:
+    return int(memory_stats(device)["allocated_bytes.all.current"])
 
 
-def max_memory_allocated(device=None):
-    return memory_stats(device)["allocated_bytes.all.peak"]
+def max_memory_allocated(device: Device = None) -> int:
+    return int(memory_stats(device)["allocated_bytes.all.peak"])
 
 
-def memory_reserved(device=None):
-    return memory_stats(device)["reserved_bytes.all.current"]
+def memory_reserved(device: Device = None) -> int:
+    return int(memory_stats(device)["reserved_bytes.all.current"])
 
 
-def max_memory_reserved(device=None):
-    return memory_stats(device)["reserved_bytes.all.peak"]
+def max_memory_reserved(device: Device = None) -> int:
+    return int(memory_stats(device)["reserved_bytes.all.peak"])
 
 
-def reset_peak_memory_stats():
+def reset_peak_memory_stats() -> None:
     if _native.lib().gpumem_reset_peak_stats() != 0:
         _native.fail("reset_peak_memory_stats")
 
 
-def empty_cache():
+def empty_cache() -> int:
     """Returns cached memory no tensor uses to the driver; the number of bytes released."""
-    released = _native.lib().gpumem_empty_cache()
+    released: int = _native.lib().gpumem_empty_cache()
     if released < 0:
         _native.fail("empty_cache")
     return released
 
 
-def snapshot():
+def snapshot() -> Dict[str, Any]:
     """The manager's snapshot: the document `/api/v1/snapshot` serves, as a dict."""
-    return _native.json_call("gpumem_snapshot_json")
+    document: Dict[str, Any] = _native.json_call("gpumem_snapshot_json")
+    return document

@@ -1,5 +1,6 @@
 """The C library through ctypes, on the simulated device, without PyTorch: run by
-tests/it/python_package.rs (`cargo test`), or by hand with
+tests/it/ffi/python.rs (`cargo test`) twice, against the source tree and against the wheel
+installed in a virtual environment (GPUMEM_TEST_INSTALLED=1 there), or by hand with
 
     GPUMEM_LIBRARY=target/release/libgpumem.so PYTHONPATH=python python3 -m unittest discover -s python/tests
 """
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -23,7 +25,14 @@ import gpumem.torch as gt  # noqa: E402
 from gpumem import _native  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGE_ROOT = os.path.dirname(HERE)
+# The directory holding the `gpumem` package under test: python/ of the source tree, or
+# site-packages where the wheel is installed.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpumem.__file__)))
+INSTALLED = os.environ.get("GPUMEM_TEST_INSTALLED") == "1"
+# Installed, site-packages runs the wheel's .pth at start-up by itself; from the source tree the
+# child processes add the directory the wheel takes it from.
+PTH_DIR = os.path.join(PACKAGE_ROOT, "wheel-data", "purelib")
+ADD_PTH = "" if INSTALLED else f"import site\nsite.addsitedir({PTH_DIR!r})\n"
 FAKE_TORCH = os.path.join(HERE, "fake_torch")
 MIB = 1 << 20
 LOCK = threading.Lock()  # the tests share one process-wide manager
@@ -255,7 +264,7 @@ class UseWithPyTorchsApi(unittest.TestCase):
     )
 
     def env(self, **extra):
-        path = os.pathsep.join([FAKE_TORCH, PACKAGE_ROOT])
+        path = FAKE_TORCH if INSTALLED else os.pathsep.join([FAKE_TORCH, PACKAGE_ROOT])
         return {"PYTHONPATH": path, "GPUMEM_LIBRARY": gpumem.library_path(), **extra}
 
     def test_use_installs_the_library_as_the_allocator(self):
@@ -306,15 +315,15 @@ class UseWithPyTorchsApi(unittest.TestCase):
         self.assertIn("before the first CUDA tensor", done.stderr)
 
     def test_gpumem_torch_variable_installs_it_when_torch_is_imported(self):
-        # site.addsitedir processes the package's .pth exactly as site-packages would.
-        code = f"import site, sys\nsite.addsitedir({PACKAGE_ROOT!r})\n" + "import torch\n" + self.ALLOCATE
+        # From the source tree, site.addsitedir processes the .pth exactly as site-packages would.
+        code = ADD_PTH + "import torch\n" + self.ALLOCATE
         done = run_python(code, self.env(GPUMEM_TORCH="1"))
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("path ", done.stdout)
 
     def test_without_the_variable_nothing_changes(self):
         code = (
-            f"import site, sys\nsite.addsitedir({PACKAGE_ROOT!r})\nimport torch\n"
+            ADD_PTH + "import sys, torch\n"
             "import torch.cuda.memory as m\nprint('allocator', m.current)\n"
             "print('gpumem loaded', 'gpumem' in sys.modules)\n"
         )
@@ -325,13 +334,68 @@ class UseWithPyTorchsApi(unittest.TestCase):
 
     def test_a_failing_autouse_reports_one_line_and_leaves_pytorch_alone(self):
         code = (
-            f"import site\nsite.addsitedir({PACKAGE_ROOT!r})\nimport torch\n"
+            ADD_PTH + "import torch\n"
             "import torch.cuda.memory as m\nprint('allocator', m.current)\n"
         )
         done = run_python(code, self.env(GPUMEM_TORCH="1", GPUMEM_LIBRARY="/nonexistent/libgpumem.so"))
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("allocator None", done.stdout)
         self.assertIn("gpumem: GPUMEM_TORCH is set", done.stderr)
+
+
+class PublishWithoutTheLibrary(unittest.TestCase):
+    """`gpumem.publish` is for processes that keep PyTorch's allocator: it must work where the
+    library cannot be loaded, and importing the package must not try to."""
+
+    def test_publishing_needs_no_library(self):
+        with tempfile.TemporaryDirectory() as directory:
+            code = (
+                "import sys, gpumem, gpumem.publish, gpumem.torch\n"
+                "path = gpumem.publish.publish_once(sys.argv[1])\n"
+                "print('published', path)\n"
+                "try:\n    gpumem.library_path()\n"
+                "except gpumem.GpumemError as error:\n    print('no library:', error)\n"
+            )
+            env = {**os.environ, "GPUMEM_LIBRARY": os.path.join(directory, "absent", "libgpumem.so")}
+            path = FAKE_TORCH if INSTALLED else os.pathsep.join([FAKE_TORCH, PACKAGE_ROOT])
+            done = subprocess.run(
+                [sys.executable, "-c", code, directory], env={**env, "PYTHONPATH": path},
+                capture_output=True, text=True, timeout=120,
+            )
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn("no library: GPUMEM_LIBRARY names", done.stdout)
+            published = done.stdout.split()[1]
+            self.assertEqual(os.path.dirname(published), directory)
+            with open(published) as f:
+                document = json.load(f)
+            self.assertEqual(document["format"], "gpumem.publish")
+            self.assertEqual(document["writer"], "torch 0.0+fake")
+
+
+@unittest.skipUnless(INSTALLED, "runs against the installed wheel (GPUMEM_TEST_INSTALLED=1)")
+class InstalledWheel(unittest.TestCase):
+    """What the wheel put where: the package in site-packages (not the source tree), its
+    library inside it, the typing marker, and the .pth at the top of site-packages."""
+
+    def test_the_package_is_the_installed_one(self):
+        site_packages = {os.path.realpath(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
+        self.assertIn(os.path.realpath(PACKAGE_ROOT), site_packages)
+        self.assertFalse(
+            any(os.path.isfile(os.path.join(entry or ".", "gpumem", "torch.py"))
+                for entry in sys.path if os.path.realpath(entry or ".") not in site_packages),
+            f"a source tree's gpumem is on sys.path: {sys.path}",
+        )
+
+    def test_the_library_the_pth_and_the_marker_are_installed(self):
+        saved = os.environ.pop("GPUMEM_LIBRARY", None)
+        try:
+            library = gpumem.library_path()
+        finally:
+            if saved is not None:
+                os.environ["GPUMEM_LIBRARY"] = saved
+        self.assertTrue(library.startswith(os.path.dirname(os.path.abspath(gpumem.__file__))), library)
+        self.assertTrue(os.path.isfile(os.path.join(PACKAGE_ROOT, "gpumem-torch.pth")))
+        self.assertTrue(os.path.isfile(os.path.join(PACKAGE_ROOT, "gpumem", "py.typed")))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 //! The C ABI (`crates/gpumem-capi`): called from Rust on a simulated device installed as its
 //! manager (`abi`), its three declarations checked against each other (`declarations`), and
-//! from Python through ctypes, without PyTorch (`python`: the package's own tests, and its
-//! installation from a clean copy of the repository).
+//! from Python through ctypes, without PyTorch (`python`: the package's own tests, from the
+//! source tree and against its wheel installed where no cargo is; the wheel's tag and contents;
+//! `pip install ./python`).
 
 mod abi;
 mod declarations;

@@ -7,10 +7,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use std::sync::OnceLock;
 
-const RUNBOOK: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../docs/runbook.md"
-));
+// `runbook.md` in the crate is a link to docs/runbook.md: through it the file is inside the
+// package, so a source distribution of the crate (the Python package's sdist) carries it.
+const RUNBOOK: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/runbook.md"));
 
 pub async fn serve() -> Response {
     static PAGE: OnceLock<String> = OnceLock::new();
