@@ -8,6 +8,7 @@ mod estimate;
 mod exporter_flags;
 mod flight;
 mod healthcheck;
+mod pods;
 mod replay;
 mod serve;
 mod sources;

@@ -120,13 +120,45 @@ pub struct ExitedProcess {
 }
 
 impl SidecarSnapshot {
-    /// The sources that do not work, as `source: reason` lines (for `/healthz` and the page).
+    /// The sources that do not work, as `source: reason` lines (for `/healthz` and the page),
+    /// after a first line saying so when no source reads the device, and with the pod list's
+    /// problem (names kept from the last good list) last.
     pub fn degraded(&self) -> Vec<String> {
-        self.sources
+        let mut lines: Vec<String> = self.blind().into_iter().collect();
+        lines.extend(
+            self.sources
+                .iter()
+                .filter(|s| !s.up)
+                .map(|s| format!("{}: {}", s.source, s.reason.as_deref().unwrap_or("down"))),
+        );
+        if let Some(pods) = self.pods.as_ref().filter(|p| !p.up) {
+            lines.push(format!(
+                "pods: {}",
+                pods.reason
+                    .as_deref()
+                    .unwrap_or("the pod list is not available")
+            ));
+        }
+        lines
+    }
+
+    /// Set while no source reads device memory (NVML, or the backend given instead): the
+    /// sidecar is blind to the device, sees only what processes publish, and says so.
+    pub fn blind(&self) -> Option<String> {
+        let devices: Vec<&SourceStatus> = self
+            .sources
             .iter()
-            .filter(|s| !s.up)
-            .map(|s| format!("{}: {}", s.source, s.reason.as_deref().unwrap_or("down")))
-            .collect()
+            .filter(|s| DEVICE_SOURCES.contains(&s.source.as_str()))
+            .collect();
+        if devices.is_empty() || devices.iter().any(|s| s.up) {
+            return None;
+        }
+        let names: Vec<&str> = devices.iter().map(|s| s.source.as_str()).collect();
+        Some(format!(
+            "blind to the device: no {} reading, so device memory and processes that do not \
+             publish are not seen; pressure comes from the snapshots processes publish",
+            names.join(" or ")
+        ))
     }
 
     /// Notes about sources that work but not fully (the collect budget), as `source: note`.
@@ -138,6 +170,9 @@ impl SidecarSnapshot {
             .collect()
     }
 }
+
+/// The sources that read device memory.
+const DEVICE_SOURCES: [&str; 3] = ["nvml", "cuda", "sim"];
 
 /// One source of the sidecar's data: `nvml`, `cuda`, `sim` (device memory) or `collect`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
