@@ -10,6 +10,7 @@ mod device_wide;
 mod gpu;
 mod k8s;
 mod manifests;
+mod node_agent;
 mod publish;
 mod python;
 mod serve;

@@ -65,10 +65,10 @@ impl GpuExitTracker {
             if last.used_bytes.unwrap_or(0) == 0 || self.still_runs(&last) {
                 continue;
             }
-            let restarted = last.pod.as_ref().is_some_and(|pod| {
-                let current = current_id(pod);
-                current.is_some() && current != pod.container_id
-            });
+            let restarted = last
+                .pod
+                .as_ref()
+                .is_some_and(|pod| restarted(pod, processes, &current_id));
             let reason = if restarted { "restarted" } else { "exited" };
             tracing::warn!(
                 "{} (pid {}{}) {} while holding {} on GPU {}; listed as exited for {}",
@@ -126,6 +126,26 @@ impl GpuExitTracker {
             Err(_) => true,
         }
     }
+}
+
+/// Whether `pod`'s container restarted: the pod list names another current ID for it, or a
+/// process of the same pod runs now in a container the list does not name yet (one started
+/// since the list; the list is asked for again, and names it shortly).
+fn restarted(
+    pod: &PodRef,
+    now_running: &[GpuProcess],
+    current_id: &impl Fn(&PodRef) -> Option<String>,
+) -> bool {
+    let current = current_id(pod);
+    if current.is_some() && current != pod.container_id {
+        return true;
+    }
+    now_running.iter().filter_map(|p| p.pod.as_ref()).any(|p| {
+        p.uid == pod.uid
+            && p.container.is_none()
+            && p.container_id.is_some()
+            && p.container_id != pod.container_id
+    })
 }
 
 #[cfg(test)]

@@ -150,7 +150,11 @@ pub fn resolve(identity: CgroupIdentity, table: Option<&PodTable>) -> Attributio
         },
         CgroupIdentity::Pod { uid, container } => {
             match table.and_then(|t| t.resolve(&uid, container.as_ref())) {
+                // A container ID the pod's status does not list is a container started since
+                // the list (a restart, say): named by its pod now, by its container after
+                // the next list, which it asks for.
                 Some(pod) => Attribution {
+                    unnamed: container.is_some() && pod.container.is_none(),
                     pod: Some(pod),
                     ..Attribution::default()
                 },

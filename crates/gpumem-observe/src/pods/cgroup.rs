@@ -8,7 +8,9 @@
 //!
 //! - systemd driver: `kubepods-burstable-pod<uid with _ for ->.slice`, then
 //!   `cri-containerd-<id>.scope`, `crio-<id>.scope` or `docker-<id>.scope`;
-//! - cgroupfs driver: `kubepods/burstable/pod<uid>/<id>` (CRI-O: `crio-<id>`).
+//! - cgroupfs driver: `kubepods/burstable/pod<uid>/<id>` (CRI-O: `crio-<id>`);
+//! - containerd on cgroup v1 with the systemd driver, in some hierarchies: the systemd path
+//!   as containerd writes it, one component `kubepods-…-pod<uid>.slice:cri-containerd:<id>`.
 //!
 //! cgroup v1 lists one line per hierarchy (`4:memory:/kubepods/...`), v2 one line (`0::/...`).
 //! Seen from a container with its own cgroup namespace, a path outside it starts with `/..`;
@@ -64,7 +66,15 @@ pub fn parse(text: &str) -> CgroupIdentity {
 
 /// One cgroup path.
 pub fn parse_path(path: &str) -> CgroupIdentity {
-    let components: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    // `slice:prefix:id` is containerd's spelling of `slice/prefix-id.scope`: read it as that.
+    let components: Vec<String> = path
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .flat_map(|c| match c.splitn(3, ':').collect::<Vec<_>>()[..] {
+            [slice, prefix, id] => vec![slice.to_string(), format!("{prefix}-{id}.scope")],
+            _ => vec![c.to_string()],
+        })
+        .collect();
     let Some(kubepods) = components.iter().position(|c| c.contains("kubepods")) else {
         return CgroupIdentity::NotPod;
     };
@@ -81,7 +91,7 @@ pub fn parse_path(path: &str) -> CgroupIdentity {
         }
         return CgroupIdentity::Unrecognised(path.to_string());
     };
-    let container = match after.get(at + 1) {
+    let container = match after.get(at + 1).map(String::as_str) {
         None => None,
         Some(component) => match container_id(component) {
             Some(id) => Some(id),
@@ -233,6 +243,16 @@ mod tests {
              0::/\n"
         );
         assert_eq!(parse(&text), pod(Some("docker")));
+    }
+
+    #[test]
+    fn containerds_colon_spelling_of_systemd_paths_on_v1() {
+        let u = underscored();
+        let text = format!(
+            "11:blkio:/system.slice/containerd.service/kubepods-burstable-pod{u}.slice:cri-containerd:{ID}\n\
+             8:cpuset:/kubepods-burstable-pod{u}.slice:cri-containerd:{ID}\n"
+        );
+        assert_eq!(parse(&text), pod(Some("containerd")));
     }
 
     #[test]
