@@ -4,6 +4,7 @@
 //! exporter shows them, the Python writer of docs/publish-format.md, and the Docker and
 //! Kubernetes files checked against what the binary serves.
 
+mod blind;
 mod collect;
 mod compose;
 mod device_wide;
