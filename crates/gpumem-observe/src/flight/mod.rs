@@ -1,7 +1,7 @@
 //! The OOM flight recorder. After every sample it looks for what needs explaining later — new
 //! out-of-memory refusals, a device rising to critical pressure, (in the sidecar) a collected
 //! process whose OOM count went up, and (the node agent) a GPU process that vanished holding
-//! memory ([`exits`]) — and for each writes one self-contained JSON record
+//! memory (`exits`) — and for each writes one self-contained JSON record
 //! ([`record`]) into a bounded directory ([`store`]), logs one line naming the file, and keeps
 //! the latest records in memory for `/api/v1/oom` and the status page.
 //!

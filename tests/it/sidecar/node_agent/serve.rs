@@ -334,3 +334,84 @@ fn every_gpu_process_is_named_by_its_pod() {
         "{logged}"
     );
 }
+
+#[test]
+fn bad_node_agent_input_exits_2_with_one_line() {
+    let dir = TempDir::new("agent-flags");
+    let bad_json = dir.join("nvml.json");
+    std::fs::write(&bad_json, "{\"devices\": [{\"uuid\": 7}]}").expect("write");
+    let missing = dir.join("missing");
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec!["--pod-source", "kubernetes"],
+            vec![],
+            "GPUMEM_NODE_NAME",
+        ),
+        (
+            vec!["--pod-source", "kubernetes", "--node-name", "n1"],
+            vec![("KUBERNETES_SERVICE_HOST", "")],
+            "KUBERNETES_SERVICE_HOST is not set",
+        ),
+        (
+            vec![
+                "--pod-source",
+                "kubernetes",
+                "--node-name",
+                "n1",
+                "--kubernetes-url",
+                "https://127.0.0.1:6443",
+                "--kubernetes-ca",
+                missing.to_str().expect("utf-8"),
+            ],
+            vec![],
+            "cannot read the CA file",
+        ),
+        (vec!["--pod-source", "sometimes"], vec![], "--pod-source"),
+        (
+            vec!["--proc-root", missing.to_str().expect("utf-8")],
+            vec![],
+            "--proc-root",
+        ),
+        (vec!["--pod-refresh", "0s"], vec![], "--pod-refresh"),
+        (
+            vec!["--test-nvml-fixture", bad_json.to_str().expect("utf-8")],
+            vec![],
+            "--test-nvml-fixture",
+        ),
+        (
+            vec![],
+            vec![("GPUMEM_POD_NAME", "vllm-0")],
+            "GPUMEM_POD_NAMESPACE",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let output = crate::support::gpumem(&["serve", "--backend", "sim"])
+            .args(&args)
+            .envs(env.iter().copied())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "{args:?} should say {says}: {stderr}"
+        );
+        // clap's own parse errors come with a usage hint (as for every flag); ours are one line.
+        if !stderr.starts_with("error:") {
+            assert!(stderr.starts_with("gpumem: "), "{args:?}: {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        }
+    }
+    // auto without a cluster around: no pods, no complaint.
+    let output = crate::support::gpumem(&["serve", "--backend", "sim", "--listen", "nowhere"])
+        .env("GPUMEM_NODE_NAME", "n1")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--listen") && !stderr.contains("pods"),
+        "{stderr}"
+    );
+}
