@@ -335,13 +335,16 @@ fn every_gpu_process_is_named_by_its_pod() {
     );
 }
 
+/// Flags, environment, and what stderr must name.
+type BadCase<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+
 #[test]
 fn bad_node_agent_input_exits_2_with_one_line() {
     let dir = TempDir::new("agent-flags");
     let bad_json = dir.join("nvml.json");
     std::fs::write(&bad_json, "{\"devices\": [{\"uuid\": 7}]}").expect("write");
     let missing = dir.join("missing");
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             vec!["--pod-source", "kubernetes"],
             vec![],
