@@ -44,7 +44,7 @@ pub(super) struct PodFlags {
     )]
     pod_refresh: String,
 
-    /// The API server (https://HOST[:PORT]); default from KUBERNETES_SERVICE_HOST and
+    /// The API server (`https://HOST[:PORT]`); default from KUBERNETES_SERVICE_HOST and
     /// KUBERNETES_SERVICE_PORT, as in a pod.
     #[arg(long, env = "GPUMEM_KUBERNETES_URL", value_name = "URL")]
     kubernetes_url: Option<String>,

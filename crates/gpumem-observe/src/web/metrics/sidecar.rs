@@ -391,6 +391,8 @@ mod tests {
     use super::*;
     use gpumem::snapshot::{ProcessDevice, ProcessPool};
 
+    // The collector's budget exists with the collector only.
+    #[cfg(feature = "sidecar")]
     #[test]
     fn the_collect_budget_counts_the_series_exported() {
         use crate::collect::{SERIES_PER_DEVICE, SERIES_PER_POOL};
