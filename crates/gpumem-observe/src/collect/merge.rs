@@ -6,7 +6,12 @@
 //! 2. their PID namespaces agree: the snapshot's `pid_namespace` equals the link
 //!    `<proc root>/<host pid>/ns/pid` of the NVML process. Where either is unknown (an older
 //!    writer, a `/proc` that hides the link) the pid alone decides, and only if exactly one NVML
-//!    process has it — many containers run their engine as pid 1.
+//!    process has it — many containers run their engine as pid 1. (Reading another user's
+//!    `ns/pid` link needs ptrace access to it, which an unprivileged agent lacks; the pid
+//!    decides there.)
+//!
+//! Only NVML processes on a device the snapshot lists (by UUID, where it gives them) are
+//! candidates: engines that are pid 1 of their pods rarely share a GPU.
 //!
 //! Joined, the NVML process takes the name the engine publishes, and the collected process the
 //! pod the NVML process runs in and its host pid, so its pools and tags carry the same
@@ -33,9 +38,15 @@ pub fn merge(gpu: &mut [GpuProcess], collected: &mut [CollectedProcess]) {
 
 /// The host pid of the one NVML process `process` is, if any.
 fn matching_host_pid(gpu: &[GpuProcess], process: &CollectedProcess) -> Option<u32> {
+    let uuids: Vec<&str> = process
+        .devices
+        .iter()
+        .filter_map(|d| d.uuid.as_deref())
+        .collect();
     let mut candidates: Vec<&GpuProcess> = gpu
         .iter()
         .filter(|g| g.mapped && g.pid == process.pid)
+        .filter(|g| uuids.is_empty() || uuids.contains(&g.uuid.as_str()))
         .collect();
     // One NVML process per host pid (it is listed once per GPU it uses).
     candidates.sort_by_key(|g| g.nvml_pid);
@@ -124,6 +135,22 @@ mod tests {
         let mut collected = vec![published(7, Some("pid:[9]"))];
         merge(&mut gpu, &mut collected);
         assert_eq!(collected[0].host_pid, None);
+    }
+
+    #[test]
+    fn the_devices_a_snapshot_lists_tell_two_pid_1s_apart() {
+        let mut on_a = nvml(4121, 1, None, Some("vllm-0"));
+        on_a.uuid = "GPU-a".into();
+        let mut on_b = nvml(5000, 1, None, Some("vllm-1"));
+        on_b.uuid = "GPU-b".into();
+        let mut gpu = vec![on_a, on_b];
+        let mut collected = vec![published(1, None)];
+        collected[0].devices = vec![gpumem::snapshot::ProcessDevice {
+            uuid: Some("GPU-b".into()),
+            ..Default::default()
+        }];
+        merge(&mut gpu, &mut collected);
+        assert_eq!(collected[0].host_pid, Some(5000));
     }
 
     #[test]
