@@ -48,7 +48,20 @@ impl GpuExitTracker {
     ) -> Vec<ExitedGpuProcess> {
         let mut live: BTreeMap<(u32, String), GpuProcess> = processes
             .iter()
-            .map(|p| ((p.nvml_pid, p.uuid.clone()), p.clone()))
+            .map(|p| {
+                let key = (p.nvml_pid, p.uuid.clone());
+                // An exiting process leaves `/proc` before NVML stops listing it: it cannot be
+                // mapped any more, but it is still who it was a moment ago.
+                let known = self.live.get(&key).filter(|was| was.mapped && !p.mapped);
+                let process = match known {
+                    Some(was) => GpuProcess {
+                        used_bytes: p.used_bytes.or(was.used_bytes),
+                        ..was.clone()
+                    },
+                    None => p.clone(),
+                };
+                (key, process)
+            })
             .collect();
         // Back again (a pid reused, a device read again): no longer exited.
         self.exited
@@ -198,6 +211,25 @@ mod tests {
             tracker.update(&[], &read, 72.5, none).is_empty(),
             "past the retention"
         );
+    }
+
+    #[test]
+    fn a_process_gone_from_proc_before_nvml_keeps_its_pod() {
+        let mut tracker = GpuExitTracker::new(Duration::from_secs(60), None);
+        let read: HashSet<String> = ["GPU-a".to_string()].into();
+        tracker.update(&[process(100, 8 << 30, "aaa")], &read, 1.0, |_| None);
+        // Its /proc is gone, NVML still lists it for one more reading: unmapped, no pod.
+        let unmapped = GpuProcess {
+            mapped: false,
+            pod: None,
+            process: "unknown".into(),
+            ..process(100, 8 << 30, "aaa")
+        };
+        assert!(tracker.update(&[unmapped], &read, 2.0, |_| None).is_empty());
+        let exited = tracker.update(&[], &read, 3.0, |_| None);
+        assert_eq!(exited.len(), 1);
+        assert_eq!(exited[0].last.process, "python3");
+        assert!(exited[0].last.pod.is_some(), "{exited:?}");
     }
 
     #[test]
