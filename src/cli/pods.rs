@@ -58,10 +58,11 @@ pub(super) struct PodFlags {
     #[arg(long, env = "GPUMEM_KUBERNETES_TOKEN_FILE", value_name = "FILE")]
     kubernetes_token_file: Option<PathBuf>,
 
-    /// This gpumem's own pod and namespace (the downward API's metadata.name and
-    /// metadata.namespace): shown on the page, in /api/v1/snapshot and in flight records.
+    /// This gpumem's own pod (the downward API's metadata.name), with --pod-namespace: shown
+    /// on the page, in /api/v1/snapshot and in flight records.
     #[arg(long, env = "GPUMEM_POD_NAME", value_name = "NAME")]
     pod_name: Option<String>,
+    /// This gpumem's own pod's namespace (the downward API's metadata.namespace); give both.
     #[arg(long, env = "GPUMEM_POD_NAMESPACE", value_name = "NAMESPACE")]
     pod_namespace: Option<String>,
 

@@ -199,6 +199,13 @@ fn every_gpu_process_is_named_by_its_pod() {
         Some(1.0)
     );
     assert_eq!(value_of(&text, "gpumem_pod_list_up", ""), Some(1.0));
+    if crate::web::tool_available("promtool") {
+        let (status, said) = crate::support::promtool_check_metrics(&text);
+        assert!(
+            status.success() && said.trim().is_empty(),
+            "promtool: {said}\n{text}"
+        );
+    }
     // What vLLM publishes is merged onto the same process: same pid, name and pod.
     let merged = format!("process=\"vllm-engine\",pid=\"1\",gpu=\"0\",uuid=\"{UUID}\",namespace=\"serving\",pod=\"vllm-0\",container=\"inference\"");
     assert_eq!(
