@@ -3,7 +3,9 @@
 //! refresh when a process names a pod the list does not know; the thread decides when to ask
 //! the API server — at most once every `min_gap`, and at least every `refresh` — so neither a
 //! slow API server nor a stream of new pods can slow sampling or flood the server. A failed
-//! request keeps the previous list and is reported, never fatal.
+//! request keeps the previous list and is reported, never fatal; while requests keep failing
+//! the gap doubles after each (up to `refresh`), so a node's worth of agents does not hammer
+//! an API server that is down.
 
 use super::kube::{list_pods, KubeSettings};
 use super::podlist::PodTable;
@@ -71,22 +73,29 @@ impl PodDirectory {
                     refresh.as_secs()
                 );
                 let mut last_request: Option<Instant> = None;
+                let mut failures: u32 = 0;
                 loop {
                     if let Some(last) = last_request {
+                        let gap = backoff(min_gap, refresh, failures);
                         let wait = refresh.saturating_sub(last.elapsed());
                         match nudged.recv_timeout(wait) {
                             Ok(()) | Err(RecvTimeoutError::Timeout) => {}
                             Err(RecvTimeoutError::Disconnected) => return,
                         }
                         let since = last.elapsed();
-                        if since < min_gap {
-                            std::thread::sleep(min_gap - since);
+                        if since < gap {
+                            std::thread::sleep(gap - since);
                         }
                         // Asks that came in meanwhile are answered by this request.
                         while nudged.try_recv().is_ok() {}
                     }
                     last_request = Some(Instant::now());
                     let outcome = runtime.block_on(list_pods(&settings));
+                    failures = if outcome.is_ok() {
+                        0
+                    } else {
+                        failures.saturating_add(1)
+                    };
                     record(&shared, outcome);
                 }
             })?;
@@ -132,6 +141,13 @@ impl PodDirectory {
     }
 }
 
+/// The shortest wait before the next request: `min_gap`, doubled for each failure in a row,
+/// never beyond `refresh` (nor below `min_gap`).
+fn backoff(min_gap: Duration, refresh: Duration, failures: u32) -> Duration {
+    let doubled = min_gap.saturating_mul(1u32 << failures.min(16));
+    doubled.min(refresh.max(min_gap))
+}
+
 fn record(state: &Mutex<State>, outcome: Result<super::podlist::PodList, String>) {
     let mut state = state.lock();
     state.requests_total += 1;
@@ -159,5 +175,19 @@ fn record(state: &Mutex<State>, outcome: Result<super::podlist::PodList, String>
             }
             state.last_error = Some(error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_in_a_row_double_the_gap_up_to_the_refresh() {
+        let (gap, refresh) = (Duration::from_secs(5), Duration::from_secs(30));
+        let waits: Vec<u64> = (0..6).map(|f| backoff(gap, refresh, f).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 30, 30, 30]);
+        assert_eq!(backoff(gap, Duration::from_secs(1), 3), gap);
+        assert_eq!(backoff(gap, refresh, u32::MAX), refresh);
     }
 }
