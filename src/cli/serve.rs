@@ -152,10 +152,12 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
                 )),
                 other => CliError::runtime(other.to_string()),
             })?;
+        // Signals are caught before the address is out (see `interrupted`).
+        let interrupted = crate::demo::interrupted();
         // stdout, so scripts and tests can read the address (as `gpumem demo` does).
         println!("gpumem serve: open {}", exporter.url());
         let _ = std::io::stdout().flush();
-        crate::demo::interrupted().await;
+        interrupted.await;
         tracing::info!("stopping on signal; finishing requests in flight");
         exporter.shutdown_and_wait().await;
         Ok(())
