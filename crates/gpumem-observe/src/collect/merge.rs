@@ -19,6 +19,36 @@
 
 use gpumem::snapshot::{CollectedProcess, GpuProcess};
 
+/// Keeps every NVML process's series its own: two processes of one GPU whose own pids are the
+/// same (the pid 1 of two containers) and that no pod tells apart would export the same
+/// labels; those are labelled with their host pids instead. Run before [`merge`], which only
+/// joins processes whose pid is their own.
+pub fn distinct_pids(gpu: &mut [GpuProcess]) {
+    let key = |g: &GpuProcess| {
+        (
+            g.gpu,
+            g.pid,
+            g.pod
+                .as_ref()
+                .map(|p| (p.uid.clone(), p.container_id.clone())),
+        )
+    };
+    let clashing: Vec<bool> = gpu
+        .iter()
+        .map(|g| {
+            gpu.iter()
+                .any(|other| other.nvml_pid != g.nvml_pid && key(other) == key(g))
+        })
+        .collect();
+    for (entry, clashes) in gpu.iter_mut().zip(clashing) {
+        if clashes {
+            entry.pid = entry.nvml_pid;
+            // The pid is no longer the process's own view: nothing may join it by that.
+            entry.mapped = false;
+        }
+    }
+}
+
 /// Joins `collected` to `gpu` in place; see the module documentation.
 pub fn merge(gpu: &mut [GpuProcess], collected: &mut [CollectedProcess]) {
     for process in collected.iter_mut() {
@@ -135,6 +165,20 @@ mod tests {
         let mut collected = vec![published(7, Some("pid:[9]"))];
         merge(&mut gpu, &mut collected);
         assert_eq!(collected[0].host_pid, None);
+    }
+
+    #[test]
+    fn two_pid_1s_on_one_gpu_outside_pods_keep_their_host_pids() {
+        let mut gpu = vec![
+            nvml(4121, 1, None, None),
+            nvml(5000, 1, None, None),
+            nvml(6000, 1, None, Some("vllm-0")),
+            nvml(7000, 9, None, None),
+        ];
+        distinct_pids(&mut gpu);
+        let pids: Vec<u32> = gpu.iter().map(|g| g.pid).collect();
+        assert_eq!(pids, [4121, 5000, 1, 9]);
+        assert!(!gpu[0].mapped && gpu[2].mapped && gpu[3].mapped);
     }
 
     #[test]

@@ -291,10 +291,11 @@ impl Sidecar {
                     ),
                     None => (None, None),
                 };
-                // One series per (gpu, pid): NVML may list a process once per MIG instance.
+                // One entry per (gpu, host pid): NVML may list a process once per MIG instance.
+                // (Not per translated pid: every pod's engine may be pid 1.)
                 if let Some(known) = processes
                     .iter_mut()
-                    .find(|k| k.gpu == device.index && k.pid == pid)
+                    .find(|k| k.gpu == device.index && k.nvml_pid == p.pid)
                 {
                     known.used_bytes = match (known.used_bytes, p.used_bytes) {
                         (Some(a), Some(b)) => Some(a.saturating_add(b)),
@@ -316,6 +317,7 @@ impl Sidecar {
                 });
             }
         }
+        super::merge::distinct_pids(&mut processes);
         processes
     }
 }
