@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 pub(super) struct FlightFlags {
     /// Directory for the OOM flight recorder: one JSON record per OOM and per rise to critical
     /// pressure (created if missing). Without it the latest records are kept in memory only
-    /// (GET /api/v1/oom). The demo defaults to <publish-dir>/oom when publishing.
+    /// (GET /api/v1/oom). The demo defaults to `<publish-dir>/oom` when publishing.
     #[arg(long, env = "GPUMEM_OOM_DIR", value_name = "DIR")]
     pub oom_dir: Option<PathBuf>,
 

@@ -8,6 +8,7 @@ mod estimate;
 mod exporter_flags;
 mod flight;
 mod healthcheck;
+mod pods;
 mod replay;
 mod serve;
 mod sources;
@@ -86,7 +87,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The exporter/sidecar: device and per-process memory from NVML (no CUDA context), and the
     /// snapshots engines publish into --collect-dir, on /metrics, the status page and the API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// GET a URL (default: the local exporter's /healthz); exit 0 on 2xx, 1 otherwise
     /// (for container health checks).
     Healthcheck(healthcheck::HealthcheckArgs),
@@ -291,7 +292,7 @@ pub(crate) fn run() -> i32 {
         Command::Replay(args) => replay::run(args, &given),
         Command::Estimate(args) => estimate::run(args, &given),
         Command::Bench(args) => bench::run(args, &given),
-        Command::Serve(args) => serve::run(args, &given),
+        Command::Serve(args) => serve::run(*args, &given),
         Command::Healthcheck(args) => healthcheck::run(args),
     };
     match outcome {

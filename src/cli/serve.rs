@@ -1,7 +1,8 @@
 //! `gpumem serve`: the exporter/sidecar. Device memory and per-process memory from NVML (never a
 //! CUDA context unless `--allow-cuda-context`), plus the snapshots engines publish into
-//! `--collect-dir`. Flags are checked before anything is opened; then it serves until Ctrl-C or
-//! SIGTERM, like the demo.
+//! `--collect-dir`; as the node agent (a DaemonSet), each process's pod too (`pods`). Flags
+//! are checked before anything is opened; then it serves until Ctrl-C or SIGTERM, like the
+//! demo.
 
 use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs, Given};
@@ -61,6 +62,9 @@ pub(super) struct ServeArgs {
     flight: super::flight::FlightFlags,
 
     #[command(flatten)]
+    pods: super::pods::PodFlags,
+
+    #[command(flatten)]
     common: CommonArgs,
 }
 
@@ -87,22 +91,28 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
     let config = args.common.memory_config()?;
     let exited_retention = gpumem::units::parse_duration(&args.exited_retention)
         .map_err(|e| CliError::usage(format!("--exited-retention: {e}")))?;
+    let pods = args.pods.validate()?;
     let mut flight = args.flight.settings(None)?;
     // Engines publishing into the collect directory write their records under oom/ there.
     flight.read_dir = args.collect_dir.as_ref().map(|dir| dir.join("oom"));
-    let source = match args.common.backend {
-        BackendChoice::Auto => DeviceSource::Nvml {
+    // Tests only: a file stands in for NVML, whatever the backend.
+    let fixture = args.pods.test_nvml_fixture.clone();
+    let source = match (fixture, args.common.backend) {
+        (Some(fixture), _) => DeviceSource::NvmlFixture(fixture),
+        (None, BackendChoice::Auto) => DeviceSource::Nvml {
             library: args.nvml_library.clone(),
             cuda_fallback: args.allow_cuda_context,
         },
-        BackendChoice::Sim => DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend),
-        BackendChoice::Cuda if !args.allow_cuda_context => {
+        (None, BackendChoice::Sim) => {
+            DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend)
+        }
+        (None, BackendChoice::Cuda) if !args.allow_cuda_context => {
             return Err(CliError::usage(
                 "--backend cuda: serve reads devices through NVML; reading them through CUDA \
                  creates a context (about 500 MiB per device): add --allow-cuda-context if you mean it",
             ))
         }
-        BackendChoice::Cuda => {
+        (None, BackendChoice::Cuda) => {
             DeviceSource::Backend(args.common.open_checked(&config, given)?.0.backend)
         }
     };
@@ -112,6 +122,7 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
 
     let mut sidecar = Sidecar::open(source, collect);
     sidecar.keep_exited_for(exited_retention);
+    pods.apply(&mut sidecar)?;
     match sidecar.device_count() {
         Some(count) => sidecar.select_devices(args.common.device_selection(&config, given, count)?),
         None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(
@@ -141,10 +152,12 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
                 )),
                 other => CliError::runtime(other.to_string()),
             })?;
+        // Signals are caught before the address is out (see `interrupted`).
+        let interrupted = crate::demo::interrupted();
         // stdout, so scripts and tests can read the address (as `gpumem demo` does).
         println!("gpumem serve: open {}", exporter.url());
         let _ = std::io::stdout().flush();
-        crate::demo::interrupted().await;
+        interrupted.await;
         tracing::info!("stopping on signal; finishing requests in flight");
         exporter.shutdown_and_wait().await;
         Ok(())

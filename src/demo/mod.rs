@@ -16,6 +16,7 @@ use gpumem::manager::{ManagerConfig, MemoryManager};
 use gpumem_observe::exporter::{Exporter, ExporterError};
 use gpumem_observe::publish::{PublishError, Publisher};
 use pressure::{PressureSource, PressureSwing};
+use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -143,6 +144,8 @@ async fn serve(
         .routes(spike::routes(Arc::clone(&spike)))
         .allowed_hosts(&settings.allowed_hosts)
         .spawn()?;
+    // Signals are caught from here on: whoever reads the address below may stop us at once.
+    let interrupted = interrupted();
     // The one line a new user needs; stdout, so scripts and tests can read the address.
     println!("gpumem demo: open {}", exporter.url());
     let _ = std::io::stdout().flush();
@@ -158,7 +161,7 @@ async fn serve(
             .map_err(DemoError::Startup)?
     };
 
-    wait_for_end(settings.duration).await;
+    wait_for_end(settings.duration, interrupted).await;
     stop.store(true, Ordering::Relaxed);
     let joined = tokio::task::spawn_blocking(move || workload.join()).await;
     if !matches!(joined, Ok(Ok(()))) {
@@ -172,8 +175,8 @@ async fn serve(
     Ok(())
 }
 
-/// Returns on Ctrl-C, SIGTERM, or when `duration` has passed.
-async fn wait_for_end(duration: Option<Duration>) {
+/// Returns on Ctrl-C, SIGTERM (`interrupted`), or when `duration` has passed.
+async fn wait_for_end(duration: Option<Duration>, interrupted: impl Future<Output = ()>) {
     let timer = async {
         match duration {
             Some(duration) => tokio::time::sleep(duration).await,
@@ -182,32 +185,38 @@ async fn wait_for_end(duration: Option<Duration>) {
     };
     tokio::select! {
         _ = timer => tracing::info!("demo duration reached; stopping"),
-        _ = interrupted() => tracing::info!("stopping on signal; finishing requests in flight"),
+        _ = interrupted => tracing::info!("stopping on signal; finishing requests in flight"),
     }
 }
 
-/// Returns on Ctrl-C or SIGTERM (`gpumem serve` waits on it too).
-pub(crate) async fn interrupted() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// A future that completes on Ctrl-C or SIGTERM (`gpumem serve` waits on it too). SIGTERM's
+/// handler is installed when this is called, not when the future is first polled: a signal
+/// sent right after the address is printed must stop the command cleanly, not kill it.
+/// Called inside the runtime.
+pub(crate) fn interrupted() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(unix)]
+        let terminate = async {
+            match terminate {
+                Some(mut stream) => {
+                    stream.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let terminate = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = terminate => {}
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
     }
 }
 

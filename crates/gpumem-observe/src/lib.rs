@@ -2,7 +2,8 @@
 //! snapshots every interval into a [`history`] ring), the [`web`] server (`/metrics`, the status
 //! page, the JSON API, `/healthz`), the [`exporter`] an engine embeds, the OOM [`flight`]
 //! recorder, [`nvml`] readings (no CUDA context), [`publish`]ing snapshots for a sidecar and,
-//! with the feature `sidecar`, [`collect`]ing them.
+//! with the feature `sidecar`, [`collect`]ing them and naming GPU processes' [`pods`] (the
+//! node agent).
 
 pub mod exporter;
 pub mod flight;
@@ -14,5 +15,7 @@ pub mod web;
 
 #[cfg(feature = "sidecar")]
 pub mod collect;
+#[cfg(feature = "sidecar")]
+pub mod pods;
 
 pub use exporter::{Exporter, ExporterHandle};

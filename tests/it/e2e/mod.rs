@@ -3,6 +3,7 @@
 //! demo serves, and a real Prometheus scraping `gpumem demo` with the rules loaded (every
 //! dashboard query returns data; a forced pressure spike fires the pressure alerts).
 
+mod blind;
 mod dashboard;
 mod oom;
 mod prometheus;

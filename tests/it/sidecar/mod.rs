@@ -4,12 +4,14 @@
 //! exporter shows them, the Python writer of docs/publish-format.md, and the Docker and
 //! Kubernetes files checked against what the binary serves.
 
+mod blind;
 mod collect;
 mod compose;
 mod device_wide;
 mod gpu;
 mod k8s;
 pub(crate) mod manifests;
+mod node_agent;
 mod publish;
 mod python;
 mod serve;

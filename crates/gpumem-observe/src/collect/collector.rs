@@ -393,6 +393,9 @@ impl Collector {
                     timestamp_seconds: file.timestamp_seconds,
                     age_seconds: age,
                     devices: file.devices.clone(),
+                    pid_namespace: file.pid_namespace.clone(),
+                    pod: None,
+                    host_pid: None,
                 },
             ));
         }

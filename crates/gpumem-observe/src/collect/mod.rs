@@ -1,9 +1,14 @@
 //! Collecting: the sidecar side of publishing. [`Collector`] reads the files engines publish
 //! (`crate::publish`) from a shared directory; [`Sidecar`] combines them with NVML's device and
-//! per-process memory into the snapshots `gpumem serve` exports.
+//! per-process memory into the snapshots `gpumem serve` exports: with their pods (the node
+//! agent), joined to what the same processes publish, and with those that vanished.
 
 mod collector;
 pub mod exited;
+pub mod gpu_exited;
+pub mod merge;
+pub mod nvml_fixture;
+pub mod published_devices;
 pub mod read;
 mod sidecar;
 

@@ -226,6 +226,23 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
                 "gpu {gpu}: \"oldest_allocation_age_seconds\" is negative"
             ));
         }
+        if let Some(memory) = &device.device_memory {
+            if memory.free_bytes > memory.total_bytes {
+                return Err(format!(
+                    "gpu {gpu}: \"device_memory\": free_bytes is above total_bytes"
+                ));
+            }
+            if memory.pressure_level.is_some_and(|l| l > 3)
+                || memory
+                    .pressure_used_ratio
+                    .is_some_and(|r| !(r.is_finite() && r >= 0.0))
+            {
+                return Err(format!(
+                    "gpu {gpu}: \"device_memory\": pressure_level must be 0 to 3 and \
+                     pressure_used_ratio a non-negative number"
+                ));
+            }
+        }
         if device.pools.len() > MAX_POOLS {
             return Err(format!(
                 "gpu {gpu}: {} pools; at most {MAX_POOLS}",
@@ -365,6 +382,30 @@ mod tests {
         );
         assert_eq!(reason(&twice), "invalid");
         assert_eq!(reason(&tagged.replace("kv_cache", "")), "invalid");
+    }
+
+    #[test]
+    fn the_device_as_the_writer_reads_it_is_checked() {
+        let with = |memory: &str| {
+            GOOD.replace(
+                "\"pools\":[",
+                &format!("\"device_memory\":{memory},\"pools\":["),
+            )
+        };
+        let file = parse(
+            with(r#"{"total_bytes":100,"free_bytes":4,"pressure_level":3,"pressure_used_ratio":0.97}"#)
+                .as_bytes(),
+        )
+        .expect("valid");
+        let memory = file.devices[0].device_memory.clone().expect("read");
+        assert_eq!((memory.total_bytes, memory.pressure_level), (100, Some(3)));
+        for bad in [
+            r#"{"total_bytes":1,"free_bytes":4}"#,
+            r#"{"total_bytes":100,"free_bytes":4,"pressure_level":4}"#,
+            r#"{"total_bytes":100,"free_bytes":4,"pressure_used_ratio":-1}"#,
+        ] {
+            assert_eq!(reason(&with(bad)), "invalid", "{bad}");
+        }
     }
 
     #[test]

@@ -2,15 +2,23 @@
 //! the user chose (`--backend sim`, or CUDA when a context is explicitly allowed) — NVML's
 //! per-process memory mapped to the pids this sidecar can see, and the collected files. No
 //! source is fatal: each reports whether it works (`gpumem_up{source=...}`) and why not.
+//! As the node agent it also names each GPU process's pod (`crate::pods`), joins what
+//! processes publish to what NVML says of them (`merge`), keeps GPU processes that vanished
+//! holding memory (`gpu_exited`), and without any device source reads the devices as the
+//! publishers see them (`published_devices`).
 
 use super::collector::{CollectSettings, Collector};
+use super::gpu_exited::GpuExitTracker;
 use crate::nvml::{NvmlDevice, NvmlReader, PidMapper};
+use crate::pods::{PodAttributor, PodDirectory};
 use crate::sampler::SnapshotSource;
 use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice, BackendKind, DeviceBackend};
 use gpumem::snapshot::{
     unix_now, CaptureSettings, DeviceMemory, DeviceSnapshot, GpuProcess, Pressure, SidecarSnapshot,
-    Snapshot, SourceStatus,
+    Snapshot, SourceStatus, ThisPod,
 };
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +35,8 @@ pub enum DeviceSource {
     },
     /// A backend the caller opened: the simulated device, or CUDA when a context is allowed.
     Backend(Arc<dyn DeviceBackend>),
+    /// For tests only: a file saying what NVML would (`super::nvml_fixture`).
+    NvmlFixture(PathBuf),
 }
 
 /// A backend read for device memory, and its source name (`sim`, `cuda`).
@@ -39,6 +49,8 @@ struct NvmlState {
     last_attempt: Instant,
     /// Look for NVML again while it is missing (not when a fallback took over).
     retry: bool,
+    /// Tests only: NVML's readings come from this file.
+    fixture: Option<PathBuf>,
 }
 
 /// The sidecar's [`SnapshotSource`].
@@ -50,6 +62,14 @@ pub struct Sidecar {
     pids: PidMapper,
     collector: Option<Collector>,
     exited: Option<super::exited::ExitedTracker>,
+    /// Where pids are looked up (`/proc`, or the host's `/proc` mounted elsewhere).
+    proc_root: PathBuf,
+    /// Names GPU processes' pods (the node agent); `None` without a pod source.
+    attributor: Option<PodAttributor>,
+    gpu_exited: GpuExitTracker,
+    /// How long exited processes stay listed.
+    retention: std::time::Duration,
+    this_pod: Option<ThisPod>,
 }
 
 impl Sidecar {
@@ -69,7 +89,22 @@ impl Sidecar {
                 library,
                 cuda_fallback,
             } => open_nvml(library, cuda_fallback),
+            DeviceSource::NvmlFixture(path) => {
+                tracing::warn!(
+                    "devices: a test fixture standing in for NVML ({}); not a real device",
+                    path.display()
+                );
+                let state = NvmlState {
+                    library: None,
+                    reader: Err("test fixture".to_string()),
+                    last_attempt: Instant::now(),
+                    retry: false,
+                    fixture: Some(path),
+                };
+                (Some(state), None)
+            }
         };
+        let proc_root = PathBuf::from("/proc");
         Sidecar {
             nvml,
             backend,
@@ -79,11 +114,39 @@ impl Sidecar {
                 super::exited::ExitedTracker::new(c.dir.clone(), super::exited::DEFAULT_RETENTION)
             }),
             collector: collect.map(Collector::new),
+            gpu_exited: GpuExitTracker::new(
+                super::exited::DEFAULT_RETENTION,
+                Some(proc_root.clone()),
+            ),
+            proc_root,
+            attributor: None,
+            retention: super::exited::DEFAULT_RETENTION,
+            this_pod: None,
         }
+    }
+
+    /// Looks pids up under `root`: the host's `/proc` (mounted elsewhere, or a test's tree),
+    /// so NVML's host pids are read as they are.
+    pub fn use_proc_root(&mut self, root: impl Into<PathBuf>) {
+        self.proc_root = root.into();
+        self.pids = PidMapper::with_proc_root(&self.proc_root, true);
+        self.gpu_exited = GpuExitTracker::new(self.retention, Some(self.proc_root.clone()));
+    }
+
+    /// Names each GPU process's pod from its cgroup and `directory`'s pod list.
+    pub fn attribute_pods(&mut self, directory: PodDirectory) {
+        self.attributor = Some(PodAttributor::new(&self.proc_root, directory));
+    }
+
+    /// The pod this gpumem runs in (the downward API), for the page, the API and the records.
+    pub fn set_this_pod(&mut self, pod: ThisPod) {
+        self.this_pod = Some(pod);
     }
 
     /// How long a process that stopped publishing stays listed as exited (default 15 min).
     pub fn keep_exited_for(&mut self, retention: std::time::Duration) {
+        self.retention = retention;
+        self.gpu_exited = GpuExitTracker::new(retention, Some(self.proc_root.clone()));
         if let Some(collector) = &self.collector {
             let dir = collector.settings().dir.clone();
             self.exited = Some(super::exited::ExitedTracker::new(dir, retention));
@@ -105,6 +168,18 @@ impl Sidecar {
 
     fn read_nvml(&mut self, sources: &mut Vec<SourceStatus>) -> Option<NvmlReading> {
         let state = self.nvml.as_mut()?;
+        if let Some(path) = &state.fixture {
+            return match super::nvml_fixture::read(path) {
+                Ok(devices) => {
+                    sources.push(status("nvml", true, None));
+                    Some(NvmlReading { devices })
+                }
+                Err(reason) => {
+                    sources.push(status("nvml", false, Some(reason)));
+                    None
+                }
+            };
+        }
         if state.reader.is_err() && state.retry && state.last_attempt.elapsed() >= NVML_RETRY {
             state.last_attempt = Instant::now();
             state.reader = NvmlReader::open(state.library.as_deref());
@@ -183,8 +258,9 @@ impl Sidecar {
         devices
     }
 
-    /// NVML's compute processes, named and mapped to this namespace's pids where possible.
-    fn gpu_processes(&self, reading: &NvmlReading) -> Vec<GpuProcess> {
+    /// NVML's compute processes, named and mapped to this namespace's pids where possible,
+    /// and (the node agent) attributed to their pods.
+    fn gpu_processes(&mut self, reading: &NvmlReading) -> Vec<GpuProcess> {
         let mut processes: Vec<GpuProcess> = Vec::new();
         for device in &reading.devices {
             let Ok(list) = &device.processes else {
@@ -205,10 +281,21 @@ impl Sidecar {
                         .unwrap_or(""),
                 );
                 let pid = mapping.as_ref().map_or(p.pid, |m| m.pid);
-                // One series per (gpu, pid): NVML may list a process once per MIG instance.
+                // Only a pid this sidecar could map is read under its proc root.
+                let (pod, pid_namespace) = match &mapping {
+                    Some(_) => (
+                        self.attributor
+                            .as_mut()
+                            .and_then(|a| a.attribute(p.pid).pod),
+                        crate::pods::attribute::pid_namespace(&self.proc_root, p.pid),
+                    ),
+                    None => (None, None),
+                };
+                // One entry per (gpu, host pid): NVML may list a process once per MIG instance.
+                // (Not per translated pid: every pod's engine may be pid 1.)
                 if let Some(known) = processes
                     .iter_mut()
-                    .find(|k| k.gpu == device.index && k.pid == pid)
+                    .find(|k| k.gpu == device.index && k.nvml_pid == p.pid)
                 {
                     known.used_bytes = match (known.used_bytes, p.used_bytes) {
                         (Some(a), Some(b)) => Some(a.saturating_add(b)),
@@ -224,9 +311,13 @@ impl Sidecar {
                     mapped: mapping.is_some(),
                     process,
                     used_bytes: p.used_bytes,
+                    pod,
+                    pid_namespace,
+                    published: false,
                 });
             }
         }
+        super::merge::distinct_pids(&mut processes);
         processes
     }
 }
@@ -237,8 +328,11 @@ impl SnapshotSource for Sidecar {
         let timestamp_seconds = unix_now();
         let mut sources = Vec::new();
         let mut problems = Vec::new();
+        if let Some(attributor) = &mut self.attributor {
+            attributor.begin();
+        }
         let reading = self.read_nvml(&mut sources);
-        let (devices, gpu_processes, backend) = match &reading {
+        let (devices, mut gpu_processes, mut backend) = match &reading {
             Some(reading) => (
                 reading
                     .devices
@@ -273,7 +367,17 @@ impl SnapshotSource for Sidecar {
             }
             collect = Some(collected.status);
         }
+        super::merge::merge(&mut gpu_processes, &mut processes);
+        let exited_gpu =
+            self.update_exited_gpu(reading.as_ref(), &gpu_processes, timestamp_seconds);
         let mut devices = devices;
+        if reading.is_none() && self.backend.is_none() {
+            // Blind to the device: the publishers' own readings stand in for it.
+            devices = super::published_devices::devices(&processes, settings);
+            if !devices.is_empty() {
+                backend = "published";
+            }
+        }
         for device in &mut devices {
             add_collected(device, &processes, settings);
         }
@@ -286,9 +390,37 @@ impl SnapshotSource for Sidecar {
                 processes,
                 collect,
                 exited,
+                exited_gpu,
+                pods: self.attributor.as_ref().map(PodAttributor::status),
+                this_pod: self.this_pod.clone(),
             }),
             ..gpumem::snapshot::begun(settings, started, timestamp_seconds, backend.to_string())
         }
+    }
+}
+
+impl Sidecar {
+    /// GPU processes that vanished holding memory, judged only on devices read this time.
+    fn update_exited_gpu(
+        &mut self,
+        reading: Option<&NvmlReading>,
+        processes: &[GpuProcess],
+        now: f64,
+    ) -> Vec<gpumem::snapshot::ExitedGpuProcess> {
+        let read: HashSet<String> = reading
+            .map(|r| {
+                r.devices
+                    .iter()
+                    .filter(|d| d.processes.is_ok())
+                    .map(|d| d.uuid.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let attributor = self.attributor.as_ref();
+        self.gpu_exited.update(processes, &read, now, |pod| {
+            let container = pod.container.as_deref()?;
+            attributor?.current_container_id(&pod.uid, container)
+        })
     }
 }
 
@@ -320,17 +452,22 @@ fn add_collected(
     let Some(memory) = &mut device.memory else {
         return;
     };
-    if memory.used_bytes < reserved {
+    let raised = memory.used_bytes < reserved;
+    if raised {
         memory.used_bytes = reserved.min(memory.total_bytes);
         memory.free_bytes = memory.total_bytes - memory.used_bytes;
     }
     memory.used_by_this_process_bytes = reserved.min(memory.used_bytes);
     memory.used_by_others_bytes = memory.used_bytes - memory.used_by_this_process_bytes;
-    device.pressure = Some(Pressure::measure(
-        &settings.pressure,
-        memory.used_bytes,
-        memory.total_bytes,
-    ));
+    // A reading's own pressure (a publisher's, by its thresholds) stands unless the reading
+    // had to be raised.
+    if raised || device.pressure.is_none() {
+        device.pressure = Some(Pressure::measure(
+            &settings.pressure,
+            memory.used_bytes,
+            memory.total_bytes,
+        ));
+    }
 }
 
 /// Keeps each collected device's largest `keep` tags and folds the rest into `other`, so the
@@ -390,6 +527,7 @@ fn open_nvml(
         reader,
         last_attempt: Instant::now(),
         retry,
+        fixture: None,
     };
     (Some(state), backend)
 }

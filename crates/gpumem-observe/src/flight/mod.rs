@@ -1,6 +1,7 @@
 //! The OOM flight recorder. After every sample it looks for what needs explaining later — new
-//! out-of-memory refusals, a device rising to critical pressure, and (in the sidecar) a collected
-//! process whose OOM count went up — and for each writes one self-contained JSON record
+//! out-of-memory refusals, a device rising to critical pressure, (in the sidecar) a collected
+//! process whose OOM count went up, and (the node agent) a GPU process that vanished holding
+//! memory (`exits`) — and for each writes one self-contained JSON record
 //! ([`record`]) into a bounded directory ([`store`]), logs one line naming the file, and keeps
 //! the latest records in memory for `/api/v1/oom` and the status page.
 //!
@@ -8,8 +9,10 @@
 //! allocator one entry in its small refusal log, nothing more. Records of one device are at
 //! least `min_gap` apart; refusals in between are counted in the next record.
 
+mod exits;
 pub mod record;
 pub mod store;
+mod summary;
 
 pub use record::{FlightRecord, Trigger};
 
@@ -111,6 +114,10 @@ pub struct FlightRecorder {
     known_files: HashSet<String>,
     /// NVML, opened at the first in-process record (the sidecar has its own readings).
     nvml: Option<Result<NvmlReader, String>>,
+    /// Exited GPU processes already recorded, by (host pid, UUID, when).
+    exits_recorded: HashSet<(u32, String, u64)>,
+    /// The pod of this gpumem (the downward API), from the latest sample.
+    recorded_in: Option<gpumem::snapshot::ThisPod>,
 }
 
 impl FlightRecorder {
@@ -126,10 +133,13 @@ impl FlightRecorder {
             this_process: RecordProcess {
                 pid: identity.pid,
                 process: identity.process,
+                pod: None,
             },
             watched: HashMap::new(),
             known_files: HashSet::new(),
             nvml: None,
+            exits_recorded: HashSet::new(),
+            recorded_in: None,
         }
     }
 
@@ -148,9 +158,11 @@ impl FlightRecorder {
                 }
             }
             Some(sidecar) => {
+                self.recorded_in = sidecar.this_pod.clone();
                 for device in &snapshot.devices {
                     self.observe_sidecar_device(device, sidecar, &points, snapshot);
                 }
+                self.observe_exits(sidecar, &points, snapshot);
                 for process in &sidecar.processes {
                     for device in &process.devices {
                         self.observe_collected(process, device, sidecar, &points, snapshot);
@@ -191,7 +203,8 @@ impl FlightRecorder {
             (false, false) => return None,
         };
         let last = match trigger {
-            Trigger::Oom => &mut watch.last_oom,
+            // Exits keep their own watches (`exits`), under their own keys.
+            Trigger::Oom | Trigger::Exited => &mut watch.last_oom,
             Trigger::CriticalPressure => &mut watch.last_critical,
         };
         if last.is_some_and(|t| t.elapsed() < min_gap) {
@@ -248,6 +261,9 @@ impl FlightRecorder {
             history: device_history(points, device.index, 0.0),
             other_processes,
             other_processes_note: note,
+            held_bytes: None,
+            exit_reason: None,
+            recorded_in: None,
         };
         self.finish(record);
     }
@@ -311,6 +327,7 @@ impl FlightRecorder {
             process: Some(RecordProcess {
                 pid: process.pid,
                 process: process.process.clone(),
+                pod: process.pod.clone().or_else(|| publisher_pod(sidecar)),
             }),
             device: record_dev,
             ooms_total: Some(ooms),
@@ -327,7 +344,8 @@ impl FlightRecorder {
 
     /// Names, summarises, writes and logs a record, and keeps it for the API.
     fn finish(&mut self, mut record: FlightRecord) {
-        record.summary = summary(&record);
+        record.recorded_in = self.recorded_in.clone();
+        record.summary = summary::summary(&record);
         let mut name = format!(
             "{}-{}-gpu{}",
             store::utc_stamp(record.timestamp_seconds),
@@ -435,6 +453,7 @@ impl FlightRecorder {
                         ),
                         used_bytes: p.used_bytes,
                         source: "nvml".to_string(),
+                        pod: None,
                     })
                     .collect(),
                 None,
@@ -468,7 +487,24 @@ fn blank(due: Due, timestamp_seconds: f64) -> FlightRecord {
         history: Vec::new(),
         other_processes: Vec::new(),
         other_processes_note: None,
+        held_bytes: None,
+        exit_reason: None,
+        recorded_in: None,
     }
+}
+
+/// In the sidecar shape (no pod attribution), a process that publishes into the sidecar's
+/// directory runs in the sidecar's pod: the downward API names it.
+fn publisher_pod(sidecar: &SidecarSnapshot) -> Option<gpumem::snapshot::PodRef> {
+    if sidecar.pods.is_some() {
+        return None;
+    }
+    let pod = sidecar.this_pod.as_ref()?;
+    Some(gpumem::snapshot::PodRef {
+        namespace: pod.namespace.clone(),
+        pod: pod.pod.clone(),
+        ..gpumem::snapshot::PodRef::default()
+    })
 }
 
 /// The sidecar's reading of a device, with the publishing process's pool totals when known.
@@ -485,7 +521,7 @@ fn record_device(device: &DeviceSnapshot, published: Option<&ProcessDevice>) -> 
 }
 
 /// Who holds memory on `device`, as the sidecar sees it: NVML's compute processes, then the
-/// collected processes (their reserved bytes), leaving out `except`.
+/// collected processes NVML does not list (their reserved bytes), leaving out `except`.
 fn holders(
     device: &DeviceSnapshot,
     sidecar: &SidecarSnapshot,
@@ -500,9 +536,15 @@ fn holders(
             process: p.process.clone(),
             used_bytes: p.used_bytes,
             source: "nvml".to_string(),
+            pod: p.pod.clone(),
         })
         .collect();
-    for process in sidecar.processes.iter().filter(|p| Some(p.pid) != except) {
+    // A process joined to its NVML entry is listed once, above.
+    let listed = sidecar
+        .processes
+        .iter()
+        .filter(|p| Some(p.pid) != except && p.host_pid.is_none());
+    for process in listed {
         for published in &process.devices {
             if published.is(device) {
                 others.push(OtherProcess {
@@ -510,6 +552,7 @@ fn holders(
                     process: process.process.clone(),
                     used_bytes: published.reserved_bytes,
                     source: "published".to_string(),
+                    pod: process.pod.clone(),
                 });
             }
         }
@@ -518,62 +561,4 @@ fn holders(
     let note =
         (!nvml_up).then(|| "no NVML: only processes that publish snapshots are listed".to_string());
     (others, note)
-}
-
-/// The one line logged for a record (and shown in lists).
-fn summary(record: &FlightRecord) -> String {
-    let device = &record.device;
-    let who = record
-        .process
-        .as_ref()
-        .map(|p| format!(" ({} pid {})", p.process, p.pid))
-        .unwrap_or_default();
-    let memory = device
-        .memory
-        .map(|m| format!("{} used of {}", Bytes(m.used_bytes), Bytes(m.total_bytes)))
-        .unwrap_or_else(|| "device memory unknown".to_string());
-    match record.trigger {
-        Trigger::Oom => {
-            let latest = record
-                .request
-                .as_ref()
-                .map(|r| {
-                    format!(
-                        ", the latest {} for tag {} ({})",
-                        Bytes(r.requested_bytes),
-                        r.tag.as_deref().unwrap_or("untagged"),
-                        r.kind.replace('_', " ")
-                    )
-                })
-                .unwrap_or_default();
-            let cached: u64 = record
-                .pools
-                .iter()
-                .filter_map(|p| p.cached_free_bytes)
-                .sum();
-            let largest = record
-                .pools
-                .iter()
-                .filter_map(|p| p.largest_free_block_bytes)
-                .max()
-                .unwrap_or(0);
-            format!(
-                "out of memory on GPU {}{who}: {} allocation(s) refused{latest}; device {memory}; pools cache {} free, largest block {}",
-                device.gpu,
-                record.ooms_since_previous,
-                Bytes(cached),
-                Bytes(largest)
-            )
-        }
-        Trigger::CriticalPressure => {
-            let ratio = device
-                .pressure
-                .map(|p| format!("{:.1} % of usable memory", p.used_ratio * 100.0))
-                .unwrap_or_else(|| "usable memory".to_string());
-            format!(
-                "GPU {}{who} rose to critical memory pressure: {ratio} in use; device {memory}",
-                device.gpu
-            )
-        }
-    }
 }

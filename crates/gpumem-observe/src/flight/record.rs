@@ -2,11 +2,12 @@
 //! wrong (an out-of-memory refusal, or a rise to critical pressure). Everything an operator needs
 //! to answer "why did this run out of memory?" is inside: the request, the device, each pool's
 //! free / cached / largest free block, the largest tags, the last minutes of history and who else
-//! held memory on the device.
+//! held memory on the device (with their pods, where the node agent named them). The node agent
+//! also records a GPU process that vanished while it held memory (trigger `exited`).
 
 use crate::history::HistoryPoint;
 use gpumem::manager::ooms::OomEvent;
-use gpumem::snapshot::{DeviceMemory, Pressure, ProcessPool, TagGroup};
+use gpumem::snapshot::{DeviceMemory, PodRef, Pressure, ProcessPool, TagGroup, ThisPod};
 use serde::{Deserialize, Serialize};
 
 /// The value of `format`: what the file is, before anything else is trusted.
@@ -21,6 +22,8 @@ pub enum Trigger {
     Oom,
     /// The device's pressure rose to critical.
     CriticalPressure,
+    /// A GPU process vanished while it held memory (exited, killed, its container restarted).
+    Exited,
 }
 
 impl Trigger {
@@ -28,6 +31,7 @@ impl Trigger {
         match self {
             Trigger::Oom => "oom",
             Trigger::CriticalPressure => "critical_pressure",
+            Trigger::Exited => "exited",
         }
     }
 }
@@ -66,12 +70,26 @@ pub struct FlightRecord {
     pub other_processes: Vec<OtherProcess>,
     /// Why `other_processes` may be incomplete (no NVML, ...).
     pub other_processes_note: Option<String>,
+    /// What the process held on the device when it was last seen (trigger `exited`: NVML's
+    /// count of its memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_bytes: Option<u64>,
+    /// Why it is gone (trigger `exited`): `exited`, or `restarted` (its container).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_reason: Option<String>,
+    /// The pod of the gpumem that wrote the record (the downward API), when it knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_in: Option<ThisPod>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordProcess {
     pub pid: u32,
     pub process: String,
+    /// Its pod, where the node agent named it (or the sidecar's own pod, for the processes
+    /// that publish into it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -104,6 +122,9 @@ pub struct OtherProcess {
     pub used_bytes: Option<u64>,
     /// `nvml` (the driver's per-process accounting) or `published` (its own snapshot).
     pub source: String,
+    /// Its pod, where the node agent named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 /// The history points of device `gpu` newer than `since` (Unix seconds).

@@ -68,9 +68,16 @@ impl PidMapper {
     }
 }
 
-/// `Name:` and the innermost `NStgid:` of `/proc/<pid>/status`.
+/// `Name:` and the innermost `NStgid:` of `/proc/<pid>/status`; without a readable status,
+/// the name from `comm`, else from the first word of `cmdline`, and the pid as it is.
 fn read_status(proc_root: &Path, pid: u32) -> Option<Mapping> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    let dir = proc_root.join(pid.to_string());
+    let Ok(text) = std::fs::read_to_string(dir.join("status")) else {
+        return Some(Mapping {
+            pid,
+            process: command_name(&dir)?,
+        });
+    };
     let mut process = None;
     let mut innermost = pid;
     for line in text.lines() {
@@ -86,6 +93,24 @@ fn read_status(proc_root: &Path, pid: u32) -> Option<Mapping> {
         pid: innermost,
         process: process.filter(|n| !n.is_empty())?,
     })
+}
+
+/// The command's name: `comm`, else the file name of `cmdline`'s first word.
+fn command_name(dir: &Path) -> Option<String> {
+    if let Ok(comm) = std::fs::read_to_string(dir.join("comm")) {
+        let comm = comm.trim();
+        if !comm.is_empty() {
+            return Some(comm.to_string());
+        }
+    }
+    let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
+    let first = cmdline.split(|b| *b == 0).next()?;
+    let first = String::from_utf8_lossy(first);
+    let name = Path::new(first.trim())
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    (!name.is_empty()).then_some(name)
 }
 
 #[cfg(test)]
@@ -123,6 +148,27 @@ mod tests {
         assert_eq!(pod.map(4242, Some("/usr/bin/bash")), None);
         assert_eq!(pod.map(4242, Some("/usr/bin/python3")), Some(expected));
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn without_status_the_command_names_the_process() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let comm = root.path().join("10");
+        let cmdline = root.path().join("11");
+        std::fs::create_dir_all(&comm).expect("mkdir");
+        std::fs::create_dir_all(&cmdline).expect("mkdir");
+        std::fs::write(comm.join("comm"), "python3\n").expect("write");
+        std::fs::write(cmdline.join("cmdline"), b"/opt/venv/bin/vllm\0serve\0").expect("write");
+        let host = PidMapper::with_proc_root(root.path(), true);
+        assert_eq!(
+            host.map(10, None).map(|m| m.process),
+            Some("python3".into())
+        );
+        assert_eq!(
+            host.map(11, None).map(|m| (m.pid, m.process)),
+            Some((11, "vllm".into()))
+        );
+        assert_eq!(host.map(12, None), None);
     }
 
     #[cfg(target_os = "linux")]

@@ -158,7 +158,7 @@ const BUILD_INFO: Def = def(
     "gpumem_build_info",
     GAUGE,
     &["version", "backend"],
-    "Always 1; the labels say which gpumem version is running and on which backend (cuda or sim; for the sidecar, where device memory comes from: nvml, cuda, sim or none).",
+    "Always 1; the labels say which gpumem version is running and on which backend (cuda or sim; for the sidecar, where device memory comes from: nvml, cuda, sim, published (the publishers' own readings, without NVML) or none).",
 );
 const UP: Def = def("gpumem_up", GAUGE, &[],
     "1 when the latest sample succeeded and is fresh (taken less than three intervals ago), else 0. The sidecar labels that one source=\"sampler\" and adds one per source (source=nvml, cuda, sim, collect): 1 while it works.");

@@ -18,6 +18,9 @@ pub struct IndexPage {
     pub(crate) backend: String,
     pub(crate) taken_at: String,
     pub(crate) healthy: bool,
+    /// The header badge's colour: `ok` (green), `warn` (amber: sampling works, but a source
+    /// does not — a sidecar blind to the device), `bad` (red).
+    pub(crate) health_class: &'static str,
     pub(crate) health_text: String,
     pub(crate) interval_ms: u64,
     pub(crate) refresh_seconds: u64,
@@ -58,6 +61,7 @@ const RUNBOOK_LEAKS: &str = "gpumemleaksuspectsgrowing";
 const RUNBOOK_FRAGMENTED: &str = "gpumempoolfragmented";
 const RUNBOOK_OOM: &str = "gpumemoutofmemory";
 const RUNBOOK_SAMPLING: &str = "gpumemsamplingfailing";
+const RUNBOOK_NVML: &str = "gpumemnvmlunavailable";
 
 pub(crate) struct DeviceView {
     pub index: usize,
@@ -161,11 +165,22 @@ impl IndexPage {
             (None, false, _) => (false, "no sample yet".to_string()),
         };
         let interval_ms = (snapshot.interval_seconds * 1000.0).round().max(100.0) as u64;
+        let (health_class, health_text) = match &snapshot.sidecar {
+            _ if !healthy => ("bad", health_text),
+            Some(sidecar) if sidecar.blind().is_some() => {
+                ("warn", "blind to the device (no NVML)".to_string())
+            }
+            Some(sidecar) if !sidecar.degraded().is_empty() => {
+                ("warn", "sampling ok · degraded".to_string())
+            }
+            _ => ("ok", health_text),
+        };
         IndexPage {
             version: snapshot.version.clone(),
             backend: snapshot.backend.clone(),
             taken_at: format::clock_utc(snapshot.timestamp_seconds),
             healthy,
+            health_class,
             health_text,
             interval_ms,
             // Numbers are server-rendered; reloading refreshes them without any script.
@@ -205,6 +220,7 @@ impl IndexPage {
                 trigger: match r.trigger {
                     crate::flight::Trigger::Oom => "OOM",
                     crate::flight::Trigger::CriticalPressure => "critical",
+                    crate::flight::Trigger::Exited => "exited",
                 },
                 summary: r.summary.clone(),
                 file: r
@@ -235,6 +251,13 @@ fn hints(snapshot: &Snapshot, fresh: bool, runbook: &str) -> Vec<Hint> {
                 .to_string(),
             RUNBOOK_SAMPLING,
         );
+    }
+    if let Some(blind) = snapshot.sidecar.as_ref().and_then(|s| s.blind()) {
+        let mut text = blind;
+        if let Some(first) = text.get(..1) {
+            text = format!("{}{}.", first.to_uppercase(), &text[1..]);
+        }
+        hint("warn", text, RUNBOOK_NVML);
     }
     for device in &snapshot.devices {
         let gpu = device.index;

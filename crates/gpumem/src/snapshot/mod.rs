@@ -12,8 +12,9 @@ mod sidecar;
 
 pub use capture::{begun, capture, fold_smallest, CaptureSettings};
 pub use sidecar::{
-    CollectStatus, CollectedProcess, ExitedProcess, GpuProcess, ProcessDevice, ProcessPool,
-    ProcessTag, ReasonCount, SidecarSnapshot, SourceStatus,
+    CollectStatus, CollectedProcess, ExitedGpuProcess, ExitedProcess, GpuProcess, PodRef,
+    PodsStatus, ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory, ReasonCount,
+    SidecarSnapshot, SourceStatus, ThisPod,
 };
 
 use crate::pool::CounterValues;

@@ -3,7 +3,8 @@
 //! `torch.cuda.memory_stats()` in a dozen lines.
 
 use crate::snapshot::{
-    DeviceSnapshot, PoolSnapshot, ProcessDevice, ProcessPool, ProcessTag, Snapshot, TagGroup,
+    DeviceSnapshot, PoolSnapshot, ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory,
+    Snapshot, TagGroup,
 };
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +107,12 @@ fn device(d: &DeviceSnapshot) -> ProcessDevice {
         graph_pools: Some(d.graphs.pools),
         external_bytes: Some(d.external.bytes),
         external_buffers: Some(d.external.count),
+        device_memory: d.memory.map(|m| PublishedDeviceMemory {
+            total_bytes: m.total_bytes,
+            free_bytes: m.free_bytes,
+            pressure_level: d.pressure.map(|p| p.level.as_number()),
+            pressure_used_ratio: d.pressure.map(|p| p.used_ratio),
+        }),
         pools: d.pools.iter().map(published_pool).collect(),
         tags: d.by_tag.iter().map(published_tag).collect(),
     }

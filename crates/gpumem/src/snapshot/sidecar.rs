@@ -20,6 +20,89 @@ pub struct SidecarSnapshot {
     /// Processes that stopped publishing lately (newest first), with their last snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exited: Vec<ExitedProcess>,
+    /// GPU processes NVML listed that vanished while they held memory (newest first): a
+    /// process that exited or was killed, or a container that restarted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exited_gpu: Vec<ExitedGpuProcess>,
+    /// How naming processes' pods is going (the node agent); `None` without a pod source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<PodsStatus>,
+    /// The pod this gpumem runs in, from the downward API (`GPUMEM_POD_NAMESPACE`,
+    /// `GPUMEM_POD_NAME`), when it was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub this_pod: Option<ThisPod>,
+}
+
+/// The pod a process runs in, as the node agent found it: the UID and container ID from the
+/// process's cgroup, the names from the API server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub pod: String,
+    /// The container's name; `None` for a process in the pod's cgroup but no container's, or
+    /// a container the pod's status does not list (yet).
+    pub container: Option<String>,
+    /// `metadata.uid` (for a static pod, the config hash its cgroup is named after).
+    pub uid: String,
+    /// The container's ID from the cgroup (hex, without the runtime's `containerd://`).
+    pub container_id: Option<String>,
+}
+
+impl PodRef {
+    /// `vllm-0 / inference`, or `vllm-0` without a container name: how people name it.
+    pub fn short(&self) -> String {
+        match &self.container {
+            Some(container) => format!("{} / {container}", self.pod),
+            None => self.pod.clone(),
+        }
+    }
+}
+
+/// The pod of this gpumem (sidecar or node agent), from the downward API.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThisPod {
+    pub namespace: String,
+    pub pod: String,
+}
+
+/// How the node agent names pods: the pod list it holds and how fetching it goes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodsStatus {
+    /// `kubernetes`.
+    pub source: String,
+    /// The node whose pods are listed.
+    pub node: String,
+    /// Whether the latest request for the list succeeded.
+    pub up: bool,
+    /// Why the latest request failed (the last good list is still used).
+    pub reason: Option<String>,
+    /// Pods in the list held now; `None` before the first list arrived.
+    pub pods_known: Option<u64>,
+    /// How old the list held now is, in seconds.
+    pub list_age_seconds: Option<f64>,
+    /// Requests for the list, and those that failed, since the start.
+    pub requests_total: u64,
+    pub errors_total: u64,
+    /// GPU processes in a pod the list does not name (yet): a refresh has been asked for.
+    pub unnamed_processes: u64,
+    /// GPU processes under `kubepods` in a cgroup shape this version does not know (named by
+    /// their command instead); the first such shape is logged once.
+    pub unrecognised_cgroups: u64,
+    /// GPU processes left without pod labels because more pods than the cap hold GPU memory.
+    #[serde(default)]
+    pub over_cap: u64,
+}
+
+/// A GPU process that vanished while it held memory, kept for `--exited-retention`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExitedGpuProcess {
+    /// How NVML listed it last (its pod, what it used).
+    pub last: GpuProcess,
+    /// When the node agent noticed, in seconds since the Unix epoch.
+    pub exited_at_seconds: f64,
+    /// `exited` (the process is gone), or `restarted` (its container runs again under another
+    /// container ID).
+    pub reason: String,
 }
 
 /// A collected process that dropped out, kept for `--exited-retention` (15 min by default).
@@ -37,13 +120,45 @@ pub struct ExitedProcess {
 }
 
 impl SidecarSnapshot {
-    /// The sources that do not work, as `source: reason` lines (for `/healthz` and the page).
+    /// The sources that do not work, as `source: reason` lines (for `/healthz` and the page),
+    /// after a first line saying so when no source reads the device, and with the pod list's
+    /// problem (names kept from the last good list) last.
     pub fn degraded(&self) -> Vec<String> {
-        self.sources
+        let mut lines: Vec<String> = self.blind().into_iter().collect();
+        lines.extend(
+            self.sources
+                .iter()
+                .filter(|s| !s.up)
+                .map(|s| format!("{}: {}", s.source, s.reason.as_deref().unwrap_or("down"))),
+        );
+        if let Some(pods) = self.pods.as_ref().filter(|p| !p.up) {
+            lines.push(format!(
+                "pods: {}",
+                pods.reason
+                    .as_deref()
+                    .unwrap_or("the pod list is not available")
+            ));
+        }
+        lines
+    }
+
+    /// Set while no source reads device memory (NVML, or the backend given instead): the
+    /// sidecar is blind to the device, sees only what processes publish, and says so.
+    pub fn blind(&self) -> Option<String> {
+        let devices: Vec<&SourceStatus> = self
+            .sources
             .iter()
-            .filter(|s| !s.up)
-            .map(|s| format!("{}: {}", s.source, s.reason.as_deref().unwrap_or("down")))
-            .collect()
+            .filter(|s| DEVICE_SOURCES.contains(&s.source.as_str()))
+            .collect();
+        if devices.is_empty() || devices.iter().any(|s| s.up) {
+            return None;
+        }
+        let names: Vec<&str> = devices.iter().map(|s| s.source.as_str()).collect();
+        Some(format!(
+            "blind to the device: no {} reading, so device memory and processes that do not \
+             publish are not seen; pressure comes from the snapshots processes publish",
+            names.join(" or ")
+        ))
     }
 
     /// Notes about sources that work but not fully (the collect budget), as `source: note`.
@@ -55,6 +170,9 @@ impl SidecarSnapshot {
             .collect()
     }
 }
+
+/// The sources that read device memory.
+const DEVICE_SOURCES: [&str; 3] = ["nvml", "cuda", "sim"];
 
 /// One source of the sidecar's data: `nvml`, `cuda`, `sim` (device memory) or `collect`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,10 +195,21 @@ pub struct GpuProcess {
     pub nvml_pid: u32,
     /// Whether `pid` was found among the processes this sidecar can see.
     pub mapped: bool,
-    /// The process name, or `unknown`.
+    /// The process name, or `unknown`: the name it publishes when its snapshot is collected
+    /// too, else its command.
     pub process: String,
     /// Device memory the process uses; `None` when NVML cannot tell (no permission, vGPU, ...).
     pub used_bytes: Option<u64>,
+    /// The pod it runs in (the node agent, when the pod is named).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// Its PID namespace (`pid:[…]`), read when it could be mapped: joins it to a published
+    /// snapshot of the same pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_namespace: Option<String>,
+    /// Whether a collected snapshot was merged onto it (the same process publishes).
+    #[serde(default)]
+    pub published: bool,
 }
 
 /// One process's published snapshot, as collected.
@@ -97,6 +226,15 @@ pub struct CollectedProcess {
     /// How old it was when collected.
     pub age_seconds: f64,
     pub devices: Vec<ProcessDevice>,
+    /// The writer's PID namespace (`pid:[…]`), when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_namespace: Option<String>,
+    /// The pod of the NVML process it was joined to (the node agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// NVML's (host) pid of the process it was joined to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_pid: Option<u32>,
 }
 
 /// One device of a published snapshot. Everything but `gpu` is optional: a writer publishes
@@ -141,6 +279,11 @@ pub struct ProcessDevice {
     pub external_bytes: Option<u64>,
     #[serde(default)]
     pub external_buffers: Option<u64>,
+    /// What the process itself reads of the device (`cuMemGetInfo`) and the pressure it
+    /// computes: a sidecar without NVML takes the device's memory and pressure from here.
+    /// Added within version 1, as the graph fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<PublishedDeviceMemory>,
     #[serde(default)]
     pub pools: Vec<ProcessPool>,
     /// Live memory by tag (the largest tags, then `other`): added within version 1, so older
@@ -158,6 +301,20 @@ impl ProcessDevice {
             None => self.gpu as usize == device.index,
         }
     }
+}
+
+/// The device as the publishing process sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PublishedDeviceMemory {
+    /// `cuMemGetInfo`'s total and free: the device, all processes.
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// The process's pressure level (0 low, 1 medium, 2 high, 3 critical) and used ratio, by
+    /// its own thresholds; a reader computes them from the bytes when they are missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure_level: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure_used_ratio: Option<f64>,
 }
 
 /// One tag of a published device: what its live allocations hold (`gpumem_tag_*{tag}`).

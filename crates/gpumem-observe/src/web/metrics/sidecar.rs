@@ -1,10 +1,12 @@
 //! The sidecar's part of `/metrics`: collected processes' series (the manager families of the
 //! parent module, labelled `process`, `pid`, `gpu`, `uuid`), NVML's per-process memory,
 //! `gpumem_up{source=...}`, and the collector's own health. Each field `f` of the publish
-//! format's device is exported as `gpumem_f`, each pool field as `gpumem_pool_f`.
+//! format's device is exported as `gpumem_f`, each pool field as `gpumem_pool_f`. A process the
+//! node agent placed in a pod also carries `namespace`, `pod` and `container` (bounded: the
+//! pods of one node, at most `pods::MAX_LABELLED_PODS`); the pod list's own health is here too.
 
 use super::{def, sample, Def, Families, COUNTER, GAUGE};
-use gpumem::snapshot::{ProcessDevice, ProcessPool, ReasonCount, Snapshot};
+use gpumem::snapshot::{PodRef, ProcessDevice, ProcessPool, ReasonCount, Snapshot};
 use prometheus::proto::Metric;
 
 type ProcessValue = fn(&ProcessDevice) -> Option<f64>;
@@ -71,8 +73,38 @@ pub(super) const PROCESS_POOL: &[(&str, ProcessPoolValue)] = &[
     }),
 ];
 
-const PROCESS_MEMORY: Def = def("gpumem_process_used_bytes", GAUGE, &["gpu", "uuid", "pid", "process"],
-    "Device memory a compute process uses, from NVML; pid as this sidecar's PID namespace sees it where it can be mapped, else NVML's (host) pid.");
+const PROCESS_MEMORY: Def = def("gpumem_process_used_bytes", GAUGE, &["gpu", "uuid", "pid", "process", "namespace", "pod", "container"],
+    "Device memory a compute process uses, from NVML; pid as this sidecar's PID namespace sees it where it can be mapped, else NVML's (host) pid; namespace, pod and container where the node agent named its pod.");
+const POD_LIST_UP: Def = def("gpumem_pod_list_up", GAUGE, &[],
+    "1 while the latest request for this node's pod list (the node agent's API server request) succeeded; 0 while it fails, when the previous list is still used.");
+const POD_LIST_PODS: Def = def(
+    "gpumem_pod_list_pods",
+    GAUGE,
+    &[],
+    "Pods in the node's pod list the node agent holds now.",
+);
+const POD_LIST_AGE: Def = def(
+    "gpumem_pod_list_age_seconds",
+    GAUGE,
+    &[],
+    "Age of the node's pod list the node agent holds now.",
+);
+const POD_LIST_REQUESTS: Def = def(
+    "gpumem_pod_list_requests_total",
+    COUNTER,
+    &[],
+    "Requests for the node's pod list sent to the API server.",
+);
+const POD_LIST_ERRORS: Def = def(
+    "gpumem_pod_list_errors_total",
+    COUNTER,
+    &[],
+    "Requests for the node's pod list that failed; the reason is on /healthz.",
+);
+const POD_UNNAMED: Def = def("gpumem_pod_unattributed_processes", GAUGE, &["reason"],
+    "GPU processes in a pod but without pod labels at the latest sample, by reason: unnamed (the pod list does not name the pod yet), unrecognised_cgroup (a cgroup shape this version does not know), over_cap (more pods than the label cap).");
+const EXITED_GPU: Def = def("gpumem_exited_gpu_processes", GAUGE, &[],
+    "GPU processes that vanished while holding memory (exited, killed, or their container restarted) within the exited retention; their last numbers and pod are on the page and in /api/v1/snapshot.");
 const COLLECT_PROCESSES: Def = def("gpumem_collect_processes", GAUGE, &[],
     "Processes whose published snapshots are exported now: fresh (newer than three intervals) and with their pid alive.");
 const COLLECT_FILES: Def = def(
@@ -116,6 +148,13 @@ const EXITED: Def = def("gpumem_collect_exited_processes", GAUGE, &[],
 /// The families only the sidecar has.
 pub(super) const DEFS: &[&Def] = &[
     &EXITED,
+    &EXITED_GPU,
+    &POD_LIST_UP,
+    &POD_LIST_PODS,
+    &POD_LIST_AGE,
+    &POD_LIST_REQUESTS,
+    &POD_LIST_ERRORS,
+    &POD_UNNAMED,
     &PROCESS_MEMORY,
     &COLLECT_PROCESSES,
     &COLLECT_FILES,
@@ -133,6 +172,22 @@ pub(super) fn own_device_series(snapshot: &Snapshot, def: &Def) -> bool {
     snapshot.sidecar.is_none()
         || def.name.starts_with("gpumem_device_memory_")
         || def.name.starts_with("gpumem_pressure_")
+}
+
+/// `namespace`, `pod` and `container` (when named) of a process placed in a pod; nothing for
+/// others, which are named by `process` alone.
+pub(super) fn pod_labels(pod: Option<&PodRef>) -> Vec<(&'static str, &str)> {
+    let Some(pod) = pod else {
+        return Vec::new();
+    };
+    let mut labels = vec![
+        ("namespace", pod.namespace.as_str()),
+        ("pod", pod.pod.as_str()),
+    ];
+    if let Some(container) = &pod.container {
+        labels.push(("container", container.as_str()));
+    }
+    labels
 }
 
 /// `gpumem_up{source=...}`, one per source in use.
@@ -168,12 +223,13 @@ pub(super) fn process_device_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metr
             if let Some(v) = value(device) {
                 let gpu = device.gpu.to_string();
                 let uuid = device.uuid.as_deref().unwrap_or("");
-                let labels = [
+                let mut labels = vec![
                     ("process", process.process.as_str()),
                     ("pid", pid.as_str()),
                     ("gpu", gpu.as_str()),
                     ("uuid", uuid),
                 ];
+                labels.extend(pod_labels(process.pod.as_ref()));
                 samples.push(sample(def.kind, &labels, v));
             }
         }
@@ -197,13 +253,14 @@ pub(super) fn process_pool_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metric
             let uuid = device.uuid.as_deref().unwrap_or("");
             for pool in &device.pools {
                 if let Some(v) = value(pool) {
-                    let labels = [
+                    let mut labels = vec![
                         ("process", process.process.as_str()),
                         ("pid", pid.as_str()),
                         ("gpu", gpu.as_str()),
                         ("uuid", uuid),
                         ("pool", pool.pool.as_str()),
                     ];
+                    labels.extend(pod_labels(process.pod.as_ref()));
                     samples.push(sample(def.kind, &labels, v));
                 }
             }
@@ -223,16 +280,24 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         .filter_map(|p| {
             let used = p.used_bytes? as f64;
             let (gpu, pid) = (p.gpu.to_string(), p.pid.to_string());
-            let labels = [
+            let mut labels = vec![
                 ("gpu", gpu.as_str()),
                 ("uuid", p.uuid.as_str()),
                 ("pid", pid.as_str()),
                 ("process", p.process.as_str()),
             ];
+            labels.extend(pod_labels(p.pod.as_ref()));
             Some(sample(GAUGE, &labels, used))
         })
         .collect();
     out.add(&PROCESS_MEMORY, used);
+    if !sidecar.exited_gpu.is_empty() || sidecar.pods.is_some() {
+        out.add(
+            &EXITED_GPU,
+            vec![sample(GAUGE, &[], sidecar.exited_gpu.len() as f64)],
+        );
+    }
+    add_pod_families(sidecar, out);
     let Some(collect) = &sidecar.collect else {
         return;
     };
@@ -274,11 +339,50 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         .iter()
         .map(|p| {
             let pid = p.pid.to_string();
-            let labels = [("process", p.process.as_str()), ("pid", pid.as_str())];
+            let mut labels = vec![("process", p.process.as_str()), ("pid", pid.as_str())];
+            labels.extend(pod_labels(p.pod.as_ref()));
             sample(GAUGE, &labels, p.age_seconds)
         })
         .collect();
     out.add(&SNAPSHOT_AGE, ages);
+}
+
+/// The node agent's pod list: whether it is fresh, how big, and who it left unnamed.
+fn add_pod_families(sidecar: &gpumem::snapshot::SidecarSnapshot, out: &mut Families) {
+    let Some(pods) = &sidecar.pods else {
+        return;
+    };
+    let single = |def: &Def, value: f64| vec![sample(def.kind, &[], value)];
+    out.add(
+        &POD_LIST_UP,
+        single(&POD_LIST_UP, f64::from(u8::from(pods.up))),
+    );
+    if let Some(known) = pods.pods_known {
+        out.add(&POD_LIST_PODS, single(&POD_LIST_PODS, known as f64));
+    }
+    if let Some(age) = pods.list_age_seconds {
+        out.add(&POD_LIST_AGE, single(&POD_LIST_AGE, age));
+    }
+    out.add(
+        &POD_LIST_REQUESTS,
+        single(&POD_LIST_REQUESTS, pods.requests_total as f64),
+    );
+    out.add(
+        &POD_LIST_ERRORS,
+        single(&POD_LIST_ERRORS, pods.errors_total as f64),
+    );
+    let reasons = [
+        ("unnamed", pods.unnamed_processes),
+        ("unrecognised_cgroup", pods.unrecognised_cgroups),
+        ("over_cap", pods.over_cap),
+    ];
+    out.add(
+        &POD_UNNAMED,
+        reasons
+            .iter()
+            .map(|(reason, n)| sample(GAUGE, &[("reason", reason)], *n as f64))
+            .collect(),
+    );
 }
 
 #[cfg(test)]
@@ -287,6 +391,7 @@ mod tests {
     use super::*;
     use gpumem::snapshot::{ProcessDevice, ProcessPool};
 
+    // The collector's budget exists with the collector only.
     #[cfg(feature = "sidecar")]
     #[test]
     fn the_collect_budget_counts_the_series_exported() {

@@ -58,13 +58,14 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
                 let uuid = device.uuid.as_deref().unwrap_or("");
                 for tag in &device.tags {
                     if let Some(value) = published(tag) {
-                        let labels = [
+                        let mut labels = vec![
                             ("process", process.process.as_str()),
                             ("pid", pid.as_str()),
                             ("gpu", gpu.as_str()),
                             ("uuid", uuid),
                             ("tag", tag.tag.as_str()),
                         ];
+                        labels.extend(super::sidecar::pod_labels(process.pod.as_ref()));
                         samples.push(sample(GAUGE, &labels, value));
                     }
                 }

@@ -1,8 +1,12 @@
-//! The sidecar's part of the status page: its sources, the processes whose snapshots it
-//! collects, and the compute processes NVML sees — as ready-to-print rows.
+//! The sidecar's part of the status page: its sources (and the node agent's pod list), the
+//! processes whose snapshots it collects, the compute processes NVML sees with their pods, and
+//! those that went away — as ready-to-print rows.
 
 use super::super::format;
-use gpumem::snapshot::{CollectStatus, CollectedProcess, GpuProcess, SidecarSnapshot};
+use gpumem::snapshot::{
+    CollectStatus, CollectedProcess, ExitedGpuProcess, GpuProcess, PodRef, PodsStatus,
+    SidecarSnapshot,
+};
 
 pub(crate) struct SidecarView {
     pub sources: Vec<SourceRow>,
@@ -12,13 +16,22 @@ pub(crate) struct SidecarView {
     pub collect_summary: String,
     pub processes: Vec<ProcessRow>,
     pub gpu_processes: Vec<GpuProcessRow>,
-    /// Processes that stopped publishing lately, one row per device, newest first.
+    /// Processes that stopped publishing lately, one row per device, newest first, then GPU
+    /// processes that vanished holding memory.
     pub exited: Vec<ExitedRow>,
+    /// "serving/vllm-0": the pod this gpumem runs in (the downward API); empty when not told.
+    pub this_pod: String,
+    /// The node agent's pod list, as a source row; `None` without a pod source.
+    pub pods: Option<SourceRow>,
+    /// Whether any process has a pod (the Pod columns are shown only then).
+    pub any_pod: bool,
 }
 
 /// One device of an exited process, with its last numbers.
 pub(crate) struct ExitedRow {
     pub process: String,
+    /// "serving/vllm-0 / inference", or "–".
+    pub pod: String,
     pub pid: u32,
     pub gpu: u32,
     /// `exited`, `stale` or `stopped`.
@@ -40,6 +53,7 @@ pub(crate) struct SourceRow {
 /// One device of one collected process.
 pub(crate) struct ProcessRow {
     pub process: String,
+    pub pod: String,
     pub pid: u32,
     pub gpu: u32,
     /// The device's UUID (joins the row to its device section).
@@ -62,6 +76,7 @@ pub(crate) struct GpuProcessRow {
     pub gpu: usize,
     pub pid: u32,
     pub process: String,
+    pub pod: String,
     pub used: String,
     /// "host pid 123456" when the pid could not be mapped to this namespace.
     pub note: String,
@@ -83,6 +98,15 @@ impl SidecarView {
             collect_summary: sidecar.collect.as_ref().map(summary).unwrap_or_default(),
             processes: sidecar.processes.iter().flat_map(process_rows).collect(),
             gpu_processes: sidecar.gpu_processes.iter().map(gpu_process_row).collect(),
+            this_pod: sidecar
+                .this_pod
+                .as_ref()
+                .map(|p| format!("{}/{}", p.namespace, p.pod))
+                .unwrap_or_default(),
+            pods: sidecar.pods.as_ref().map(pods_row),
+            any_pod: sidecar.gpu_processes.iter().any(|p| p.pod.is_some())
+                || sidecar.processes.iter().any(|p| p.pod.is_some())
+                || sidecar.exited_gpu.iter().any(|e| e.last.pod.is_some()),
             exited: sidecar
                 .exited
                 .iter()
@@ -90,6 +114,7 @@ impl SidecarView {
                     let gone_for = format::age(gpumem::snapshot::unix_now() - e.exited_at_seconds);
                     e.last.devices.iter().map(move |d| ExitedRow {
                         process: e.last.process.clone(),
+                        pod: pod_text(e.last.pod.as_ref()),
                         pid: e.last.pid,
                         gpu: d.gpu,
                         reason: e.reason.clone(),
@@ -101,8 +126,62 @@ impl SidecarView {
                         gone_for: gone_for.clone(),
                     })
                 })
+                .chain(sidecar.exited_gpu.iter().map(exited_gpu_row))
                 .collect(),
         }
+    }
+}
+
+/// "serving/vllm-0 / inference", or "–" outside a pod.
+fn pod_text(pod: Option<&PodRef>) -> String {
+    pod.map_or_else(
+        || "–".to_string(),
+        |p| format!("{}/{}", p.namespace, p.short()),
+    )
+}
+
+fn pods_row(pods: &PodsStatus) -> SourceRow {
+    let age = pods
+        .list_age_seconds
+        .map(|a| format!(", list {} old", format::age(a)))
+        .unwrap_or_default();
+    let known = pods
+        .pods_known
+        .map_or_else(|| "no list yet".to_string(), |n| format!("{n} pod(s)"));
+    let mut reason = format!("node {}: {known}{age}", pods.node);
+    if let Some(why) = &pods.reason {
+        reason.push_str(&format!("; {why}"));
+    }
+    for (count, what) in [
+        (pods.unnamed_processes, "in pods not listed yet"),
+        (pods.unrecognised_cgroups, "with an unknown cgroup shape"),
+        (pods.over_cap, "over the label cap"),
+    ] {
+        if count > 0 {
+            reason.push_str(&format!("; {count} process(es) {what}"));
+        }
+    }
+    SourceRow {
+        source: format!("{} (pod names)", pods.source),
+        up: pods.up,
+        reason,
+    }
+}
+
+/// A GPU process that vanished holding memory, as a row of the exited table.
+fn exited_gpu_row(e: &ExitedGpuProcess) -> ExitedRow {
+    ExitedRow {
+        process: e.last.process.clone(),
+        pod: pod_text(e.last.pod.as_ref()),
+        pid: e.last.pid,
+        gpu: u32::try_from(e.last.gpu).unwrap_or(u32::MAX),
+        reason: e.reason.clone(),
+        reserved: optional_bytes(e.last.used_bytes),
+        peak_reserved: "–".to_string(),
+        ooms: "–".to_string(),
+        ooms_warn: false,
+        leaks: "–".to_string(),
+        gone_for: format::age(gpumem::snapshot::unix_now() - e.exited_at_seconds),
     }
 }
 
@@ -139,6 +218,7 @@ fn process_rows(process: &CollectedProcess) -> Vec<ProcessRow> {
         .iter()
         .map(|d| ProcessRow {
             process: process.process.clone(),
+            pod: pod_text(process.pod.as_ref()),
             pid: process.pid,
             gpu: d.gpu,
             uuid: d.uuid.clone().unwrap_or_default(),
@@ -164,11 +244,12 @@ fn gpu_process_row(p: &GpuProcess) -> GpuProcessRow {
         gpu: p.gpu,
         pid: p.pid,
         process: p.process.clone(),
+        pod: pod_text(p.pod.as_ref()),
         used: optional_bytes(p.used_bytes),
-        note: if p.mapped {
-            String::new()
-        } else {
-            "host pid, not visible from this PID namespace".to_string()
+        note: match (p.mapped, p.published) {
+            (false, _) => "host pid, not visible from this PID namespace".to_string(),
+            (true, true) => "publishes its snapshot (see Processes)".to_string(),
+            (true, false) => String::new(),
         },
     }
 }
