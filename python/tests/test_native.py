@@ -1,6 +1,6 @@
 """The C library through ctypes, on the simulated device, without PyTorch: run by
 tests/it/ffi/python.rs (`cargo test`) twice, against the source tree and against the wheel
-installed in a virtual environment (GPUMEM_TEST_INSTALLED=1 there), or by hand with
+installed in a virtual environment (TEST_GPUMEM_INSTALLED=1 there), or by hand with
 
     GPUMEM_LIBRARY=target/release/libgpumem.so PYTHONPATH=python python3 -m unittest discover -s python/tests
 """
@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The directory holding the `gpumem` package under test: python/ of the source tree, or
 # site-packages where the wheel is installed.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpumem.__file__)))
-INSTALLED = os.environ.get("GPUMEM_TEST_INSTALLED") == "1"
+INSTALLED = os.environ.get("TEST_GPUMEM_INSTALLED") == "1"
 # Installed, site-packages runs the wheel's .pth at start-up by itself; from the source tree the
 # child processes add the directory the wheel takes it from.
 PTH_DIR = os.path.join(PACKAGE_ROOT, "wheel-data", "purelib")
@@ -372,7 +372,7 @@ class PublishWithoutTheLibrary(unittest.TestCase):
             self.assertEqual(document["writer"], "torch 0.0+fake")
 
 
-@unittest.skipUnless(INSTALLED, "runs against the installed wheel (GPUMEM_TEST_INSTALLED=1)")
+@unittest.skipUnless(INSTALLED, "runs against the installed wheel (TEST_GPUMEM_INSTALLED=1)")
 class InstalledWheel(unittest.TestCase):
     """What the wheel put where: the package in site-packages (not the source tree), its
     library inside it, the typing marker, and the .pth at the top of site-packages."""

@@ -3,11 +3,11 @@
 //! tree against the library cargo built here, and against the wheel installed into a fresh
 //! virtual environment on a PATH with no cargo, run from outside the repository. The wheel is
 //! the one `.ci/run` builds from the package's sdist unpacked in an empty directory
-//! (`python/build-wheel`, named by GPUMEM_WHEEL), or locally one these tests build the same way.
+//! (`python/build-wheel`, named by TEST_GPUMEM_WHEEL), or locally one these tests build the same way.
 //! Also: its manylinux tag (`auditwheel show`), publishing with the library deleted, and
 //! `pip install ./python` from the repository as the README says.
 //!
-//! Without python3 (or, for the wheel, maturin and auditwheel; or GPUMEM_WHEEL on CI) they fail
+//! Without python3 (or, for the wheel, maturin and auditwheel; or TEST_GPUMEM_WHEEL on CI) they fail
 //! under CI=true and skip otherwise.
 
 use crate::web::tool_available;
@@ -59,25 +59,25 @@ fn library() -> PathBuf {
     library
 }
 
-/// The wheel under test, built once per run: the file GPUMEM_WHEEL names (`.ci/run` builds it
+/// The wheel under test, built once per run: the file TEST_GPUMEM_WHEEL names (`.ci/run` builds it
 /// and must name it under CI=true), else one `python/build-wheel` builds into this target
 /// directory. None, and the caller skips, where that cannot be done outside CI.
 fn wheel() -> Option<&'static Path> {
     static WHEEL: OnceLock<Option<PathBuf>> = OnceLock::new();
     WHEEL
         .get_or_init(|| {
-            if let Some(named) = std::env::var_os("GPUMEM_WHEEL").filter(|v| !v.is_empty()) {
+            if let Some(named) = std::env::var_os("TEST_GPUMEM_WHEEL").filter(|v| !v.is_empty()) {
                 let path = PathBuf::from(named);
                 assert!(
                     path.is_file(),
-                    "GPUMEM_WHEEL names {}, which is not a file",
+                    "TEST_GPUMEM_WHEEL names {}, which is not a file",
                     path.display()
                 );
                 return Some(path);
             }
             assert!(
                 !on_ci(),
-                "CI=true but GPUMEM_WHEEL is not set: .ci/run builds the wheel (python/build-wheel) \
+                "CI=true but TEST_GPUMEM_WHEEL is not set: .ci/run builds the wheel (python/build-wheel) \
                  and names it there"
             );
             if !tool_available("python3") || !tool_available("maturin") {
@@ -229,7 +229,7 @@ fn the_python_package_tests_pass_on_the_simulated_device() {
         .env("GPUMEM_BACKEND", "sim")
         .env("GPUMEM_SIM_MEMORY", "4GiB")
         .env_remove("GPUMEM_TORCH")
-        .env_remove("GPUMEM_TEST_INSTALLED")
+        .env_remove("TEST_GPUMEM_INSTALLED")
         .output()
         .expect("python3 runs");
     let report = String::from_utf8_lossy(&output.stderr);
@@ -292,7 +292,7 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
 }
 
 /// The wheel installed where there is no cargo, and the package's tests run against that copy
-/// (GPUMEM_TEST_INSTALLED=1 adds the ones that check what went where: the package and the
+/// (TEST_GPUMEM_INSTALLED=1 adds the ones that check what went where: the package and the
 /// `.pth` in site-packages, the library inside the package).
 #[test]
 fn the_installed_wheel_passes_the_package_tests_with_no_cargo_on_the_path() {
@@ -309,7 +309,7 @@ fn the_installed_wheel_passes_the_package_tests_with_no_cargo_on_the_path() {
         .python()
         .args(["-m", "unittest", "discover", "-v", "-s"])
         .arg(Path::new(REPOSITORY).join("python/tests"))
-        .env("GPUMEM_TEST_INSTALLED", "1")
+        .env("TEST_GPUMEM_INSTALLED", "1")
         .output()
         .expect("python runs");
     let report = String::from_utf8_lossy(&output.stderr);
