@@ -115,6 +115,7 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         flight,
         memory,
         allowed_hosts: args.exporter.allowed_hosts.clone(),
+        max_connections: args.exporter.max_connections().map_err(CliError::usage)?,
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => bind_error(bind),

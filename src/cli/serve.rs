@@ -123,8 +123,13 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
 
     let runtime = gpumem_observe::web::runtime::build("gpumem-serve")
         .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
+    let max_connections = args.exporter.max_connections().map_err(CliError::usage)?;
     gpumem_observe::web::runtime::block_on_bounded(runtime, async move {
-        let exporter = Exporter::builder()
+        let mut exporter = Exporter::builder();
+        if let Some(n) = max_connections {
+            exporter = exporter.max_connections(n);
+        }
+        let exporter = exporter
             .source(Box::new(sidecar))
             .listen(listen)
             .interval(interval)
