@@ -14,7 +14,12 @@ pub(super) struct ExporterFlags {
     pub listen: String,
 
     /// How often to sample the devices and pools (e.g. 500ms, 1s, 2m; at least 100ms).
-    #[arg(long, env = "GPUMEM_INTERVAL", default_value = "1s")]
+    #[arg(
+        long,
+        env = "GPUMEM_INTERVAL",
+        default_value = "1s",
+        allow_hyphen_values = true
+    )]
     pub interval: String,
 
     /// Host names browsers and scrapers may use to reach the endpoints, comma-separated,
