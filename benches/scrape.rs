@@ -53,7 +53,7 @@ fn loaded() -> Loaded {
     let mut buffers = Vec::with_capacity(LIVE);
     for i in 0..LIVE {
         let device = i % DEVICES;
-        let options = AllocOptions::tagged(tags[i % tags.len()]);
+        let options = AllocOptions::tagged(tags[i % tags.len()].clone());
         // Mostly small, some large (own pool), a few straight from the driver (direct pool).
         let (manager, size) = match (i / DEVICES) % 50 {
             0 => (&direct, 4 * MIB),

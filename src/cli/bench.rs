@@ -100,6 +100,20 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
             opened.backend.device_count()
         )));
     }
+    // A size the device cannot hold would fail half-way through the table, after lines on
+    // stdout: refuse it before anything is printed.
+    let total = opened
+        .backend
+        .properties(device)
+        .map_err(|e| CliError::runtime(e.to_string()))?
+        .total_memory_bytes;
+    if let Some(&size) = sizes.iter().find(|&&size| size > total) {
+        return Err(CliError::usage(format!(
+            "--sizes: {} can never fit on device {device}, which has {} in total",
+            Bytes(size),
+            Bytes(total)
+        )));
+    }
     let mut target = BenchTarget::new(opened.backend, device);
     target.config = config;
     if !args.json {

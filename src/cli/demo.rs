@@ -18,17 +18,19 @@ pub(super) struct DemoArgs {
     exporter: ExporterFlags,
 
     /// Stop after this long (e.g. 30s, 10m); without it the demo runs until Ctrl-C or SIGTERM.
-    #[arg(long, env = "GPUMEM_DURATION")]
+    // A value starting with '-' is taken as one, so `-3s` gets a message about durations
+    // rather than clap's "unexpected argument '-3'".
+    #[arg(long, env = "GPUMEM_DURATION", allow_hyphen_values = true)]
     duration: Option<String>,
 
     /// Live allocations older than this are leak suspects (short here, so the leak view fills
     /// within a minute).
-    #[arg(long, env = "GPUMEM_LEAK_AGE", default_value = DEMO_LEAK_AGE)]
+    #[arg(long, env = "GPUMEM_LEAK_AGE", default_value = DEMO_LEAK_AGE, allow_hyphen_values = true)]
     leak_age: String,
 
     /// Push every device to critical pressure this long after the start, for 45 s (e.g. 20s);
     /// `POST /api/v1/demo/pressure-spike?seconds=N` does the same at any time.
-    #[arg(long, env = "GPUMEM_SPIKE_AT")]
+    #[arg(long, env = "GPUMEM_SPIKE_AT", allow_hyphen_values = true)]
     spike_at: Option<String>,
 
     /// Also publish snapshots into this directory (created if missing) every interval, for a
@@ -54,7 +56,16 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
     // Every flag is checked before the driver is touched: bad input costs nothing.
     let (listen, interval) = args.exporter.validate().map_err(CliError::usage)?;
     let duration = match &args.duration {
-        Some(text) => Some(flag_duration("--duration", text)?),
+        // A demo that stops before it starts is a mistake (leave the flag out to run for good).
+        Some(text) => match flag_duration("--duration", text)? {
+            zero if zero.is_zero() => {
+                return Err(CliError::usage(format!(
+                    "--duration: '{text}' would stop the demo at once; give a positive duration, \
+                     or leave --duration out to run until Ctrl-C"
+                )))
+            }
+            positive => Some(positive),
+        },
         None => None,
     };
     let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
@@ -115,6 +126,7 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         flight,
         memory,
         allowed_hosts: args.exporter.allowed_hosts.clone(),
+        max_connections: args.exporter.max_connections().map_err(CliError::usage)?,
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => bind_error(bind),

@@ -49,10 +49,16 @@ impl FlightFlags {
                 self.oom_max_size
             )));
         }
+        // Without --oom-dir the records go under the caller's directory (`--publish-dir`'s
+        // oom/), and an error there names that flag: the user never typed --oom-dir.
+        let flag = match (&self.oom_dir, &default_dir) {
+            (None, Some(_)) => "--publish-dir",
+            _ => "--oom-dir",
+        };
         let dir = self.oom_dir.clone().or(default_dir);
         if let Some(dir) = &dir {
             check_writable(dir)
-                .map_err(|e| CliError::usage(format!("--oom-dir: {}: {e}", dir.display())))?;
+                .map_err(|e| CliError::usage(format!("{flag}: {}: {e}", dir.display())))?;
         }
         Ok(FlightSettings {
             dir,

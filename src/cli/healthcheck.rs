@@ -1,5 +1,7 @@
 //! `gpumem healthcheck`: GETs a URL (by default `/healthz` of the local exporter) and exits 0 on
 //! a 2xx answer, 1 otherwise. For container HEALTHCHECKs in images without curl or wget.
+//! `--timeout` bounds the whole check — name resolution, connecting, sending and every read —
+//! so a server that trickles its answer cannot keep a probe running past it.
 
 use super::CliError;
 use clap::Args;
@@ -20,13 +22,21 @@ pub(super) struct HealthcheckArgs {
     url: Option<String>,
 
     /// Give up after this long (e.g. 2s, 500ms).
-    #[arg(long, env = "GPUMEM_HEALTHCHECK_TIMEOUT", default_value = "3s")]
+    #[arg(
+        long,
+        env = "GPUMEM_HEALTHCHECK_TIMEOUT",
+        default_value = "3s",
+        allow_hyphen_values = true
+    )]
     timeout: String,
 }
 
 pub(super) fn run(args: HealthcheckArgs) -> Result<(), CliError> {
     let timeout =
         parse_duration(&args.timeout).map_err(|e| CliError::usage(format!("--timeout: {e}")))?;
+    if timeout.is_zero() {
+        return Err(CliError::usage("--timeout: must be more than 0 (e.g. 2s)"));
+    }
     let url = match args.url {
         Some(url) => url,
         None => default_url()?,
@@ -59,6 +69,14 @@ struct Target {
 }
 
 fn parse_url(url: &str) -> Result<Target, String> {
+    // The URL goes into the request line and the Host header as it is: a space, CR or LF would
+    // split it into another request.
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{:?} holds a space or a control character (encode it, e.g. %20)",
+            url.chars().take(200).collect::<String>()
+        ));
+    }
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("'{url}' is not an http:// URL"))?;
@@ -101,25 +119,40 @@ fn get(target: &Target, timeout: Duration) -> Result<(u16, String), String> {
         target.path, target.authority
     )
     .map_err(|e| e.to_string())?;
-    stream
-        .set_read_timeout(Some(left()))
-        .map_err(|e| e.to_string())?;
+    // Each read may wait only for what is left of the whole check: a read timeout alone is
+    // per read, and a byte every so often would renew it for ever.
+    let late = || format!("no complete answer within {timeout:?}");
     let mut reply = Vec::new();
-    stream
-        .take(MAX_REPLY)
-        .read_to_end(&mut reply)
-        .map_err(|e| format!("no complete answer within {timeout:?}: {e}"))?;
+    let mut buffer = [0u8; 4096];
+    while (reply.len() as u64) < MAX_REPLY {
+        if Instant::now() >= deadline {
+            return Err(late());
+        }
+        stream
+            .set_read_timeout(Some(left()))
+            .map_err(|e| e.to_string())?;
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(late())
+            }
+            Err(e) => return Err(format!("{}: {e}", late())),
+        }
+    }
     parse_reply(&String::from_utf8_lossy(&reply))
 }
 
 /// Connects to the first of the authority's addresses that answers: `localhost` resolves to
 /// `::1` and `127.0.0.1`, and a server may listen on only one of them.
 fn connect_any(target: &Target, left: impl Fn() -> Duration) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = target
-        .authority
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {}: {e}", target.authority))?
-        .collect();
+    let addrs = resolve(&target.authority, left())?;
     let mut failures = Vec::new();
     for addr in &addrs {
         match TcpStream::connect_timeout(addr, left()) {
@@ -131,6 +164,28 @@ fn connect_any(target: &Target, left: impl Fn() -> Duration) -> Result<TcpStream
         Err(format!("{} resolves to nothing", target.authority))
     } else {
         Err(failures.join("; "))
+    }
+}
+
+/// The addresses `authority` names, waiting at most `limit` for a resolver that may hang (the
+/// lookup runs on a thread of its own, left behind if it does not answer in time).
+fn resolve(authority: &str, limit: Duration) -> Result<Vec<SocketAddr>, String> {
+    // An address needs no resolver.
+    if let Ok(addr) = authority.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let (found, wait) = std::sync::mpsc::channel();
+    let name = authority.to_string();
+    std::thread::Builder::new()
+        .name("gpumem-resolve".to_string())
+        .spawn(move || {
+            let _ = found.send(name.to_socket_addrs().map(Iterator::collect::<Vec<_>>));
+        })
+        .map_err(|e| format!("cannot resolve {authority}: {e}"))?;
+    match wait.recv_timeout(limit) {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err(format!("cannot resolve {authority}: {e}")),
+        Err(_) => Err(format!("cannot resolve {authority} within the timeout")),
     }
 }
 
@@ -199,6 +254,46 @@ mod tests {
         );
         assert!(parse_url("https://x/").is_err());
         assert!(parse_url("http:///healthz").is_err());
+        for smuggled in [
+            "http://127.0.0.1:9400/healthz HTTP/1.1\r\nX: y",
+            "http://127.0.0.1:9400/a\nb",
+            "http://127.0.0.1:9400/a b",
+            "http://127.0.0.1:9400\r\n/x",
+        ] {
+            assert!(parse_url(smuggled).is_err(), "{smuggled:?}");
+        }
+    }
+
+    #[test]
+    fn the_timeout_bounds_a_trickled_answer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // Answers one byte every 100 ms for 5 s: each read gets a byte well within any read
+        // timeout, so only a deadline on the whole check stops early.
+        std::thread::spawn(move || {
+            if let Ok((mut client, _)) = listener.accept() {
+                let mut request = [0u8; 1024];
+                let _ = client.read(&mut request);
+                for _ in 0..50 {
+                    if client.write_all(b"H").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        });
+        let target = Target {
+            authority: format!("127.0.0.1:{port}"),
+            path: "/healthz".to_string(),
+        };
+        let started = Instant::now();
+        let answer = get(&target, Duration::from_millis(500));
+        assert!(answer.is_err(), "{answer:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "a 500 ms check took {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

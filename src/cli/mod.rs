@@ -66,6 +66,16 @@ impl fmt::Display for CliError {
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
+
+    /// How log lines on stderr are written: text, or json (one object per line).
+    #[arg(
+        long,
+        env = "GPUMEM_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -237,23 +247,74 @@ pub(crate) fn named<T: Named + Send + Sync + Clone>() -> impl TypedValueParser<V
     PossibleValuesParser::new(values).try_map(|name| T::from_name(&name))
 }
 
-/// Logging to stderr at `GPUMEM_LOG` (default `default_filter`).
-fn init_logging(default_filter: &str) {
+/// How log lines are written (`--log-format`, `GPUMEM_LOG_FORMAT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per line, for log pipelines (no colour codes).
+    Json,
+}
+
+/// The log levels a bare `GPUMEM_LOG` directive may name.
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// `GPUMEM_LOG` as a filter, or one line saying what is wrong with it. The filter syntax takes
+/// a bare word as a module name, so `GPUMEM_LOG=verbose` would silently turn every log line
+/// off: a bare word must be a level (`module=level` names a module).
+fn log_filter(value: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    for directive in value.split(',').map(str::trim) {
+        let bare = !directive.contains(['=', '[']);
+        if directive.is_empty()
+            || (bare && !LEVELS.contains(&directive.to_ascii_lowercase().as_str()))
+        {
+            return Err(format!(
+                "{:?} is not a log filter: give a level ({}) or module=level, comma-separated \
+                 (e.g. info,gpumem_observe=debug)",
+                value.chars().take(100).collect::<String>(),
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(value)
+        .map_err(|e| {
+            format!(
+                "{:?} is not a log filter: {e}",
+                value.chars().take(100).collect::<String>()
+            )
+        })
+}
+
+/// Logging to stderr at `GPUMEM_LOG` (default `default_filter`), as text or JSON. A filter that
+/// does not parse is bad input, refused before anything runs.
+fn init_logging(default_filter: &str, format: LogFormat) -> Result<(), CliError> {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUMEM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let filter = match std::env::var("GPUMEM_LOG") {
+        Ok(value) if !value.trim().is_empty() => {
+            log_filter(value.trim()).map_err(|e| CliError::usage(format!("GPUMEM_LOG: {e}")))?
+        }
+        Ok(_) | Err(std::env::VarError::NotPresent) => {
+            tracing_subscriber::EnvFilter::new(default_filter)
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(CliError::usage("GPUMEM_LOG: not UTF-8"))
+        }
+    };
     // Colour only for a person at a terminal: in a container log or a file, escape codes are
-    // noise that breaks grep and log pipelines (NO_COLOR turns it off on a terminal too).
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+    // noise that breaks grep and log pipelines; NO_COLOR (any non-empty value) turns it off on
+    // a terminal too.
+    let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(colour)
         .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: in a file or a log collector they are noise.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(colour).try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
+    Ok(())
 }
 
 /// Runs the command line; returns the process exit code.
@@ -282,10 +343,17 @@ pub(crate) fn run() -> i32 {
         .unwrap_or_default();
     // The managers' startup lines (one per device) belong to the serving commands; replay and
     // bench make a manager per trace or case, where they would bury the results and the error.
-    init_logging(match cli.command {
-        Command::Demo(_) | Command::Serve(_) => "info",
-        _ => "info,gpumem::startup=warn",
-    });
+    let logging = init_logging(
+        match cli.command {
+            Command::Demo(_) | Command::Serve(_) => "info",
+            _ => "info,gpumem::startup=warn",
+        },
+        cli.log_format,
+    );
+    if let Err(error) = logging {
+        eprintln!("gpumem: {}", one_line(&error.message));
+        return error.code;
+    }
     let outcome = match cli.command {
         Command::Demo(args) => demo::run(args, &given),
         Command::Devices(args) => devices::run(args, &given),
@@ -298,7 +366,8 @@ pub(crate) fn run() -> i32 {
     match outcome {
         Ok(()) => 0,
         Err(error) => {
-            eprintln!("gpumem: {}", one_line(&error.message));
+            let message = sources::name_the_variable(&error.message, &Cli::command(), &matches);
+            eprintln!("gpumem: {}", one_line(&message));
             error.code
         }
     }
@@ -334,6 +403,28 @@ mod tests {
         assert_eq!(one_line("two\nlines\t"), "two\\nlines\\t");
         let long = one_line(&"x".repeat(10_000));
         assert!(long.chars().count() <= 2001 && long.ends_with('…'));
+    }
+
+    #[test]
+    fn log_filters_are_levels_or_module_levels() {
+        for good in [
+            "info",
+            "WARN",
+            "info,gpumem::startup=warn",
+            "gpumem_observe=debug",
+        ] {
+            assert!(log_filter(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "verbose",
+            "lots!!",
+            "info,,warn",
+            "gpumem=loud",
+            "debug,chatty",
+        ] {
+            let error = log_filter(bad).err().unwrap_or_default();
+            assert!(error.contains("is not a log filter"), "{bad}: {error}");
+        }
     }
 
     #[test]

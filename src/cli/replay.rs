@@ -103,10 +103,12 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         check_output_path("--misses", path, "misses.jsonl")?;
         check_target(path, &args.traces).map_err(|e| CliError::usage(format!("--misses: {e}")))?;
     }
-    if let Some(plot) = &args.plot {
+    let names: Vec<&str> = traces.iter().map(|t| t.name.as_str()).collect();
+    let plots = args.plot.as_deref().map(|plot| plot_paths(plot, &names));
+    if let (Some(plot), Some(paths)) = (&args.plot, &plots) {
         check_output_path("--plot", plot, "replay.svg")?;
-        for trace in &traces {
-            let path = plot_path(plot, &trace.name, traces.len() > 1);
+        for path in paths {
+            let path = path.clone();
             check_target(&path, &args.traces)
                 .map_err(|e| CliError::usage(format!("--plot: {e}")))?;
             if args.misses.as_ref() == Some(&path) {
@@ -174,6 +176,30 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         "idle_per_mille" => CliError::usage(format!("--idle-per-mille: {}", e.message)),
         _ => CliError::usage(e.to_string()),
     })?;
+    // A request larger than the whole device cannot be served by any strategy: that is bad
+    // input, said before the table's first line rather than as a failure half-way through it.
+    let total = backend
+        .properties(device)
+        .map_err(|e| CliError::runtime(e.to_string()))?
+        .total_memory_bytes;
+    for (trace, path) in traces.iter().zip(&args.traces) {
+        let largest = trace
+            .events
+            .iter()
+            .filter_map(|event| match event {
+                gpumem_replay::trace::TraceEvent::Alloc { size, .. } => Some(*size),
+                gpumem_replay::trace::TraceEvent::Free { .. } => None,
+            })
+            .max();
+        if let Some(largest) = largest.filter(|&size| size > total) {
+            return Err(CliError::usage(format!(
+                "{}: an allocation of {} can never fit on device {device}, which has {} in total",
+                path.display(),
+                Bytes(largest),
+                Bytes(total)
+            )));
+        }
+    }
     if args.sweep {
         let sweep = Sweep {
             backend: &backend,
@@ -203,7 +229,7 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         );
     }
     let mut misses = args.misses.as_ref().map(|_| Vec::new());
-    for trace in &traces {
+    for (index, trace) in traces.iter().enumerate() {
         let mut runs = Vec::with_capacity(args.repeat as usize);
         for run in 1..=args.repeat {
             let label = match args.repeat {
@@ -222,9 +248,8 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         }
         let (report, timeline) = median_run(runs);
         print_report(&report, args.json)?;
-        if let Some(plot) = &args.plot {
-            let path = plot_path(plot, &trace.name, traces.len() > 1);
-            write_plot(&path, &report, &timeline, &args.traces)?;
+        if let Some(path) = plots.as_ref().and_then(|paths| paths.get(index)) {
+            write_plot(path, &report, &timeline, &args.traces)?;
         }
     }
     if args.repeat > 1 && !args.json {
@@ -360,16 +385,31 @@ fn check_output_path(flag: &str, path: &Path, example: &str) -> Result<(), CliEr
     Ok(())
 }
 
-fn plot_path(plot: &Path, trace: &str, several: bool) -> PathBuf {
-    if !several {
-        return plot.to_path_buf();
+/// The chart of each trace: `plot` itself for one trace; for several, `STEM-NAME.EXT` beside it,
+/// a trace whose name came before (`a/x.trace` and `b/x.trace`, or one trace given twice) getting
+/// `-2`, `-3`, … so that no chart overwrites another.
+fn plot_paths(plot: &Path, traces: &[&str]) -> Vec<PathBuf> {
+    if traces.len() <= 1 {
+        return vec![plot.to_path_buf(); traces.len()];
     }
     let stem = plot
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("replay");
     let ext = plot.extension().and_then(|s| s.to_str()).unwrap_or("svg");
-    plot.with_file_name(format!("{stem}-{trace}.{ext}"))
+    let mut taken = std::collections::HashSet::new();
+    traces
+        .iter()
+        .map(|name| {
+            let mut unique = name.to_string();
+            let mut n = 2;
+            while !taken.insert(unique.clone()) {
+                unique = format!("{name}-{n}");
+                n += 1;
+            }
+            plot.with_file_name(format!("{stem}-{unique}.{ext}"))
+        })
+        .collect()
 }
 
 fn write_plot(

@@ -54,7 +54,8 @@ pub(super) struct ServeArgs {
         long,
         env = "GPUMEM_EXITED_RETENTION",
         default_value = "15m",
-        value_name = "DURATION"
+        value_name = "DURATION",
+        allow_hyphen_values = true
     )]
     exited_retention: String,
 
@@ -81,6 +82,13 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
         Some(dir) => {
             check_dir(dir).map_err(|e| CliError::usage(format!("--collect-dir: {e}")))?;
             let mut settings = CollectSettings::new(dir, interval);
+            // No series at all would collect files only to skip every one of them.
+            if args.collect_max_series == 0 {
+                return Err(CliError::usage(
+                    "--collect-max-series: 0 would skip every collected file; give at least 1 \
+                     (the default suits a 128 MiB limit)",
+                ));
+            }
             settings.max_series = args.collect_max_series;
             settings.max_bytes = gpumem::units::parse_bytes(&args.collect_max_bytes)
                 .map_err(|e| CliError::usage(format!("--collect-max-bytes: {e}")))?;
@@ -134,8 +142,13 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
 
     let runtime = gpumem_observe::web::runtime::build("gpumem-serve")
         .map_err(|e| CliError::runtime(format!("could not start the runtime: {e}")))?;
+    let max_connections = args.exporter.max_connections().map_err(CliError::usage)?;
     gpumem_observe::web::runtime::block_on_bounded(runtime, async move {
-        let exporter = Exporter::builder()
+        let mut exporter = Exporter::builder();
+        if let Some(n) = max_connections {
+            exporter = exporter.max_connections(n);
+        }
+        let exporter = exporter
             .source(Box::new(sidecar))
             .listen(listen)
             .interval(interval)

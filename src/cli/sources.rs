@@ -93,6 +93,44 @@ pub(super) fn unknown_variable_warnings(set: &[String], known: &[String]) -> Vec
         .collect()
 }
 
+/// An error about a flag whose value came from its variable names the variable, since that is
+/// what the user wrote (in a manifest, say): `--interval: …` becomes
+/// `GPUMEM_INTERVAL: … (the variable of --interval)`. Other messages are returned as they are.
+pub(super) fn name_the_variable(
+    message: &str,
+    command: &clap::Command,
+    matches: &ArgMatches,
+) -> String {
+    let Some((name, sub_matches)) = matches.subcommand() else {
+        return message.to_string();
+    };
+    let Some(sub) = command.find_subcommand(name) else {
+        return message.to_string();
+    };
+    let Some(rest) = message.strip_prefix("--") else {
+        return message.to_string();
+    };
+    let Some((long, detail)) = rest.split_once(": ") else {
+        return message.to_string();
+    };
+    let arg = sub
+        .get_arguments()
+        .chain(command.get_arguments())
+        .find(|arg| arg.get_long() == Some(long));
+    let Some(arg) = arg else {
+        return message.to_string();
+    };
+    let from_variable =
+        sub_matches.value_source(arg.get_id().as_str()) == Some(ValueSource::EnvVariable);
+    match (from_variable, arg.get_env()) {
+        (true, Some(variable)) => format!(
+            "{}: {detail} (the variable of --{long})",
+            variable.to_string_lossy()
+        ),
+        _ => message.to_string(),
+    }
+}
+
 /// Levenshtein distance over bytes (variable names are ASCII).
 fn edit_distance(a: &str, b: &str) -> usize {
     let (a, b) = (a.as_bytes(), b.as_bytes());
@@ -129,5 +167,38 @@ mod tests {
         assert!(warnings[0].contains("did you mean GPUMEM_LEAK_AGE?"));
         assert!(!warnings[1].contains("did you mean"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn an_error_about_a_value_from_a_variable_names_the_variable() {
+        use clap::{Arg, Command};
+        let command = || {
+            Command::new("gpumem").subcommand(
+                Command::new("demo").arg(
+                    Arg::new("interval")
+                        .long("interval")
+                        .env("SOURCES_TEST_INTERVAL"),
+                ),
+            )
+        };
+        let from_flag = command()
+            .try_get_matches_from(["gpumem", "demo", "--interval", "fast"])
+            .expect("parses");
+        let message = "--interval: 'fast' is not a duration";
+        assert_eq!(name_the_variable(message, &command(), &from_flag), message);
+        let unrelated = "config: devices: nope";
+        assert_eq!(
+            name_the_variable(unrelated, &command(), &from_flag),
+            unrelated
+        );
+        // A variable only this test reads.
+        std::env::set_var("SOURCES_TEST_INTERVAL", "fast");
+        let from_variable = command()
+            .try_get_matches_from(["gpumem", "demo"])
+            .expect("parses");
+        assert_eq!(
+            name_the_variable(message, &command(), &from_variable),
+            "SOURCES_TEST_INTERVAL: 'fast' is not a duration (the variable of --interval)"
+        );
     }
 }

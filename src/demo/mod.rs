@@ -65,6 +65,8 @@ pub(crate) struct DemoSettings {
     pub memory: ManagerConfig,
     /// Host names allowed besides IP addresses and localhost (`--allowed-hosts`).
     pub allowed_hosts: Vec<String>,
+    /// Most connections served at once (`--max-connections`); `None`: the default.
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Error)]
@@ -127,7 +129,11 @@ async fn serve(
         ),
         None => None,
     };
-    let exporter = Exporter::builder()
+    let mut exporter = Exporter::builder();
+    if let Some(n) = settings.max_connections {
+        exporter = exporter.max_connections(n);
+    }
+    let exporter = exporter
         .manager(manager.clone())
         .listen(settings.listen)
         .interval(settings.interval)

@@ -98,7 +98,11 @@ impl PressureSwing {
         for _ in 0..BALLAST_CHUNKS_PER_TICK {
             let held = self.held();
             if held + BALLAST_CHUNK <= target {
-                match manager.alloc(self.device, BALLAST_CHUNK, &AllocOptions::tagged(self.tag)) {
+                match manager.alloc(
+                    self.device,
+                    BALLAST_CHUNK,
+                    &AllocOptions::tagged(self.tag.clone()),
+                ) {
                     Ok(buffer) => self.ballast.push(buffer),
                     // The device is as full as it gets; that is the point of a spike.
                     Err(_) => break,

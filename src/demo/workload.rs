@@ -140,7 +140,7 @@ impl DeviceWorkload {
             if self.weights.len() as u64 >= WEIGHT_CHUNKS {
                 return;
             }
-            let tag = self.tags.weights;
+            let tag = self.tags.weights.clone();
             match self.alloc(manager, self.budget.weight_chunk, tag) {
                 Some(chunk) => self.weights.push(chunk),
                 None => return,
@@ -164,12 +164,12 @@ impl DeviceWorkload {
         let phase = elapsed.as_secs_f64() / TRAFFIC_PERIOD.as_secs_f64() * std::f64::consts::TAU;
         let wanted = (2.0 + MAX_SEQUENCES * (0.5 - 0.5 * phase.cos())) as usize;
         let block = self.budget.kv_block;
-        let kv_tag = self.tags.kv_cache;
+        let kv_tag = self.tags.kv_cache.clone();
         while self.sequences.len() < wanted && self.kv_bytes() + 8 * block <= self.budget.kv_bytes {
             let prompt_blocks = rng.between(1, 8);
             let mut kv = Vec::with_capacity(prompt_blocks as usize);
             for _ in 0..prompt_blocks {
-                if let Some(buffer) = self.alloc(manager, block, kv_tag) {
+                if let Some(buffer) = self.alloc(manager, block, kv_tag.clone()) {
                     kv.push(buffer);
                 }
             }
@@ -189,7 +189,7 @@ impl DeviceWorkload {
                 break;
             }
             if rng.chance(20) {
-                if let Some(buffer) = self.alloc(manager, block, kv_tag) {
+                if let Some(buffer) = self.alloc(manager, block, kv_tag.clone()) {
                     self.sequences[index].kv.push(buffer);
                     budget_left -= 1;
                 }
@@ -202,15 +202,15 @@ impl DeviceWorkload {
     fn run_batch(&mut self, manager: &MemoryManager, rng: &mut Rng) {
         let batch = self.sequences.len().max(1) as u64;
         let scale = self.budget.activation_max / MAX_SEQUENCES as u64;
-        let tag = self.tags.activations;
+        let tag = self.tags.activations.clone();
         let mut live = Vec::new();
         for _ in 0..rng.between(3, 6) {
             let size = (scale * batch * rng.between(50, 100) / 100).max(256 * KIB);
-            live.extend(self.alloc(manager, size, tag));
+            live.extend(self.alloc(manager, size, tag.clone()));
         }
         for _ in 0..rng.between(20, 60) {
             let size = rng.between(4, 512) * KIB;
-            live.extend(self.alloc(manager, size, tag));
+            live.extend(self.alloc(manager, size, tag.clone()));
             if rng.chance(50) {
                 live.pop();
             }
@@ -224,7 +224,7 @@ impl DeviceWorkload {
         }
         self.last_leak = Instant::now();
         let size = self.budget.leak_bytes + rng.between(0, 255) * KIB;
-        let tag = self.tags.leaky;
+        let tag = self.tags.leaky.clone();
         if let Some(buffer) = self.alloc(manager, size, tag) {
             self.leaked.push(buffer);
         }

@@ -135,7 +135,10 @@ fn leak_queries_group_old_allocations_by_tag() {
     let m = MemoryManager::new(sims(&[GIB]), config).unwrap();
     let leaky = Tag::new("leaky_cache");
     let old: Vec<_> = (0..3)
-        .map(|_| m.alloc(0, 4096, &AllocOptions::tagged(leaky)).unwrap())
+        .map(|_| {
+            m.alloc(0, 4096, &AllocOptions::tagged(leaky.clone()))
+                .unwrap()
+        })
         .collect();
     let _untagged_old = m.alloc(0, 1000, &AllocOptions::default()).unwrap();
     std::thread::sleep(Duration::from_millis(150));

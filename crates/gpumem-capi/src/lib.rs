@@ -19,27 +19,30 @@ mod streams;
 
 pub use runtime::install;
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// At most this many errors are printed to stderr; all are kept for `gpumem_last_error`.
 const PRINTED_ERRORS: u32 = 20;
 
 thread_local! {
-    /// The tag given to allocations made by this thread (`gpumem_set_tag`).
-    static CURRENT_TAG: Cell<Option<gpumem::Tag>> = const { Cell::new(None) };
+    /// The tag given to allocations made by this thread (`gpumem_set_tag`). Holding the handle
+    /// keeps the name; replacing it lets the old name go once its allocations are freed.
+    static CURRENT_TAG: RefCell<Option<gpumem::Tag>> = const { RefCell::new(None) };
+    /// This thread's latest error, for `gpumem_last_error` (like `errno`: another thread's
+    /// failure never shows up here).
+    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// The tag of allocations made by threads without their own (`gpumem_set_default_tag`): PyTorch
 /// runs the backward pass on its own threads, which a thread-local tag cannot reach.
-static DEFAULT_TAG: AtomicU32 = AtomicU32::new(0);
+static DEFAULT_TAG: parking_lot::RwLock<Option<gpumem::Tag>> = parking_lot::RwLock::new(None);
 
 fn current_tag() -> Option<gpumem::Tag> {
     CURRENT_TAG
-        .with(Cell::get)
-        .or_else(|| gpumem::Tag::from_id(DEFAULT_TAG.load(Relaxed)))
+        .with(|tag| tag.borrow().clone())
+        .or_else(|| DEFAULT_TAG.read().clone())
 }
 
 /// A tag argument: null or "" is no tag.
@@ -72,9 +75,9 @@ fn guarded<T>(call: &'static str, failed: T, body: impl FnOnce() -> Result<T, St
     }
 }
 
-fn last_error() -> &'static parking_lot::Mutex<Option<String>> {
-    static LAST: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
-    &LAST
+/// This thread's latest error, if any.
+fn last_error() -> Option<String> {
+    LAST_ERROR.with(|last| last.borrow().clone())
 }
 
 /// Keeps the error for `gpumem_last_error` and prints it: a host such as PyTorch sees only a
@@ -88,7 +91,7 @@ fn record_error(call: &str, message: &str) {
     } else if printed == PRINTED_ERRORS {
         eprintln!("gpumem: more errors follow; gpumem_last_error() has the latest");
     }
-    *last_error().lock() = Some(line);
+    LAST_ERROR.with(|last| *last.borrow_mut() = Some(line));
 }
 
 /// A C string argument as UTF-8; null is `None`.
@@ -189,7 +192,7 @@ pub unsafe extern "C" fn gpumem_set_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_tag", -1, || {
         // SAFETY: forwarded from this function's own contract.
         let tag = unsafe { tag_argument(tag) }?;
-        CURRENT_TAG.with(|current| current.set(tag));
+        CURRENT_TAG.with(|current| *current.borrow_mut() = tag);
         Ok(0)
     })
 }
@@ -204,7 +207,7 @@ pub unsafe extern "C" fn gpumem_set_default_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_default_tag", -1, || {
         // SAFETY: forwarded from this function's own contract.
         let tag = unsafe { tag_argument(tag) }?;
-        DEFAULT_TAG.store(tag.map_or(0, gpumem::Tag::id), Relaxed);
+        *DEFAULT_TAG.write() = tag;
         Ok(0)
     })
 }
@@ -269,15 +272,12 @@ pub unsafe extern "C" fn gpumem_publish(dir: *const c_char) -> c_int {
     })
 }
 
-/// The latest error of any call, as a new string (release it with `gpumem_string_free`), or
-/// null when nothing has failed.
+/// The latest error of a call made by this thread, as a new string (release it with
+/// `gpumem_string_free`), or null when none of this thread's calls has failed.
 #[no_mangle]
 pub extern "C" fn gpumem_last_error() -> *mut c_char {
     guarded("gpumem_last_error", std::ptr::null_mut(), || {
-        Ok(last_error()
-            .lock()
-            .clone()
-            .map_or(std::ptr::null_mut(), to_c_string))
+        Ok(last_error().map_or(std::ptr::null_mut(), to_c_string))
     })
 }
 
@@ -304,11 +304,21 @@ mod tests {
             panic!("boom in the allocator")
         });
         assert_eq!(value, -1);
-        let error = last_error().lock().clone().unwrap_or_default();
+        let error = last_error().unwrap_or_default();
         assert!(
             error.contains("gpumem_test: internal error (panic): boom"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_last_error_is_the_calling_threads_own() {
+        guarded("gpumem_test", (), || -> Result<(), String> {
+            Err("this thread's failure".into())
+        });
+        let elsewhere = std::thread::spawn(last_error).join().expect("thread");
+        assert_eq!(elsewhere, None, "another thread sees none of it");
+        assert!(last_error().is_some_and(|e| e.contains("this thread's failure")));
     }
 
     #[test]

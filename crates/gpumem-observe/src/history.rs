@@ -88,6 +88,11 @@ impl History {
         self.points.read().is_empty()
     }
 
+    /// The time of the oldest point kept, if any.
+    pub fn oldest_timestamp(&self) -> Option<f64> {
+        self.points.read().front().map(|p| p.t)
+    }
+
     /// Adds the point of `sample`, dropping the oldest once full.
     pub fn record(&self, sample: &Sample) {
         let snapshot = &sample.snapshot;

@@ -31,6 +31,22 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Opens a file the user named (`--config`, `GPUMEM_CONFIG`, a trace) for reading. Links are
+/// followed (a Kubernetes ConfigMap mounts its files as links), but the open does not block — a
+/// FIFO with no writer would otherwise wait for ever — and what opened must be a regular file:
+/// a FIFO, a device or a directory is refused at once.
+pub fn open_named_regular(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(not_regular(path, describe(kind)));
+    }
+    Ok(file)
+}
+
 /// Reads at most `limit` bytes of `reader`; `Err(read)` when there is more (`read` is then
 /// `limit + 1`), so a device like `/dev/zero` or a growing file costs `limit` bytes, not memory.
 pub fn read_capped(reader: impl Read, limit: u64) -> io::Result<Result<Vec<u8>, u64>> {

@@ -53,6 +53,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
     let example = "e.g. 500ms, 1s, 2m or 1h";
+    if trimmed.starts_with('-') {
+        return Err(format!(
+            "'{text}' is negative; a duration is 0 or more ({example})"
+        ));
+    }
     let value: f64 = number
         .parse()
         .map_err(|_| format!("'{text}' is not a duration ({example})"))?;

@@ -17,7 +17,7 @@ const MIB: isize = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 /// Installs the 4 GiB simulated device once; returns the lock the tests take turns with.
-fn abi() -> MutexGuard<'static, ()> {
+pub(super) fn abi() -> MutexGuard<'static, ()> {
     installed()
         .1
         .lock()

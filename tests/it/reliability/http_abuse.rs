@@ -243,7 +243,7 @@ fn slow_clients_do_not_hold_up_others() {
 }
 
 /// The soft limit on open files of this process.
-fn soft_fd_limit() -> usize {
+pub(super) fn soft_fd_limit() -> usize {
     std::fs::read_to_string("/proc/self/limits")
         .ok()
         .and_then(|limits| {

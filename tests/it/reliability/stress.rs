@@ -93,7 +93,7 @@ fn allocate(
             1 | 2 => 1 + rng.below(6 * MIB),
             _ => 1 + rng.below(48 * MIB),
         };
-        let options = AllocOptions::tagged(tags[rng.below(3) as usize])
+        let options = AllocOptions::tagged(tags[rng.below(3) as usize].clone())
             .on_stream(StreamId(rng.below(3)))
             .with_alignment(1 << (8 + rng.below(8)));
         let device = rng.below(DEVICES as u64) as usize;

@@ -266,11 +266,12 @@ impl Collector {
         for (name, _) in &candidates {
             let state = self.files.entry(name.clone()).or_default();
             let outcome = read_sized(&dir.join(name), self.settings.max_file_bytes).and_then(|f| {
-                let ahead = f.0.timestamp_seconds - now;
-                if ahead > MAX_CLOCK_SKEW_SECONDS {
+                // No figure that changes from scan to scan (how far ahead it is) in the
+                // message: it is also what says the problem was logged already.
+                if f.0.timestamp_seconds - now > MAX_CLOCK_SKEW_SECONDS {
                     return Err(Rejection::Invalid(format!(
-                        "\"timestamp_seconds\" is {ahead:.0}s in the future \
-                         (at most {MAX_CLOCK_SKEW_SECONDS}s of clock skew is allowed)"
+                        "\"timestamp_seconds\" is more than {MAX_CLOCK_SKEW_SECONDS}s ahead of \
+                         this host's clock (is the writer's clock wrong?)"
                     )));
                 }
                 Ok(f)

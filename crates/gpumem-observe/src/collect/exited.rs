@@ -3,11 +3,21 @@
 //! count, pools, tags — as "exited" for a while, so the moment that most needs explaining does
 //! not vanish with its series. A file left behind by a process that is gone is removed (once),
 //! so the directory does not fill with the dead.
+//!
+//! Nothing live is deleted: a process can drop out of a scan while it runs (over the budget, a
+//! duplicate, a paused writer), and its file can meanwhile belong to another process (a pid
+//! reused under a new name, another PID namespace). So the file is opened afresh and removed
+//! only if it still holds the process judged gone — same pid, same name, nothing newer — that
+//! process's pid namespace is the sidecar's own, and `/proc` says the pid is gone; and only if
+//! the name still points at the file that was checked.
 
-use gpumem::snapshot::process::pid_alive;
+use super::read::{parse, MAX_FILE_BYTES};
+use gpumem::safe_fs::{open_regular, read_capped};
+use gpumem::snapshot::process::{current_pid_namespace, pid_alive};
 use gpumem::snapshot::{CollectedProcess, ExitedProcess};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long an exited process stays listed unless `--exited-retention` says otherwise.
@@ -21,6 +31,27 @@ pub struct ExitedTracker {
     retention: Duration,
     live: BTreeMap<(String, u32), CollectedProcess>,
     exited: Vec<ExitedProcess>,
+    pid_namespace: Option<String>,
+    /// The gone processes already logged, and when: one that drops out again (in and out of
+    /// the budget, say) is not logged again within the retention.
+    logged: BTreeMap<(String, u32), f64>,
+    /// Warnings logged, for tests.
+    warnings: u64,
+}
+
+/// What the file a gone process published holds now, read afresh.
+enum LeftBehind {
+    /// No file: the process removed it as it stopped.
+    Nothing,
+    /// Still the process judged gone (same pid and name, nothing newer written): the file's
+    /// device and inode, and whether its pid namespace is the sidecar's.
+    Same {
+        inode: (u64, u64),
+        own_namespace: bool,
+    },
+    /// Written since, by it or by another process (a reused pid, another name), or not a
+    /// readable published file: not the sidecar's to remove.
+    Other,
 }
 
 impl ExitedTracker {
@@ -30,6 +61,9 @@ impl ExitedTracker {
             retention,
             live: BTreeMap::new(),
             exited: Vec::new(),
+            pid_namespace: current_pid_namespace(),
+            logged: BTreeMap::new(),
+            warnings: 0,
         }
     }
 
@@ -54,29 +88,84 @@ impl ExitedTracker {
         let keep = self.retention.as_secs_f64();
         self.exited.retain(|e| now - e.exited_at_seconds <= keep);
         self.exited.truncate(MAX_EXITED);
+        self.logged.retain(|_, at| now - *at <= keep);
         self.exited.clone()
     }
 
-    /// Classifies a process that dropped out, removes the file it left, and says so once.
-    fn gone(&self, last: CollectedProcess, now: f64) -> ExitedProcess {
+    /// What `last`'s file holds now; see [`LeftBehind`].
+    fn left_behind(&self, path: &Path, last: &CollectedProcess) -> LeftBehind {
+        let file = match open_regular(path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return LeftBehind::Nothing
+            }
+            Err(_) => return LeftBehind::Other,
+        };
+        let Ok(meta) = file.metadata() else {
+            return LeftBehind::Other;
+        };
+        let Ok(Ok(bytes)) = read_capped(file, MAX_FILE_BYTES) else {
+            return LeftBehind::Other;
+        };
+        let Ok(published) = parse(&bytes) else {
+            return LeftBehind::Other;
+        };
+        let same = published.pid == last.pid
+            && published.process == last.process
+            && published.timestamp_seconds <= last.timestamp_seconds;
+        if !same {
+            return LeftBehind::Other;
+        }
+        LeftBehind::Same {
+            inode: (meta.dev(), meta.ino()),
+            own_namespace: published.pid_namespace.is_some()
+                && published.pid_namespace == self.pid_namespace,
+        }
+    }
+
+    /// Classifies a process that dropped out, removes the file it left if it is still that
+    /// process's and the process is gone, and says so once.
+    fn gone(&mut self, last: CollectedProcess, now: f64) -> ExitedProcess {
         let path = self.dir.join(&last.file);
-        let left_behind = path.is_file();
-        let reason = if !left_behind {
-            "stopped"
-        } else if pid_alive(last.pid) == Some(false) {
-            "exited"
-        } else {
-            "stale"
+        let (reason, inode) = match self.left_behind(&path, &last) {
+            LeftBehind::Nothing => ("stopped", None),
+            // Only a pid in the sidecar's own namespace can be looked up.
+            LeftBehind::Same {
+                inode,
+                own_namespace: true,
+            } if pid_alive(last.pid) == Some(false) => ("exited", Some(inode)),
+            LeftBehind::Same { .. } | LeftBehind::Other => ("stale", None),
         };
         let mut removed = false;
-        if left_behind {
-            match std::fs::remove_file(&path) {
-                Ok(()) => removed = true,
-                Err(error) => {
-                    tracing::debug!("collect: could not remove {}: {error}", path.display())
+        if let Some(checked) = inode {
+            // The name must still point at the file checked: a writer renames new files over it.
+            let now_there = std::fs::symlink_metadata(&path).map(|m| (m.dev(), m.ino()));
+            if now_there.is_ok_and(|inode| inode == checked) {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => removed = true,
+                    Err(error) => {
+                        tracing::debug!("collect: could not remove {}: {error}", path.display())
+                    }
                 }
             }
         }
+        let key = (last.process.clone(), last.pid);
+        let first_time = !self.logged.contains_key(&key);
+        self.logged.insert(key, now);
+        if !first_time {
+            tracing::debug!(
+                "collect: {} (pid {}) dropped out again",
+                last.process,
+                last.pid
+            );
+            return ExitedProcess {
+                last,
+                exited_at_seconds: now,
+                reason: reason.to_string(),
+                file_removed: removed,
+            };
+        }
+        self.warnings += 1;
         let peak: u64 = last
             .devices
             .iter()
@@ -112,13 +201,30 @@ mod tests {
     use super::*;
 
     fn process(pid: u32, file: &str) -> CollectedProcess {
+        named(pid, "engine", file)
+    }
+
+    fn named(pid: u32, name: &str, file: &str) -> CollectedProcess {
         CollectedProcess {
             pid,
-            process: "engine".into(),
+            process: name.into(),
             file: file.into(),
             timestamp_seconds: 100.0,
             ..CollectedProcess::default()
         }
+    }
+
+    /// What `pid` publishing as `name` writes, in this (the sidecar's) pid namespace or not.
+    fn published(pid: u32, name: &str, own_namespace: bool) -> String {
+        let namespace = match own_namespace {
+            true => current_pid_namespace().unwrap_or_default(),
+            false => "pid:[1]".to_string(),
+        };
+        serde_json::json!({
+            "format": "gpumem.publish", "version": 1, "pid": pid, "process": name,
+            "pid_namespace": namespace, "timestamp_seconds": 100.0, "devices": [],
+        })
+        .to_string()
     }
 
     #[test]
@@ -126,7 +232,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         // A pid that cannot run: the file it left is removed.
         let dead = u32::MAX - 7;
-        std::fs::write(dir.path().join("gpumem-dead.json"), b"{}").expect("write");
+        std::fs::write(
+            dir.path().join("gpumem-dead.json"),
+            published(dead, "engine", true),
+        )
+        .expect("write");
         let mut tracker = ExitedTracker::new(dir.path().to_path_buf(), Duration::from_secs(60));
         let both = [
             process(dead, "gpumem-dead.json"),
@@ -146,5 +256,56 @@ mod tests {
         );
         // One that removed its own file stopped cleanly.
         assert!(tracker.update(&[], 163.0)[0].reason == "stopped");
+    }
+
+    #[test]
+    fn a_file_now_published_under_another_name_is_not_removed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let me = std::process::id();
+        let path = dir.path().join("gpumem-engine.json");
+        std::fs::write(&path, published(me, "engine", true)).expect("write");
+        let mut tracker = ExitedTracker::new(dir.path().to_path_buf(), Duration::from_secs(60));
+        tracker.update(&[named(me, "engine", "gpumem-engine.json")], 100.0);
+        // The same pid publishes into the same file under a new name: "engine" is gone, the
+        // file is the new one's.
+        std::fs::write(&path, published(me, "engine-v2", true)).expect("write");
+        let exited = tracker.update(&[named(me, "engine-v2", "gpumem-engine.json")], 101.0);
+        assert_eq!(exited.len(), 1);
+        assert!(!exited[0].file_removed);
+        assert!(path.exists(), "the live process's file was deleted");
+    }
+
+    #[test]
+    fn a_pid_from_another_namespace_or_alive_keeps_its_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let dead_here = u32::MAX - 7;
+        let elsewhere = dir.path().join("elsewhere.json");
+        std::fs::write(&elsewhere, published(dead_here, "remote", false)).expect("write");
+        let alive = dir.path().join("alive.json");
+        let me = std::process::id();
+        std::fs::write(&alive, published(me, "paused", true)).expect("write");
+        let mut tracker = ExitedTracker::new(dir.path().to_path_buf(), Duration::from_secs(60));
+        let both = [
+            named(dead_here, "remote", "elsewhere.json"),
+            named(me, "paused", "alive.json"),
+        ];
+        tracker.update(&both, 100.0);
+        let exited = tracker.update(&[], 101.0);
+        assert!(exited
+            .iter()
+            .all(|e| e.reason == "stale" && !e.file_removed));
+        assert!(elsewhere.exists() && alive.exists());
+    }
+
+    #[test]
+    fn a_process_that_drops_out_again_is_logged_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut tracker = ExitedTracker::new(dir.path().to_path_buf(), Duration::from_secs(60));
+        let flapping = [process(std::process::id(), "gpumem-flap.json")];
+        for t in 0..10 {
+            tracker.update(&flapping, 100.0 + f64::from(t));
+            tracker.update(&[], 100.5 + f64::from(t));
+        }
+        assert_eq!(tracker.warnings, 1);
     }
 }

@@ -3,6 +3,7 @@
 //! no file can add unbounded label values or duplicate series. Every way a file can be wrong is
 //! a [`Rejection`] with a bounded reason (a metric label), never a panic.
 
+use gpumem::manager::{clean_tag, MAX_TAG_CHARS};
 use gpumem::safe_fs::{open_regular, read_capped};
 use gpumem::snapshot::process::{clean_process_name, clean_text};
 use gpumem::snapshot::published::{PublishedFile, FORMAT, VERSION};
@@ -25,7 +26,7 @@ const MAX_DETAIL: usize = 240;
 /// Tags per device and the length of a tag: the sidecar exports only the largest few of them
 /// (`gpumem_tag_*`), but a file must not make it hold or sort thousands.
 pub const MAX_TAGS: usize = 64;
-pub const MAX_TAG_NAME: usize = 64;
+pub const MAX_TAG_NAME: usize = MAX_TAG_CHARS;
 
 /// Every reason a file can be skipped for (metric label values): the [`Rejection`] kinds, plus
 /// the collector's own `duplicate_pid`, `too_many_files` and `over_budget`.
@@ -206,6 +207,13 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
     let mut gpus = Vec::with_capacity(file.devices.len());
     for device in &mut file.devices {
         device.name = device.name.as_deref().map(|n| clean_text(n, MAX_TEXT));
+        // The in-process rule (`gpumem::manager::clean_tag`): a tag an engine could not have
+        // published through gpumem is cut and cleaned the same way, not refused.
+        if device.tags.len() <= MAX_TAGS {
+            for tag in &mut device.tags {
+                tag.tag = clean_tag(&tag.tag);
+            }
+        }
     }
     for device in &file.devices {
         let gpu = device.gpu;
@@ -281,7 +289,8 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
     Ok(())
 }
 
-/// A device's tags: few, short, printable, each once (they become `tag` label values).
+/// A device's tags: few, each once (they become `tag` label values); already cleaned, so
+/// short and printable, and not empty.
 fn validate_tags(gpu: u32, tags: &[gpumem::snapshot::ProcessTag]) -> Result<(), String> {
     if tags.len() > MAX_TAGS {
         return Err(format!(
@@ -292,13 +301,9 @@ fn validate_tags(gpu: u32, tags: &[gpumem::snapshot::ProcessTag]) -> Result<(), 
     let mut seen: Vec<&str> = Vec::with_capacity(tags.len());
     for tag in tags {
         let name = tag.tag.as_str();
-        if name.is_empty()
-            || name.chars().count() > MAX_TAG_NAME
-            || name.chars().any(char::is_control)
-        {
+        if name.is_empty() {
             return Err(format!(
-                "gpu {gpu}: tag \"{}\" must be 1 to {MAX_TAG_NAME} printable characters",
-                name.escape_debug()
+                "gpu {gpu}: a tag is empty (or only control and invisible characters)"
             ));
         }
         if seen.contains(&name) {
@@ -382,6 +387,16 @@ mod tests {
         );
         assert_eq!(reason(&twice), "invalid");
         assert_eq!(reason(&tagged.replace("kv_cache", "")), "invalid");
+        // The in-process rule: control characters replaced, bidi ones removed, cut to 64.
+        let hostile = tagged.replace(
+            "kv_cache",
+            &format!("kv\\u001b[2J\\u202ecache{}", "x".repeat(200)),
+        );
+        let file = parse(hostile.as_bytes()).expect("cleaned, not refused");
+        let name = &file.devices[0].tags[0].tag;
+        assert!(name.starts_with("kv_[2Jcache"), "{name}");
+        assert_eq!(name.chars().count(), MAX_TAG_NAME);
+        assert_eq!(reason(&tagged.replace("kv_cache", "\\u202e")), "invalid");
     }
 
     #[test]

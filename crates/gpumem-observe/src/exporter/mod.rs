@@ -73,6 +73,7 @@ pub struct ExporterBuilder {
     source: Option<Box<dyn SnapshotSource>>,
     allowed_hosts: web::host::AllowedHosts,
     runbook_url: Option<String>,
+    limits: web::ServerLimits,
 }
 
 impl Default for ExporterBuilder {
@@ -84,6 +85,7 @@ impl Default for ExporterBuilder {
             source: None,
             allowed_hosts: web::host::AllowedHosts::default(),
             runbook_url: None,
+            limits: web::ServerLimits::default(),
         }
     }
 }
@@ -114,6 +116,14 @@ impl ExporterBuilder {
     /// `web::host`.
     pub fn allowed_hosts<S: AsRef<str>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.allowed_hosts = web::host::AllowedHosts::new(names);
+        self
+    }
+
+    /// Serves at most `n` connections at once (a few of them kept for `/healthz`); the default
+    /// follows the process's descriptor limit (`web::server`). Raised to
+    /// [`web::MIN_CONNECTIONS`] if lower.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.limits.max_connections = n.max(web::MIN_CONNECTIONS);
         self
     }
 
@@ -157,7 +167,7 @@ impl ExporterBuilder {
         }
         let app = web::router(state, self.routes, self.allowed_hosts);
         let (stop, stopped) = watch::channel(false);
-        let work = run(listener, app, sampler, publish, stopped);
+        let work = run(listener, app, self.limits, sampler, publish, stopped);
 
         let task = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => Task::Tokio(runtime.spawn(work)),
@@ -248,6 +258,7 @@ impl Drop for ExporterHandle {
 async fn run(
     listener: std::net::TcpListener,
     app: Router,
+    limits: web::ServerLimits,
     sampler: Sampler,
     publish: watch::Sender<Arc<Sample>>,
     stopped: watch::Receiver<bool>,
@@ -271,7 +282,7 @@ async fn run(
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     tokio::select! {
-        served = web::serve(listener, app, shutdown) => {
+        served = web::serve_with(listener, app, shutdown, limits) => {
             if let Err(error) = served {
                 tracing::error!("the HTTP server failed: {error}");
             }

@@ -3,16 +3,25 @@
 
 use super::WebState;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gpumem::units::format_duration;
 use serde::Deserialize;
+use std::sync::Arc;
 
-/// The latest snapshot, as it is (see `gpumem::snapshot::Snapshot` for the fields).
-pub(super) async fn snapshot(State(state): State<WebState>) -> Response {
+const JSON: &str = "application/json";
+
+/// The latest snapshot, as it is (see `gpumem::snapshot::Snapshot` for the fields); serialised
+/// once per sample.
+pub(super) async fn snapshot(State(state): State<WebState>, request: HeaderMap) -> Response {
     let sample = state.latest();
-    Json(&sample.snapshot).into_response()
+    let render_from = Arc::clone(&sample);
+    let body = state.bodies.snapshot.get(&sample, true, move || {
+        serde_json::to_vec(&render_from.snapshot)
+            .map_err(|error| format!("could not encode the snapshot: {error}"))
+    });
+    super::shared(body.await, &request, JSON, &[]).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -36,11 +45,27 @@ pub(super) async fn oom(State(state): State<WebState>) -> Response {
     .into_response()
 }
 
+/// The whole ring (what the page asks for first) is serialised once per sample; a `since`
+/// after the oldest point (the page's updates: a few points) per request.
 pub(super) async fn history(
     State(state): State<WebState>,
     Query(query): Query<HistoryQuery>,
+    request: HeaderMap,
 ) -> Response {
-    Json(state.history.reply_since(query.since)).into_response()
+    let whole = match (query.since, state.history.oldest_timestamp()) {
+        (None, _) | (_, None) => true,
+        (Some(since), Some(oldest)) => since.is_nan() || since < oldest,
+    };
+    if !whole {
+        return Json(state.history.reply_since(query.since)).into_response();
+    }
+    let sample = state.latest();
+    let history = Arc::clone(&state.history);
+    let body = state.bodies.history.get(&sample, true, move || {
+        serde_json::to_vec(&history.reply_since(None))
+            .map_err(|error| format!("could not encode the history: {error}"))
+    });
+    super::shared(body.await, &request, JSON, &[]).await
 }
 
 /// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise. A sidecar

@@ -50,12 +50,26 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// The middleware: 403 for a request naming another host.
+/// The middleware: 400 for a request with more than one `Host` (RFC 9112: a proxy and this
+/// server could each pick another one), 403 for a request naming another host.
 pub(crate) async fn check_host(
     State(allowed): State<AllowedHosts>,
     request: Request,
     next: Next,
 ) -> Response {
+    if request
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            "a request must have one Host header, not several\n",
+        )
+            .into_response();
+    }
     let host = request
         .headers()
         .get(header::HOST)

@@ -8,6 +8,7 @@
 
 mod api;
 mod assets;
+mod cache;
 mod compress;
 pub(crate) mod format;
 pub(crate) mod host;
@@ -16,15 +17,19 @@ pub mod page;
 pub mod runbook;
 pub mod runtime;
 mod server;
+mod stall;
 
-pub use server::{serve, serve_with_header_timeout};
+pub use server::{
+    default_max_connections, serve, serve_with, serve_with_header_timeout, ServerLimits,
+    MAX_CONNECTIONS_CEILING, MIN_CONNECTIONS, STALL_TIMEOUT,
+};
 
 use crate::flight::FlightLog;
 use crate::history::{History, Sample};
 use askama::Template;
 use axum::extract::State;
-use axum::http::{header, StatusCode, Uri};
-use axum::response::{Html, IntoResponse, Response};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use std::sync::Arc;
@@ -41,6 +46,8 @@ pub struct WebState {
     flight: Arc<FlightLog>,
     /// Where the page's hints link to: the runbook, `/runbook` unless configured.
     runbook: Arc<str>,
+    /// The large bodies, rendered once per sample and shared (`cache`).
+    bodies: Arc<cache::Bodies>,
 }
 
 /// The runbook every gpumem serves itself (docs/runbook.md).
@@ -58,6 +65,7 @@ impl WebState {
             interval,
             flight: Arc::default(),
             runbook: Arc::from(DEFAULT_RUNBOOK),
+            bodies: Arc::default(),
         }
     }
 
@@ -104,29 +112,97 @@ pub fn router(state: WebState, extra: Option<Router>, hosts: host::AllowedHosts)
         .layer(axum::middleware::from_fn(compress::gzip))
 }
 
-async fn metrics_text(State(state): State<WebState>) -> Response {
+async fn metrics_text(State(state): State<WebState>, request: HeaderMap) -> Response {
     let sample = state.latest();
     let fresh = !sample.is_stale(state.interval);
-    // Encoding is CPU work proportional to devices and pools: keep it off the async workers.
-    let rendered =
-        tokio::task::spawn_blocking(move || metrics::render(&sample.snapshot, fresh)).await;
-    match rendered {
-        Ok(Ok(text)) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
-        Ok(Err(error)) => internal_error(format!("could not encode the metrics: {error}")),
-        Err(error) => internal_error(format!("rendering the metrics failed: {error}")),
-    }
+    let render_from = Arc::clone(&sample);
+    let body = state.bodies.metrics.get(&sample, fresh, move || {
+        metrics::render(&render_from.snapshot, fresh)
+            .map(String::into_bytes)
+            .map_err(|error| format!("could not encode the metrics: {error}"))
+    });
+    shared(body.await, &request, metrics::CONTENT_TYPE, &[]).await
 }
 
-async fn index(State(state): State<WebState>) -> Response {
+async fn index(State(state): State<WebState>, request: HeaderMap) -> Response {
     let sample = state.latest();
     let fresh = !sample.is_stale(state.interval);
-    let page = page::IndexPage::new(&sample.snapshot, fresh)
-        .with_hints(&sample.snapshot, fresh, &state.runbook)
-        .with_oom_records(&state.flight.latest());
-    match page.render() {
-        Ok(html) => ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response(),
-        Err(error) => internal_error(format!("could not render the page: {error}")),
+    let (render_from, runbook, flight) = (
+        Arc::clone(&sample),
+        Arc::clone(&state.runbook),
+        Arc::clone(&state.flight),
+    );
+    let body = state.bodies.page.get(&sample, fresh, move || {
+        let snapshot = &render_from.snapshot;
+        page::IndexPage::new(snapshot, fresh)
+            .with_hints(snapshot, fresh, &runbook)
+            .with_oom_records(&flight.latest())
+            .render()
+            .map(String::into_bytes)
+            .map_err(|error| format!("could not render the page: {error}"))
+    });
+    shared(
+        body.await,
+        &request,
+        "text/html; charset=utf-8",
+        &page_headers(),
+    )
+    .await
+}
+
+/// What the page's responses say besides their body: never cached (it is live), never framed
+/// (clickjacking), never sniffed as another type, and scripts, styles and requests from this
+/// server only (the bar widths are inline `style` attributes, hence `'unsafe-inline'` for
+/// styles; no inline script runs).
+pub(crate) fn page_headers() -> [(header::HeaderName, HeaderValue); 4] {
+    [
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+                 img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; \
+                 frame-ancestors 'none'",
+            ),
+        ),
+        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+        (
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ),
+    ]
+}
+
+/// A response with a shared body: its gzip form when the client takes gzip and the body is
+/// worth compressing, else the plain bytes (both shared, neither copied).
+pub(super) async fn shared(
+    body: Result<Arc<cache::Body>, String>,
+    request: &HeaderMap,
+    content_type: &'static str,
+    extra: &[(header::HeaderName, HeaderValue)],
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(message) => return internal_error(message),
+    };
+    let gzipped = match compress::wants_gzip(request) {
+        true => body.gzip().await,
+        false => None,
+    };
+    let mut response = match gzipped {
+        Some(bytes) => {
+            let mut response = axum::body::Body::from(bytes).into_response();
+            compress::mark_gzip(response.headers_mut());
+            response
+        }
+        None => axum::body::Body::from(body.plain.clone()).into_response(),
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    for (name, value) in extra {
+        headers.insert(name.clone(), value.clone());
     }
+    response
 }
 
 async fn not_found(uri: Uri) -> Response {

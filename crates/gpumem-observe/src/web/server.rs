@@ -1,12 +1,26 @@
 //! The accept loop behind every HTTP endpoint: HTTP/1.1 connections with a deadline for each
-//! request's headers, and a graceful stop.
+//! request's headers, a deadline on a connection that moves no byte (`stall`), a cap on the
+//! connections served at once with a few kept for `/healthz`, and a graceful stop.
 //!
 //! `axum::serve` sets no such deadline, so a client that connected and sent nothing, or
 //! trickled a request forever, or left a keep-alive connection idle, held a task and a file
 //! descriptor until it went away; enough of them exhaust the descriptors. Here the connection
 //! closes when a request's headers (the first, or the next on a kept-alive connection) are not
-//! complete within the deadline. Everything past the headers is the router's, as before.
+//! complete within the deadline, and when the client stops reading a response.
+//!
+//! The cap: every connection costs a descriptor and a task with its buffers, so at most
+//! `max_connections` are served at once, by default well below the process's descriptor limit
+//! (`RLIMIT_NOFILE`) and what fits the sidecar's memory. A small reserve of them is kept for
+//! the moment the rest are taken: a connection in the reserve is answered only for `/healthz`
+//! (anything else gets 503 and a `Retry-After`), with short deadlines and no keep-alive, so a
+//! liveness probe still gets its answer while scrapers flood the server. With the reserve full
+//! too, new connections wait in the kernel's listen queue, which costs no descriptor.
 
+use super::stall::Stalling;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -14,16 +28,82 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// How long a client has to send a request's headers: ample for any real client and for
 /// Prometheus, short enough that idle or stalled connections do not pile up.
 pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may move no byte while it waits to read or write: a client that stops
+/// reading its response is dropped after this (Prometheus's own scrape timeout is 10 s).
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Both deadlines for a connection in the reserve: a health probe sends its request at once.
+const RESERVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default cap never exceeds this: at about 20 KiB of buffers and task per connection
+/// (docs/reliability.md), 1,024 connections stay a small part of a 128 MiB limit.
+pub const MAX_CONNECTIONS_CEILING: usize = 1024;
+/// The fewest connections a cap may allow: one for requests, one in the reserve and some room.
+pub const MIN_CONNECTIONS: usize = 4;
 
 /// After an accept error other than a connection reset (out of descriptors, say), wait this
 /// long before accepting again rather than spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What the server allows each connection, and how many at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Connections served at once, the `/healthz` reserve included (at least [`MIN_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// How long a request's headers may take.
+    pub header_timeout: Duration,
+    /// How long a connection may move no byte while waiting to read or write.
+    pub stall_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: default_max_connections(),
+            header_timeout: HEADER_READ_TIMEOUT,
+            stall_timeout: STALL_TIMEOUT,
+        }
+    }
+}
+
+impl ServerLimits {
+    /// Of `max_connections`, how many are kept for `/healthz`.
+    pub fn reserved(&self) -> usize {
+        (self.max_connections / 16).clamp(1, 16)
+    }
+}
+
+/// The cap derived from this process's descriptor limit: the soft `RLIMIT_NOFILE` less room for
+/// everything else the process opens (libraries, the collect directory's files, `/proc`,
+/// NVML: 32 plus an eighth), at most [`MAX_CONNECTIONS_CEILING`].
+pub fn default_max_connections() -> usize {
+    let limit = open_files_limit().unwrap_or(1024);
+    let headroom = 32 + limit / 8;
+    limit
+        .saturating_sub(headroom)
+        .clamp(MIN_CONNECTIONS, MAX_CONNECTIONS_CEILING)
+}
+
+/// The soft limit on open files, from `/proc/self/limits` (no system call needed); `None` where
+/// it cannot be read.
+fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line
+        .trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?;
+    match soft {
+        "unlimited" => Some(usize::MAX),
+        number => number.parse().ok(),
+    }
+}
 
 /// Serves `app` on `listener` until `shutdown` completes, then lets in-flight requests finish
 /// (connections close after their current response).
@@ -32,7 +112,7 @@ pub async fn serve(
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    serve_with_header_timeout(listener, app, shutdown, HEADER_READ_TIMEOUT).await
+    serve_with(listener, app, shutdown, ServerLimits::default()).await
 }
 
 /// [`serve`] with another header deadline (tests use a short one).
@@ -42,9 +122,41 @@ pub async fn serve_with_header_timeout(
     shutdown: impl Future<Output = ()> + Send + 'static,
     header_timeout: Duration,
 ) -> io::Result<()> {
+    let limits = ServerLimits {
+        header_timeout,
+        ..ServerLimits::default()
+    };
+    serve_with(listener, app, shutdown, limits).await
+}
+
+/// [`serve`] with the given limits.
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ServerLimits,
+) -> io::Result<()> {
+    let max = limits.max_connections.max(MIN_CONNECTIONS);
+    let reserved = limits.reserved();
+    let general = Arc::new(Semaphore::new(max - reserved));
+    let reserve = Arc::new(Semaphore::new(reserved));
+    let health_only = app.clone().layer(axum::middleware::from_fn(health_only));
     let connections = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut at_cap = false;
     loop {
+        // Room first: with every slot taken, connections wait in the listen queue. Only this
+        // loop takes permits, so room seen here is still there after the accept.
+        let room = async {
+            tokio::select! {
+                permit = general.acquire() => drop(permit),
+                permit = reserve.acquire() => drop(permit),
+            }
+        };
+        tokio::select! {
+            () = room => {}
+            () = &mut shutdown => break,
+        }
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -58,21 +170,64 @@ pub async fn serve_with_header_timeout(
             },
             () = &mut shutdown => break,
         };
+        let (permit, in_reserve) = match Arc::clone(&general).try_acquire_owned() {
+            Ok(permit) => (permit, false),
+            Err(_) => match Arc::clone(&reserve).try_acquire_owned() {
+                Ok(permit) => (permit, true),
+                Err(_) => continue,
+            },
+        };
+        if in_reserve != at_cap {
+            at_cap = in_reserve;
+            if at_cap {
+                tracing::warn!(
+                    "{} connections open, the most allowed (--max-connections): new ones get \
+                     /healthz only until some close",
+                    max - reserved
+                );
+            } else {
+                tracing::info!("below the connection cap again");
+            }
+        }
         // Small responses: send them at once rather than wait for more to coalesce.
         let _ = stream.set_nodelay(true);
+        let (service, header_timeout, stall_timeout) = if in_reserve {
+            (health_only.clone(), RESERVE_TIMEOUT, RESERVE_TIMEOUT)
+        } else {
+            (app.clone(), limits.header_timeout, limits.stall_timeout)
+        };
+        let io = TokioIo::new(Stalling::new(stream, stall_timeout));
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            .keep_alive(!in_reserve)
+            .serve_connection(io, TowerToHyperService::new(service));
         let connection = connections.watch(connection);
         tokio::spawn(async move {
-            // A client that vanishes or misses the deadline is not the server's error.
+            // A client that vanishes or misses a deadline is not the server's error.
             let _ = connection.await;
+            drop(permit);
         });
     }
     drop(listener);
     connections.shutdown().await;
     Ok(())
+}
+
+/// The reserve's router: `/healthz` as usual, anything else 503.
+async fn health_only(request: Request, next: Next) -> Response {
+    if request.uri().path() == "/healthz" {
+        return next.run(request).await;
+    }
+    let mut response = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "busy: every connection is taken (--max-connections); try again shortly\n",
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 fn is_connection_error(error: &io::Error) -> bool {
@@ -82,4 +237,28 @@ fn is_connection_error(error: &io::Error) -> bool {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_cap_stays_below_the_descriptor_limit() {
+        let cap = default_max_connections();
+        assert!((MIN_CONNECTIONS..=MAX_CONNECTIONS_CEILING).contains(&cap));
+        if let Some(limit) = open_files_limit() {
+            assert!(cap < limit || limit <= MIN_CONNECTIONS, "{cap} of {limit}");
+        }
+        let limits = ServerLimits {
+            max_connections: 4,
+            ..ServerLimits::default()
+        };
+        assert_eq!(limits.reserved(), 1);
+        let limits = ServerLimits {
+            max_connections: 1024,
+            ..ServerLimits::default()
+        };
+        assert_eq!(limits.reserved(), 16);
+    }
 }

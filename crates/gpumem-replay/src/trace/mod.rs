@@ -6,7 +6,6 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
-use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
@@ -107,14 +106,9 @@ pub fn load_trace(path: &Path) -> Result<Trace, TraceError> {
         path: path.display().to_string(),
         source,
     };
-    let file = File::open(path).map_err(open_error)?;
-    // Opening a directory succeeds on Linux; reading it would fail with a vaguer message.
-    if file.metadata().map_err(open_error)?.is_dir() {
-        return Err(open_error(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "is a directory",
-        )));
-    }
+    // A regular file only: a FIFO without a writer would block the replay for ever, and a
+    // directory would fail later with a vaguer message.
+    let file = gpumem::safe_fs::open_named_regular(path).map_err(open_error)?;
     let label = path.display().to_string();
     let name = trace_name(path);
     let mut file = file;

@@ -10,7 +10,8 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Options for [`MemoryManager::alloc`](super::MemoryManager::alloc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Not `Copy`: the tag is a counted handle. Build the options once and pass them by reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocOptions {
     /// Alignment of the device pointer: a power of two up to the 2 MiB page (default 256).
     pub alignment: u64,
@@ -110,6 +111,7 @@ pub struct DeviceBuffer {
     pub(crate) id: u64,
     /// The tag's interned id, 0 for none: one 4-byte field rather than an `Option`, whose
     /// separately stored halves a later 8-byte copy could not forward from (a pool hit's cost).
+    /// The buffer holds one count of it (`tag::release` when freed), so its name stays.
     pub(crate) tag_id: u32,
     pub(crate) stream: StreamId,
     pub(crate) backing: Option<Backing>,
@@ -153,6 +155,17 @@ impl DeviceBuffer {
         if let Some(origins) = self.origins.take() {
             origins.forget(self.id);
         }
+        // After the block is back (below), nothing lists this allocation: its tag count goes.
+        // Taken out first, so the second call (`free` then `drop`) releases nothing.
+        let tag_id = std::mem::replace(&mut self.tag_id, super::tag::UNTAGGED);
+        let freed = self.free_backing();
+        if freed.is_ok() {
+            super::tag::release(tag_id);
+        } // else the driver kept it: still listed, and its tag with it
+        freed
+    }
+
+    fn free_backing(&mut self) -> Result<(), BackendError> {
         match self.backing.take() {
             Some(Backing::Pooled { pool, block }) => {
                 pool.free(block.kind(), block.block());

@@ -348,7 +348,8 @@ pub(super) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The text of a config file, at most [`MAX_CONFIG_BYTES`] of UTF-8.
 fn read_config_file(path: &std::path::Path) -> Result<String, String> {
     let cannot = |e: std::io::Error| format!("cannot read the config file: {e}");
-    let file = std::fs::File::open(path).map_err(cannot)?;
+    // Not a FIFO or a device: one would block the command for ever, the other never end.
+    let file = crate::safe_fs::open_named_regular(path).map_err(cannot)?;
     let bytes = crate::safe_fs::read_capped(file, MAX_CONFIG_BYTES)
         .map_err(cannot)?
         .map_err(|_| {

@@ -67,9 +67,14 @@ impl MemoryManager {
         if table.contains_key(&(device, ptr)) {
             return Err(ExternalError::AlreadyTracked { device, ptr });
         }
+        // The tag rule of every tag (`tag::clean_tag`): it becomes a label and a page's text.
+        let tag = match super::tag::clean_tag(tag) {
+            cleaned if cleaned.is_empty() => super::tag::OTHER_TAG.to_string(),
+            cleaned => cleaned,
+        };
         let entry = Entry {
             bytes,
-            tag: tag.to_string(),
+            tag,
             since_ticks: crate::clock::now(),
         };
         table.insert((device, ptr), entry);

@@ -32,7 +32,7 @@ pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
-pub use tag::Tag;
+pub use tag::{clean_tag, held_tags, Tag, MAX_TAGS, MAX_TAG_CHARS, OTHER_TAG};
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 
@@ -363,7 +363,11 @@ impl MemoryManager {
             });
         }
         let (thread_slot, id) = next_allocation_id();
-        let tag_id = options.tag.map_or(tag::UNTAGGED, Tag::id);
+        // Counted until the buffer is freed (or dropped on an error below), so the name stays.
+        let tag_id = options
+            .tag
+            .as_ref()
+            .map_or(tag::UNTAGGED, Tag::retain_for_allocation);
         let live = LiveInfo {
             id,
             requested: size,
@@ -617,7 +621,7 @@ impl MemoryManager {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
             requested_bytes: requested,
-            tag: Tag::from_id(live.tag).map(Tag::name),
+            tag: tag::name_of(live.tag).map(|name| name.to_string()),
             pool: pool.name().to_string(),
             kind: kind.to_string(),
             message: error.to_string(),

@@ -1,7 +1,7 @@
 //! Read-only views of a manager for stats and snapshots: per device and per pool counters
 //! (lock-free reads of atomics) and the live allocations with their ages (walks each arena).
 
-use super::{ManagedDevice, MemoryManager, Tag};
+use super::{ManagedDevice, MemoryManager};
 use crate::error::BackendError;
 use crate::pool::{CounterValues, LiveInfo, PoolKind};
 use serde::Serialize;
@@ -173,7 +173,7 @@ impl MemoryManager {
                 ptr,
                 requested_bytes: info.requested,
                 block_bytes: size,
-                tag: Tag::from_id(info.tag).map(Tag::name),
+                tag: super::tag::name_of(info.tag).map(|name| name.to_string()),
                 pool,
                 age: if tracking {
                     crate::clock::between(info.created_ticks, now)

@@ -177,3 +177,140 @@ fn bad_flags_and_variables_exit_2_with_one_line() {
     }
     run_table(cases);
 }
+
+/// The low findings of "Holding under load and hostile input": values that used to be accepted
+/// (and misbehave later) or refused with a confusing message, each now exit 2 with one line.
+#[test]
+fn values_that_used_to_slip_through_are_refused() {
+    let files = Files::new();
+    let huge_request = files.write("huge.trace", b"a 1 107374182400 0\nf 1\n");
+    let collect_dir = files.path("").display().to_string();
+    let demo_rows: Rows = &[
+        (
+            "--duration",
+            "0s",
+            "--duration: '0s' would stop the demo at once",
+        ),
+        ("--duration", "-3s", "is negative"),
+        (
+            "--runbook-url",
+            "javascript:alert(1)",
+            "--runbook-url: \"javascript",
+        ),
+        (
+            "--runbook-url",
+            "data:text/html,x",
+            "not an http:// or https:// URL",
+        ),
+        ("--allowed-hosts", "a,,b", "--allowed-hosts: an empty name"),
+        (
+            "--max-connections",
+            "2",
+            "--max-connections: 2 is out of range",
+        ),
+        ("--log-format", "xml", "xml"),
+    ];
+    let serve_rows: Rows = &[("--collect-max-series", "0", "--collect-max-series: 0")];
+    let mut cases = Vec::new();
+    rows(&DEMO, &[], demo_rows, 2, &mut cases);
+    rows(
+        &SERVE,
+        &["--collect-dir", &collect_dir],
+        serve_rows,
+        2,
+        &mut cases,
+    );
+    let demo = [
+        "demo",
+        "--backend",
+        "sim",
+        "--duration",
+        "3s",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut args = demo.to_vec();
+        args.extend_from_slice(extra);
+        args
+    };
+    cases.extend([
+        case(
+            "demo --duration -3s",
+            &[
+                "demo",
+                "--backend",
+                "sim",
+                "--listen",
+                "127.0.0.1:0",
+                "--duration",
+                "-3s",
+            ],
+            2,
+            "--duration: '-3s' is negative",
+        ),
+        case(
+            "demo --allowed-hosts ''",
+            &with(&["--allowed-hosts", ""]),
+            2,
+            "--allowed-hosts",
+        ),
+        case(
+            "demo --publish-dir /proc/nope",
+            &with(&["--publish-dir", "/proc/nope"]),
+            2,
+            "--publish-dir",
+        ),
+        case(
+            "garbage GPUMEM_LOG",
+            &["devices", "--backend", "sim"],
+            2,
+            "GPUMEM_LOG: \"verbose\"",
+        )
+        .env("GPUMEM_LOG", "verbose"),
+        case(
+            "bad GPUMEM_LOG level",
+            &["devices", "--backend", "sim"],
+            2,
+            "GPUMEM_LOG",
+        )
+        .env("GPUMEM_LOG", "gpumem=loud"),
+        case(
+            "bench --sizes 100G",
+            &["bench", "--backend", "sim", "--sizes", "100G"],
+            2,
+            "--sizes: 100.00 GiB can never fit",
+        ),
+        case(
+            "replay of a request that can never fit",
+            &["replay", "--backend", "sim", &huge_request],
+            2,
+            "can never fit on device 0",
+        ),
+        case(
+            "healthcheck URL with a space",
+            &["healthcheck", "--url", "http://127.0.0.1:9/a b"],
+            2,
+            "--url",
+        ),
+        case(
+            "healthcheck URL with CRLF",
+            &[
+                "healthcheck",
+                "--url",
+                "http://127.0.0.1:9/a\r\nX-Injected: 1",
+            ],
+            2,
+            "--url",
+        ),
+        case(
+            "healthcheck --timeout 0s",
+            &["healthcheck", "--timeout", "0s"],
+            2,
+            "--timeout",
+        ),
+        case("GPUMEM_INTERVAL=fast", &demo, 2, "GPUMEM_INTERVAL: 'fast'")
+            .env("GPUMEM_INTERVAL", "fast"),
+    ]);
+    run_table(cases);
+}

@@ -105,11 +105,12 @@ pub(super) fn flag_and_env(
             code,
             needle,
         ),
+        // Set through its variable, the error names the variable where it named the flag.
         case(
             &format!("{} {variable}={value:?}", base.command),
             &args,
             code,
-            needle,
+            &needle.replace(&format!("{flag}:"), &format!("{variable}:")),
         )
         .env(variable, value),
     ]

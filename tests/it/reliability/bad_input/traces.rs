@@ -173,8 +173,9 @@ fn bad_trace_files_exit_2_naming_the_line_and_write_no_plot() {
     run_table(cases);
 }
 
-/// Running out of memory half-way, or a request larger than the device: a failure while
-/// running (exit 1) naming the event, and no plot.
+/// Running out of memory half-way: a failure while running (exit 1) naming the event, and no
+/// plot. A request larger than the whole device is bad input, found before the replay starts
+/// (exit 2; it used to print the table's header, then fail with exit 1).
 #[test]
 fn a_replay_out_of_memory_half_way_exits_1_and_writes_no_plot() {
     let files = Files::new();
@@ -222,8 +223,8 @@ fn a_replay_out_of_memory_half_way_exits_1_and_writes_no_plot() {
                 "--json",
                 &too_big,
             ],
-            1,
-            "can never fit on device 0",
+            2,
+            "too-big.trace: an allocation of 8.00 GiB can never fit on device 0",
         )
         .output(plot),
     );

@@ -161,3 +161,56 @@ fn snapshots_from_the_future_are_refused() {
     assert_eq!(names, ["skewed"]);
     assert_eq!(count(&collected.status.rejected, "invalid"), 1);
 }
+
+/// Everything logged on this thread while `body` runs, as text.
+fn logged_by(body: impl FnOnce()) -> String {
+    use std::sync::{Arc, Mutex};
+    let sink = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let writer = {
+        let sink = Arc::clone(&sink);
+        move || SinkWriter(Arc::clone(&sink))
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, body);
+    let bytes = sink.lock().map(|b| b.clone()).unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+struct SinkWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for SinkWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut sink) = self.0.lock() {
+            sink.extend_from_slice(bytes);
+        }
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A file from the future is logged once, not once per scan: how far ahead it is changes every
+/// second, and used to be part of what said "logged already".
+#[test]
+fn a_snapshot_from_the_future_is_logged_once() {
+    let dir = Scratch::new("future-once");
+    let t = unix_now();
+    dir.file(
+        "future.json",
+        published(std::process::id(), "future", t + 3600.0, 1, 1).as_bytes(),
+    );
+    let mut collector = collector(&dir);
+    let log = logged_by(|| {
+        for scan in 0..5 {
+            let collected = collector.scan_at(t + f64::from(scan));
+            assert_eq!(count(&collected.status.rejected, "invalid"), 1);
+        }
+    });
+    let warnings = log.lines().filter(|l| l.contains("future.json")).count();
+    assert_eq!(warnings, 1, "{log}");
+    assert!(log.contains("ahead of this host's clock"), "{log}");
+}

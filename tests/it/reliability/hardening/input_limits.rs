@@ -1,5 +1,6 @@
-//! Case 5: every input is bounded. A config file that never ends (`/dev/zero`) fails at once
-//! with one line; strings in collected files (device names, the writer, wrong-typed values
+//! Case 5: every input is bounded. A config file that never ends (`/dev/zero`) or never
+//! starts (a FIFO nobody writes, as `--config`, `GPUMEM_CONFIG` or a trace) fails at once with
+//! one line; strings in collected files (device names, the writer, wrong-typed values
 //! quoted in errors) are cut before they are kept, logged or served.
 
 use super::published;
@@ -8,37 +9,86 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// `--config /dev/zero` used to grow by 300 MB/s until killed.
+/// Runs `gpumem args` (with `env` set) and requires it to fail with exit 2 and one line naming
+/// `needle` within 10 s, and to print nothing on stdout.
+fn fails_fast(args: &[&str], env: Option<(&str, &str)>, needle: &str) {
+    let started = Instant::now();
+    let mut command = gpumem();
+    command.args(args);
+    if let Some((name, value)) = env {
+        command.env(name, value);
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpumem runs");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gpumem {args:?} {env:?} still running after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let _ = child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut stdout);
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    assert!(stdout.is_empty(), "{args:?} printed {stdout:?}");
+}
+
+/// A FIFO nobody writes to, given where a file is read whole, used to hang the command in
+/// `open` for good: refused at once, by every way it can be named.
+#[test]
+fn a_fifo_for_a_config_or_a_trace_is_refused_at_once() {
+    let dir = Scratch::new("fifo-input");
+    let fifo = dir.path().join("input.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    let fifo = fifo.to_str().expect("a UTF-8 path");
+    fails_fast(
+        &["devices", "--backend", "sim", "--config", fifo],
+        None,
+        "a FIFO",
+    );
+    fails_fast(
+        &["devices", "--backend", "sim"],
+        Some(("GPUMEM_CONFIG", fifo)),
+        "a FIFO",
+    );
+    fails_fast(&["replay", "--backend", "sim", fifo], None, "a FIFO");
+}
+
+/// `--config /dev/zero` used to grow by 300 MB/s until killed; a device is now refused before
+/// a byte is read, and a regular file is still read at most 1 MiB.
 #[test]
 fn an_endless_config_file_fails_fast_with_one_line() {
     for command in [&["devices"][..], &["demo", "--duration", "1s"]] {
-        let started = Instant::now();
-        let mut child = gpumem()
-            .args(command)
-            .args(["--backend", "sim", "--config", "/dev/zero"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("gpumem runs");
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            if started.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                panic!("gpumem {command:?} --config /dev/zero still running after 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut stderr = String::new();
-        let _ = child
-            .stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut stderr);
-        assert_eq!(status.code(), Some(2), "{command:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{command:?}: {stderr}");
-        assert!(stderr.contains("larger than 1"), "{command:?}: {stderr}");
+        let mut args = command.to_vec();
+        args.extend(["--backend", "sim", "--config", "/dev/zero"]);
+        fails_fast(&args, None, "a device, not a regular file");
+    }
+    let dir = Scratch::new("huge-config");
+    let huge = dir.file("huge.toml", &vec![b'#'; 2 << 20]);
+    let huge = huge.to_str().expect("a UTF-8 path");
+    for command in [&["devices"][..], &["demo", "--duration", "1s"]] {
+        let mut args = command.to_vec();
+        args.extend(["--backend", "sim", "--config", huge]);
+        fails_fast(&args, None, "larger than 1");
     }
 }
 

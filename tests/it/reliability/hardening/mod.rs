@@ -1,11 +1,13 @@
 //! Hardening (issue 16), one module per case: the collector against files swapped under it
 //! (`collect_races`), its memory budget and stale files (`collect_budget`), file writes that
 //! cannot be redirected (`writes`), input limits and the one-line error contract
-//! (`input_limits`, `precedence`), and the HTTP side's Host and cross-origin checks (`web`).
+//! (`input_limits`, `precedence`), log lines (`logging`), and the HTTP side's Host and
+//! cross-origin checks (`web`).
 
 mod collect_budget;
 mod collect_races;
 mod input_limits;
+mod logging;
 mod precedence;
 mod web;
 mod writes;

@@ -43,6 +43,39 @@ fn requests_must_name_this_server() {
     ] {
         assert_eq!(status(rebound), 403, "Host: {rebound}");
     }
+    // Two Hosts: a proxy in front and this server could each believe another one.
+    for second in ["attacker.example", "127.0.0.1"] {
+        let twice = request_raw(
+            addr,
+            &format!("GET /api/v1/snapshot HTTP/1.1\r\nHost: {addr}\r\nHost: {second}\r\n"),
+        )
+        .expect("request");
+        assert_eq!(twice.status, 400, "Host twice, then {second}");
+    }
+}
+
+/// The status page cannot be framed (clickjacking), sniffed as another type, or run a script
+/// that is not its own; the runbook link it carries is an http(s) URL (`javascript:` ones are
+/// refused at start, `bad_input::flags`).
+#[test]
+fn the_page_cannot_be_framed_sniffed_or_scripted() {
+    let server = demo(&["--runbook-url", "https://wiki.example/gpumem-runbook"]);
+    for path in ["/", "/?x=1"] {
+        let page = request(server.addr, "GET", path).expect("the page");
+        assert_eq!(page.status, 200);
+        assert_eq!(page.header("x-frame-options"), "DENY");
+        assert_eq!(page.header("x-content-type-options"), "nosniff");
+        let csp = page.header("content-security-policy");
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(csp.contains(directive), "{directive} not in {csp:?}");
+        }
+        assert!(!csp.contains("unsafe-eval"), "{csp}");
+        assert_eq!(page.header("cache-control"), "no-store");
+    }
 }
 
 #[test]

@@ -117,3 +117,33 @@ fn the_publisher_never_writes_through_a_planted_link() {
 }
 
 use std::time::Duration;
+
+/// Two traces of one name (`a/x.trace`, `b/x.trace`) used to write one chart over the other:
+/// each gets its own file.
+#[test]
+fn two_traces_of_one_name_get_a_chart_each() {
+    let dir = Scratch::new("plot-names");
+    for sub in ["a", "b"] {
+        std::fs::create_dir(dir.path().join(sub)).expect("mkdir");
+    }
+    let first = dir.file("a/x.trace", TRACE.as_bytes());
+    let second = dir.file("b/x.trace", b"a 1 8388608 0\nf 1\n");
+    let plot = dir.path().join("chart.svg");
+    let out = gpumem()
+        .args(["replay", "--backend", "sim", "--json", "--plot"])
+        .arg(&plot)
+        .args([&first, &second])
+        .output()
+        .expect("gpumem runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let charts = ["chart-x.svg", "chart-x-2.svg"].map(|name| dir.path().join(name));
+    for chart in &charts {
+        assert!(chart.is_file(), "{} missing", chart.display());
+    }
+    let (a, b) = (std::fs::read(&charts[0]), std::fs::read(&charts[1]));
+    assert_ne!(a.expect("read"), b.expect("read"), "the same chart twice");
+}
