@@ -1,5 +1,6 @@
-//! `grafana/alerts.yml` checked: `promtool check rules` and `promtool test rules` on
-//! `grafana/tests/*.yml`, every alert tested both firing and quiet, every alert with a severity,
+//! `grafana/alerts.yml` and the recording rules of `grafana/recording.yml` checked: `promtool
+//! check rules` and `promtool test rules` on `grafana/tests/*.yml`, every alert tested both
+//! firing and quiet, every alert with a severity,
 //! a summary, a description and a runbook link to a section of `docs/runbook.md` that exists —
 //! and the copy with `for:` shortened that the end-to-end test loads into Prometheus.
 
@@ -10,6 +11,9 @@ use std::process::Command;
 use yaml_rust2::{Yaml, YamlLoader};
 
 pub(super) const RULES_FILE: &str = "grafana/alerts.yml";
+/// The fleet's recording rules (docs/fleet-scale.md), as the unit tests name them.
+const RECORDING_FILE: &str = "grafana/recording.yml";
+const RECORDING_FILE_FROM_TESTS: &str = "../recording.yml";
 const RUNBOOK: &str = "docs/runbook.md";
 
 /// One alerting rule, as the rules file states it.
@@ -101,6 +105,8 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
     if !tool_available("promtool") {
         return;
     }
+    let (ok, said) = promtool(&["check", "rules", RECORDING_FILE]);
+    assert!(ok, "promtool check rules {RECORDING_FILE} failed:\n{said}");
     let (ok, said) = promtool(&["check", "rules", RULES_FILE]);
     assert!(ok, "promtool check rules {RULES_FILE} failed:\n{said}");
     assert!(
@@ -122,11 +128,15 @@ fn every_alert_has_a_firing_and_a_quiet_unit_test() {
     for file in unit_test_files() {
         let doc = load_yaml(&file);
         let rule_files = doc["rule_files"].as_vec().expect("rule_files");
+        let tests_alerts = rule_files
+            .iter()
+            .any(|f| f.as_str() == Some("../alerts.yml"));
+        let tests_recording = rule_files
+            .iter()
+            .any(|f| f.as_str() == Some(RECORDING_FILE_FROM_TESTS));
         assert!(
-            rule_files
-                .iter()
-                .any(|f| f.as_str() == Some("../alerts.yml")),
-            "{file} should test ../alerts.yml"
+            tests_alerts || tests_recording,
+            "{file} should test ../alerts.yml or {RECORDING_FILE_FROM_TESTS}"
         );
         for test in doc["tests"].as_vec().expect("tests") {
             for case in test["alert_rule_test"].as_vec().into_iter().flatten() {
