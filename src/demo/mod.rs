@@ -107,6 +107,9 @@ async fn serve(
     sim: Option<Arc<SimBackend>>,
     settings: DemoSettings,
 ) -> Result<(), DemoError> {
+    // Listening for signals from the start: a SIGTERM right after the first published file
+    // (before the wait below began) used to kill the demo without removing that file.
+    let signalled = interrupted();
     let spike = Arc::new(PressureSpike::default());
     // Ballast only exists where pressure cannot be simulated; it is meant to stay, not a leak.
     let long_lived: &[&str] = match sim {
@@ -164,7 +167,7 @@ async fn serve(
             .map_err(DemoError::Startup)?
     };
 
-    wait_for_end(settings.duration).await;
+    wait_for_end(settings.duration, signalled).await;
     stop.store(true, Ordering::Relaxed);
     let joined = tokio::task::spawn_blocking(move || workload.join()).await;
     if !matches!(joined, Ok(Ok(()))) {
@@ -178,8 +181,11 @@ async fn serve(
     Ok(())
 }
 
-/// Returns on Ctrl-C, SIGTERM, or when `duration` has passed.
-async fn wait_for_end(duration: Option<Duration>) {
+/// Returns on `signalled` (Ctrl-C, SIGTERM) or when `duration` has passed.
+async fn wait_for_end(
+    duration: Option<Duration>,
+    signalled: impl std::future::Future<Output = ()>,
+) {
     let timer = async {
         match duration {
             Some(duration) => tokio::time::sleep(duration).await,
@@ -188,32 +194,39 @@ async fn wait_for_end(duration: Option<Duration>) {
     };
     tokio::select! {
         _ = timer => tracing::info!("demo duration reached; stopping"),
-        _ = interrupted() => tracing::info!("stopping on signal; finishing requests in flight"),
+        _ = signalled => tracing::info!("stopping on signal; finishing requests in flight"),
     }
 }
 
-/// Returns on Ctrl-C or SIGTERM (`gpumem serve` waits on it too).
-pub(crate) async fn interrupted() {
-    let ctrl_c = async {
+/// Completes on Ctrl-C or SIGTERM (`gpumem serve` waits on it too). The handlers are installed
+/// when this is called, not when the future is first polled, so a signal between the two is
+/// not fatal. Call it inside the runtime.
+pub(crate) fn interrupted() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        let terminate = signal(SignalKind::terminate()).ok();
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        async fn received(stream: Option<Signal>) {
+            match stream {
+                Some(mut stream) => {
+                    stream.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        async move {
+            tokio::select! {
+                _ = received(terminate) => {}
+                _ = received(interrupt) => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
     }
 }
 
