@@ -16,7 +16,6 @@ use gpumem::manager::{ManagerConfig, MemoryManager};
 use gpumem_observe::exporter::{Exporter, ExporterError};
 use gpumem_observe::publish::{PublishError, Publisher};
 use pressure::{PressureSource, PressureSwing};
-use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -108,6 +107,9 @@ async fn serve(
     sim: Option<Arc<SimBackend>>,
     settings: DemoSettings,
 ) -> Result<(), DemoError> {
+    // Listening for signals from the start: a SIGTERM right after the first published file
+    // (before the wait below began) used to kill the demo without removing that file.
+    let signalled = interrupted();
     let spike = Arc::new(PressureSpike::default());
     // Ballast only exists where pressure cannot be simulated; it is meant to stay, not a leak.
     let long_lived: &[&str] = match sim {
@@ -150,8 +152,6 @@ async fn serve(
         .routes(spike::routes(Arc::clone(&spike)))
         .allowed_hosts(&settings.allowed_hosts)
         .spawn()?;
-    // Signals are caught from here on: whoever reads the address below may stop us at once.
-    let interrupted = interrupted();
     // The one line a new user needs; stdout, so scripts and tests can read the address.
     println!("gpumem demo: open {}", exporter.url());
     let _ = std::io::stdout().flush();
@@ -167,7 +167,7 @@ async fn serve(
             .map_err(DemoError::Startup)?
     };
 
-    wait_for_end(settings.duration, interrupted).await;
+    wait_for_end(settings.duration, signalled).await;
     stop.store(true, Ordering::Relaxed);
     let joined = tokio::task::spawn_blocking(move || workload.join()).await;
     if !matches!(joined, Ok(Ok(()))) {
@@ -181,8 +181,11 @@ async fn serve(
     Ok(())
 }
 
-/// Returns on Ctrl-C, SIGTERM (`interrupted`), or when `duration` has passed.
-async fn wait_for_end(duration: Option<Duration>, interrupted: impl Future<Output = ()>) {
+/// Returns on `signalled` (Ctrl-C, SIGTERM) or when `duration` has passed.
+async fn wait_for_end(
+    duration: Option<Duration>,
+    signalled: impl std::future::Future<Output = ()>,
+) {
     let timer = async {
         match duration {
             Some(duration) => tokio::time::sleep(duration).await,
@@ -191,37 +194,38 @@ async fn wait_for_end(duration: Option<Duration>, interrupted: impl Future<Outpu
     };
     tokio::select! {
         _ = timer => tracing::info!("demo duration reached; stopping"),
-        _ = interrupted => tracing::info!("stopping on signal; finishing requests in flight"),
+        _ = signalled => tracing::info!("stopping on signal; finishing requests in flight"),
     }
 }
 
-/// A future that completes on Ctrl-C or SIGTERM (`gpumem serve` waits on it too). SIGTERM's
-/// handler is installed when this is called, not when the future is first polled: a signal
-/// sent right after the address is printed must stop the command cleanly, not kill it.
-/// Called inside the runtime.
-pub(crate) fn interrupted() -> impl Future<Output = ()> {
+/// Completes on Ctrl-C or SIGTERM (`gpumem serve` waits on it too). The handlers are installed
+/// when this is called, not when the future is first polled, so a signal between the two is
+/// not fatal. Call it inside the runtime.
+pub(crate) fn interrupted() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    async move {
-        let ctrl_c = async {
-            if tokio::signal::ctrl_c().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
-        #[cfg(unix)]
-        let terminate = async {
-            match terminate {
+    {
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        let terminate = signal(SignalKind::terminate()).ok();
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        async fn received(stream: Option<Signal>) {
+            match stream {
                 Some(mut stream) => {
                     stream.recv().await;
                 }
                 None => std::future::pending::<()>().await,
             }
-        };
-        #[cfg(not(unix))]
-        let terminate = std::future::pending::<()>();
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = terminate => {}
+        }
+        async move {
+            tokio::select! {
+                _ = received(terminate) => {}
+                _ = received(interrupt) => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
