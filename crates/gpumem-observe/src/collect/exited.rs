@@ -7,9 +7,9 @@
 //! Nothing live is deleted: a process can drop out of a scan while it runs (over the budget, a
 //! duplicate, a paused writer), and its file can meanwhile belong to another process (a pid
 //! reused under a new name, another PID namespace). So the file is opened afresh and removed
-//! only if it still holds the process judged gone — same pid, same name, nothing newer — that
-//! process's pid namespace is the sidecar's own, and `/proc` says the pid is gone; and only if
-//! the name still points at the file that was checked.
+//! only if it still holds the process judged gone — same pid, same name — that process's pid
+//! namespace is the sidecar's own, and `/proc` says the pid is gone; and only if the name still
+//! points at the file that was checked.
 
 use super::read::{parse, MAX_FILE_BYTES};
 use gpumem::safe_fs::{open_regular, read_capped};
@@ -43,14 +43,14 @@ pub struct ExitedTracker {
 enum LeftBehind {
     /// No file: the process removed it as it stopped.
     Nothing,
-    /// Still the process judged gone (same pid and name, nothing newer written): the file's
-    /// device and inode, and whether its pid namespace is the sidecar's.
+    /// Still the process judged gone (same pid and name): the file's device and inode, and
+    /// whether its pid namespace is the sidecar's.
     Same {
         inode: (u64, u64),
         own_namespace: bool,
     },
-    /// Written since, by it or by another process (a reused pid, another name), or not a
-    /// readable published file: not the sidecar's to remove.
+    /// Written since by another process (a reused pid under another name, another pid), or
+    /// not a readable published file: not the sidecar's to remove.
     Other,
 }
 
@@ -110,9 +110,9 @@ impl ExitedTracker {
         let Ok(published) = parse(&bytes) else {
             return LeftBehind::Other;
         };
-        let same = published.pid == last.pid
-            && published.process == last.process
-            && published.timestamp_seconds <= last.timestamp_seconds;
+        // A newer snapshot by the same pid and name is the same process's last words (written
+        // after the last scan): whether it is gone is the pid's to say.
+        let same = published.pid == last.pid && published.process == last.process;
         if !same {
             return LeftBehind::Other;
         }
