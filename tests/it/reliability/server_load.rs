@@ -178,19 +178,33 @@ fn the_sidecar_holds_under_thousands_of_scrapes_and_slow_readers() {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
             let (mut probes, mut failures, mut worst) = (0u32, Vec::new(), Duration::ZERO);
+            let mut retried = 0u32;
             while !stop.load(Ordering::Relaxed) {
                 let asked = Instant::now();
-                // Generous: a probe may wait for the listen queue behind the flood.
-                match crate::web::request(addr, "GET", "/healthz") {
-                    Ok(reply) if reply.status == 200 => {}
-                    Ok(reply) => failures.push(format!("{}: {}", reply.status, reply.body)),
-                    Err(error) => failures.push(error.to_string()),
+                // Generous, as a liveness probe's failure threshold is: a connection lost in
+                // the flood (a handshake or request dropped by a full listen queue) is tried
+                // again; the probe fails only without a 200 within 15 s.
+                let mut last = String::new();
+                let answered = loop {
+                    match crate::web::request(addr, "GET", "/healthz") {
+                        Ok(reply) if reply.status == 200 => break true,
+                        Ok(reply) => last = format!("{}: {}", reply.status, reply.body),
+                        Err(error) => last = error.to_string(),
+                    }
+                    if asked.elapsed() > Duration::from_secs(15) {
+                        break false;
+                    }
+                    retried += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                };
+                if !answered {
+                    failures.push(last);
                 }
                 probes += 1;
                 worst = worst.max(asked.elapsed());
                 std::thread::sleep(Duration::from_millis(200));
             }
-            (probes, failures, worst)
+            (probes, failures, worst, retried)
         })
     };
 
@@ -251,7 +265,7 @@ fn the_sidecar_holds_under_thousands_of_scrapes_and_slow_readers() {
 
     stop.store(true, Ordering::Relaxed);
     let peak_fds = watcher.join().expect("the watcher");
-    let (probes, failures, worst) = prober.join().expect("the prober");
+    let (probes, failures, worst, retried) = prober.join().expect("the prober");
     let (hwm, rss) = memory_kib(pid).unwrap_or_default();
     let hwm = hwm.max(peak_hwm.load(Ordering::Relaxed));
     let answered = results.iter().filter(|s| s.ok).count();
@@ -261,7 +275,8 @@ fn the_sidecar_holds_under_thousands_of_scrapes_and_slow_readers() {
         "server load: {scrapes} scrapes ({concurrency} at once), {answered} answered 200 in \
          {flood:.1?} after {busy} 503s from the reserve; largest reply {biggest} bytes \
          (/metrics plain {} bytes); {slow_count} slow readers, {dropped} dropped by the server; \
-         /healthz {probes} probes, worst {worst:.1?}; VmHWM {hwm} KiB, VmRSS {rss} KiB at the \
+         /healthz {probes} probes ({retried} attempts lost in the flood and retried), worst \
+         {worst:.1?}; VmHWM {hwm} KiB, VmRSS {rss} KiB at the \
          end, at most {peak_fds} descriptors; {:.1?} in all",
         first.body.len(),
         started.elapsed()

@@ -51,8 +51,8 @@ enum LeftBehind {
         inode: (u64, u64),
         own_namespace: bool,
     },
-    /// Written since, by it or by another process (a reused pid, another name), or not a
-    /// readable published file: not the sidecar's to remove.
+    /// Written since by another process (a reused pid under another name, another pid), or
+    /// not a readable published file: not the sidecar's to remove.
     Other,
 }
 
@@ -112,6 +112,8 @@ impl ExitedTracker {
         let Ok(published) = parse(&bytes) else {
             return LeftBehind::Other;
         };
+        // A newer snapshot by the same pid and name is the same process's last words (written
+        // after the last scan): whether it is gone is the pid's to say.
         let same = published.pid == last.pid && published.process == last.process;
         if !same {
             return LeftBehind::Other;

@@ -148,8 +148,7 @@ impl ExporterBuilder {
             addr: self.listen,
             source,
         };
-        let listener = std::net::TcpListener::bind(self.listen).map_err(bind_error)?;
-        listener.set_nonblocking(true).map_err(bind_error)?;
+        let listener = web::listen(self.listen).map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
 
         let flight = self.sampling.flight.unwrap_or_default();

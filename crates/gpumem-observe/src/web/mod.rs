@@ -20,7 +20,7 @@ mod server;
 mod stall;
 
 pub use server::{
-    default_max_connections, serve, serve_with, serve_with_header_timeout, ServerLimits,
+    default_max_connections, listen, serve, serve_with, serve_with_header_timeout, ServerLimits,
     MAX_CONNECTIONS_CEILING, MIN_CONNECTIONS, STALL_TIMEOUT,
 };
 

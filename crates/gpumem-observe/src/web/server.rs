@@ -39,8 +39,13 @@ pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may move no byte while it waits to read or write: a client that stops
 /// reading its response is dropped after this (Prometheus's own scrape timeout is 10 s).
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Both deadlines for a connection in the reserve: a health probe sends its request at once.
-const RESERVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Both deadlines for a connection in the reserve: a health probe sends its request at once,
+/// but under a flood its packets may be dropped and resent (the listen queue overflows).
+const RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The listen queue: connections waiting to be accepted, which cost no descriptor. The
+/// standard library's 128 overflowed under a burst of scrapes, and a dropped handshake or
+/// request is resent only after a second or more (the kernel caps this at `somaxconn`).
+const LISTEN_BACKLOG: i32 = 1024;
 /// The default cap never exceeds this: at about 20 KiB of buffers and task per connection
 /// (docs/reliability.md), 1,024 connections stay a small part of a 128 MiB limit.
 pub const MAX_CONNECTIONS_CEILING: usize = 1024;
@@ -103,6 +108,18 @@ fn open_files_limit() -> Option<usize> {
         "unlimited" => Some(usize::MAX),
         number => number.parse().ok(),
     }
+}
+
+/// A non-blocking listener on `addr` with a listen queue of [`LISTEN_BACKLOG`] (address reuse as
+/// the standard library sets it, so a restart does not wait out old connections).
+pub fn listen(addr: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
 }
 
 /// Serves `app` on `listener` until `shutdown` completes, then lets in-flight requests finish
@@ -242,6 +259,25 @@ fn is_connection_error(error: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listener_binds_reports_a_taken_port_and_queues_connections() {
+        let listener = listen(([127, 0, 0, 1], 0).into()).expect("a free port");
+        let addr = listener.local_addr().expect("bound");
+        assert!(listen(addr).is_err(), "the port is taken");
+        // More connections than the standard library's queue of 128 complete their handshake
+        // without an accept (where the kernel allows a longer queue at all).
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if somaxconn >= 256 {
+            let waiting: Vec<_> = (0..200)
+                .map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)))
+                .collect();
+            assert!(waiting.iter().all(Result::is_ok));
+        }
+    }
 
     #[test]
     fn the_default_cap_stays_below_the_descriptor_limit() {
