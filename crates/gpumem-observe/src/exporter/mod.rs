@@ -4,7 +4,7 @@
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let manager: gpumem::MemoryManager = unimplemented!();
-//! let exporter = gpumem::Exporter::builder()
+//! let exporter = gpumem_observe::Exporter::builder()
 //!     .manager(manager)
 //!     .listen(([127, 0, 0, 1], 9400))
 //!     .spawn()?;
