@@ -252,7 +252,7 @@ fn rejects_truncated_and_corrupt_gzip() {
 /// The repository's traces: the peaks benches/traces/README.md states.
 #[test]
 fn traces_match_readme_peaks() {
-    // The traces live in the workspace's root, two levels above this crate.
+    // The corpus lives at the workspace's root, two levels above this crate.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/traces");
     for (file, events, peak) in [
         ("gpt2_generate.trace.gz", 281_928, 574_953_984),
