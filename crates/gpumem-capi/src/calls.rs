@@ -3,9 +3,7 @@
 
 use super::runtime::{runtime, Runtime};
 use gpumem::backend::StreamId;
-use gpumem::manager::AllocOptions;
 use gpumem::snapshot::{capture, CaptureSettings};
-use gpumem::Tag;
 use gpumem_observe::exporter::{parse_listen, Exporter, DEFAULT_LISTEN};
 use gpumem_observe::publish::Publisher;
 use serde_json::{json, Map, Value};
@@ -17,12 +15,8 @@ pub(super) fn device_index(device: i32) -> Result<usize, String> {
     usize::try_from(device).map_err(|_| format!("device {device} is not a device index"))
 }
 
-pub(super) fn alloc(
-    size: isize,
-    device: i32,
-    stream: u64,
-    tag: Option<Tag>,
-) -> Result<u64, String> {
+/// `size` bytes on `device` for `stream`, tagged with this thread's tag (`tags`).
+pub(super) fn alloc(size: isize, device: i32, stream: u64) -> Result<u64, String> {
     let size = u64::try_from(size).map_err(|_| format!("size {size} is negative"))?;
     if size == 0 {
         // PyTorch asks for empty tensors too; like its own allocator, no memory and no error.
@@ -33,16 +27,14 @@ pub(super) fn alloc(
     let stream = StreamId(stream);
     runtime.keeping_host_context(|| {
         runtime.free_what_streams_finished();
-        let options = AllocOptions {
-            alignment: ALIGNMENT,
-            tag,
-            stream,
-            graph_pool: runtime.graph_pool_for(device, stream)?,
-        };
-        let buffer = runtime
-            .manager
-            .alloc(device, size, &options)
-            .map_err(|e| e.to_string())?;
+        let graph_pool = runtime.graph_pool_for(device, stream)?;
+        let buffer = super::tags::with_options(|options| {
+            options.alignment = ALIGNMENT;
+            options.stream = stream;
+            options.graph_pool = graph_pool;
+            runtime.manager.alloc(device, size, options)
+        })
+        .map_err(|e| e.to_string())?;
         let ptr = buffer.ptr();
         if let Some(stale) = runtime.live.insert(buffer) {
             // Never expected: the pools handed out an address that is still live. Freeing the

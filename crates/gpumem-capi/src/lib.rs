@@ -16,6 +16,7 @@ mod graphs;
 mod live;
 mod runtime;
 mod streams;
+mod tags;
 
 pub use runtime::install;
 
@@ -27,22 +28,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 const PRINTED_ERRORS: u32 = 20;
 
 thread_local! {
-    /// The tag given to allocations made by this thread (`gpumem_set_tag`). Holding the handle
-    /// keeps the name; replacing it lets the old name go once its allocations are freed.
-    static CURRENT_TAG: RefCell<Option<gpumem::Tag>> = const { RefCell::new(None) };
     /// This thread's latest error, for `gpumem_last_error` (like `errno`: another thread's
     /// failure never shows up here).
     static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// The tag of allocations made by threads without their own (`gpumem_set_default_tag`): PyTorch
-/// runs the backward pass on its own threads, which a thread-local tag cannot reach.
-static DEFAULT_TAG: parking_lot::RwLock<Option<gpumem::Tag>> = parking_lot::RwLock::new(None);
-
-fn current_tag() -> Option<gpumem::Tag> {
-    CURRENT_TAG
-        .with(|tag| tag.borrow().clone())
-        .or_else(|| DEFAULT_TAG.read().clone())
 }
 
 /// A tag argument: null or "" is no tag.
@@ -124,8 +112,7 @@ fn to_c_string(text: String) -> *mut c_char {
 #[no_mangle]
 pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guarded("gpumem_alloc", std::ptr::null_mut(), || {
-        calls::alloc(size, device, stream as usize as u64, current_tag())
-            .map(|ptr| ptr as *mut c_void)
+        calls::alloc(size, device, stream as usize as u64).map(|ptr| ptr as *mut c_void)
     })
 }
 
@@ -192,7 +179,7 @@ pub unsafe extern "C" fn gpumem_set_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_tag", -1, || {
         // SAFETY: forwarded from this function's own contract.
         let tag = unsafe { tag_argument(tag) }?;
-        CURRENT_TAG.with(|current| *current.borrow_mut() = tag);
+        tags::set_own(tag);
         Ok(0)
     })
 }
@@ -207,7 +194,7 @@ pub unsafe extern "C" fn gpumem_set_default_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_default_tag", -1, || {
         // SAFETY: forwarded from this function's own contract.
         let tag = unsafe { tag_argument(tag) }?;
-        *DEFAULT_TAG.write() = tag;
+        tags::set_default(tag);
         Ok(0)
     })
 }

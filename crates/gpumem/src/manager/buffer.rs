@@ -111,7 +111,7 @@ pub struct DeviceBuffer {
     pub(crate) id: u64,
     /// The tag's interned id, 0 for none: one 4-byte field rather than an `Option`, whose
     /// separately stored halves a later 8-byte copy could not forward from (a pool hit's cost).
-    /// The buffer holds one count of it (`tag::release` when freed), so its name stays.
+    /// The buffer holds one count of it (`tag::release_allocation` when freed), so its name stays.
     pub(crate) tag_id: u32,
     pub(crate) stream: StreamId,
     pub(crate) backing: Option<Backing>,
@@ -160,7 +160,7 @@ impl DeviceBuffer {
         let tag_id = std::mem::replace(&mut self.tag_id, super::tag::UNTAGGED);
         let freed = self.free_backing();
         if freed.is_ok() {
-            super::tag::release(tag_id);
+            super::tag::release_allocation(tag_id);
         } // else the driver kept it: still listed, and its tag with it
         freed
     }
