@@ -217,11 +217,7 @@ fn the_simulated_driver_can_cost_what_an_h100_took() {
 #[test]
 fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
     let dir = tempdir();
-    let trace = write_trace(
-        &dir,
-        "steps.trace",
-        "# {\"name\": \"steps\"}\na 1 5000000 0\nf 1\na 2 9000000 0\na 3 700 0\nf 2\nf 3\n",
-    );
+    let trace = steps_trace(&dir);
     let out = gpumem(&[
         "replay",
         "--backend",
@@ -556,11 +552,7 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         return;
     }
     let dir = tempdir();
-    let trace = write_trace(
-        &dir,
-        "steps.trace",
-        "# {\"name\": \"steps\"}\na 1 5000000 0\nf 1\na 2 9000000 0\na 3 700 0\nf 2\nf 3\n",
-    );
+    let trace = steps_trace(&dir);
     let out = gpumem(&[
         "replay",
         "--backend",
@@ -594,4 +586,14 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         strategies.iter().any(|s| s.contains("driver")),
         "{strategies:?}"
     );
+}
+
+/// A three-allocation trace named "steps" whose every allocation misses on a fresh pool: what
+/// the sweep tests replay under each setting.
+fn steps_trace(dir: &std::path::Path) -> std::path::PathBuf {
+    write_trace(
+        dir,
+        "steps.trace",
+        "# {\"name\": \"steps\"}\na 1 5000000 0\nf 1\na 2 9000000 0\na 3 700 0\nf 2\nf 3\n",
+    )
 }
