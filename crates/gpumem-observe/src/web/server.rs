@@ -110,7 +110,7 @@ fn open_files_limit() -> Option<usize> {
     }
 }
 
-/// A non-blocking listener on `addr` with a listen queue of [`LISTEN_BACKLOG`] (address reuse as
+/// A non-blocking listener on `addr` with a listen queue of 1,024 (address reuse as
 /// the standard library sets it, so a restart does not wait out old connections).
 pub fn listen(addr: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
