@@ -5,25 +5,25 @@
 //! As the node agent it also names each GPU process's pod (`crate::pods`), joins what
 //! processes publish to what NVML says of them (`merge`), keeps GPU processes that vanished
 //! holding memory (`gpu_exited`), and without any device source reads the devices as the
-//! publishers see them (`published_devices`).
+//! publishers see them (`published_devices`). Reading the device sources is `devices`.
+
+mod devices;
 
 use super::collector::{CollectSettings, Collector};
 use super::gpu_exited::GpuExitTracker;
-use crate::nvml::{NvmlDevice, NvmlReader, PidMapper};
+use crate::nvml::PidMapper;
 use crate::pods::{PodAttributor, PodDirectory};
 use crate::sampler::SnapshotSource;
-use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice, BackendKind, DeviceBackend};
+use devices::{nvml_device, open_nvml, source_name, status, NamedBackend, NvmlReading, NvmlState};
+use gpumem::backend::DeviceBackend;
 use gpumem::snapshot::{
-    unix_now, CaptureSettings, DeviceMemory, DeviceSnapshot, GpuProcess, Pressure, SidecarSnapshot,
-    Snapshot, SourceStatus, ThisPod,
+    unix_now, CaptureSettings, DeviceSnapshot, GpuProcess, Pressure, SidecarSnapshot, Snapshot,
+    ThisPod,
 };
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How often a missing NVML is looked for again (the driver may come up after the sidecar).
-const NVML_RETRY: Duration = Duration::from_secs(60);
+use std::time::Instant;
 
 /// Where device memory comes from.
 pub enum DeviceSource {
@@ -37,20 +37,6 @@ pub enum DeviceSource {
     Backend(Arc<dyn DeviceBackend>),
     /// For tests only: a file saying what NVML would (`super::nvml_fixture`).
     NvmlFixture(PathBuf),
-}
-
-/// A backend read for device memory, and its source name (`sim`, `cuda`).
-type NamedBackend = (Arc<dyn DeviceBackend>, &'static str);
-
-/// NVML and how it is doing.
-struct NvmlState {
-    library: Option<String>,
-    reader: Result<NvmlReader, String>,
-    last_attempt: Instant,
-    /// Look for NVML again while it is missing (not when a fallback took over).
-    retry: bool,
-    /// Tests only: NVML's readings come from this file.
-    fixture: Option<PathBuf>,
 }
 
 /// The sidecar's [`SnapshotSource`].
@@ -89,20 +75,7 @@ impl Sidecar {
                 library,
                 cuda_fallback,
             } => open_nvml(library, cuda_fallback),
-            DeviceSource::NvmlFixture(path) => {
-                tracing::warn!(
-                    "devices: a test fixture standing in for NVML ({}); not a real device",
-                    path.display()
-                );
-                let state = NvmlState {
-                    library: None,
-                    reader: Err("test fixture".to_string()),
-                    last_attempt: Instant::now(),
-                    retry: false,
-                    fixture: Some(path),
-                };
-                (Some(state), None)
-            }
+            DeviceSource::NvmlFixture(path) => (Some(NvmlState::fixture(path)), None),
         };
         let proc_root = PathBuf::from("/proc");
         Sidecar {
@@ -155,8 +128,8 @@ impl Sidecar {
 
     /// How many devices the device source has, when one works.
     pub fn device_count(&self) -> Option<usize> {
-        if let Some(NvmlState { reader: Ok(r), .. }) = &self.nvml {
-            return Some(r.device_count());
+        if let Some(count) = self.nvml.as_ref().and_then(NvmlState::device_count) {
+            return Some(count);
         }
         self.backend.as_ref().map(|(b, _)| b.device_count())
     }
@@ -164,98 +137,6 @@ impl Sidecar {
     /// Reports only these device indices (already checked against [`device_count`](Self::device_count)).
     pub fn select_devices(&mut self, indices: Vec<usize>) {
         self.selection = Some(indices);
-    }
-
-    fn read_nvml(&mut self, sources: &mut Vec<SourceStatus>) -> Option<NvmlReading> {
-        let state = self.nvml.as_mut()?;
-        if let Some(path) = &state.fixture {
-            return match super::nvml_fixture::read(path) {
-                Ok(devices) => {
-                    sources.push(status("nvml", true, None));
-                    Some(NvmlReading { devices })
-                }
-                Err(reason) => {
-                    sources.push(status("nvml", false, Some(reason)));
-                    None
-                }
-            };
-        }
-        if state.reader.is_err() && state.retry && state.last_attempt.elapsed() >= NVML_RETRY {
-            state.last_attempt = Instant::now();
-            state.reader = NvmlReader::open(state.library.as_deref());
-            if let Ok(reader) = &state.reader {
-                tracing::info!("devices: NVML is available now ({})", reader.library());
-            }
-        }
-        let reader = match &state.reader {
-            Ok(reader) => reader,
-            Err(reason) => {
-                sources.push(status("nvml", false, Some(reason.clone())));
-                return None;
-            }
-        };
-        let selection = self.selection.as_ref().map(|s| {
-            s.iter()
-                .copied()
-                .filter(|&i| i < reader.device_count())
-                .collect::<Vec<_>>()
-        });
-        match reader.read(selection.as_deref()) {
-            Ok(devices) => {
-                let failures: Vec<&str> = devices
-                    .iter()
-                    .filter_map(|d| d.memory.as_ref().err().map(String::as_str))
-                    .collect();
-                let up = failures.is_empty();
-                sources.push(status("nvml", up, (!up).then(|| failures.join("; "))));
-                Some(NvmlReading { devices })
-            }
-            Err(reason) => {
-                sources.push(status("nvml", false, Some(reason)));
-                None
-            }
-        }
-    }
-
-    fn read_backend(
-        &self,
-        settings: &CaptureSettings,
-        sources: &mut Vec<SourceStatus>,
-    ) -> Vec<DeviceSnapshot> {
-        let Some((backend, name)) = &self.backend else {
-            return Vec::new();
-        };
-        let indices: Vec<usize> = match &self.selection {
-            Some(selected) => selected.clone(),
-            None => (0..backend.device_count()).collect(),
-        };
-        let mut failures = Vec::new();
-        let mut devices = Vec::new();
-        for index in indices {
-            let properties = match backend.properties(index) {
-                Ok(p) => p,
-                Err(error) => {
-                    failures.push(format!("device {index}: {error}"));
-                    continue;
-                }
-            };
-            let memory = match backend.mem_info(index) {
-                Ok(info) => Some((info.total, info.free)),
-                Err(error) => {
-                    failures.push(format!("device {index}: {error}"));
-                    None
-                }
-            };
-            let mut device = device_snapshot(index, memory, settings);
-            device.name = properties.name;
-            device.uuid = properties.uuid;
-            device.simulated = properties.simulated;
-            device.total_bytes = memory.map_or(properties.total_memory_bytes, |(total, _)| total);
-            devices.push(device);
-        }
-        let up = failures.is_empty();
-        sources.push(status(name, up, (!up).then(|| failures.join("; "))));
-        devices
     }
 
     /// NVML's compute processes, named and mapped to this namespace's pids where possible,
@@ -482,109 +363,5 @@ fn bound_tags(process: &mut gpumem::snapshot::CollectedProcess, keep: usize) {
             .iter()
             .map(gpumem::snapshot::published::published_tag)
             .collect();
-    }
-}
-
-struct NvmlReading {
-    devices: Vec<NvmlDevice>,
-}
-
-/// NVML first; the CUDA fallback only when NVML is missing and a context is allowed.
-fn open_nvml(
-    library: Option<String>,
-    cuda_fallback: bool,
-) -> (Option<NvmlState>, Option<NamedBackend>) {
-    let reader = NvmlReader::open(library.as_deref());
-    let mut backend = None;
-    match &reader {
-        Ok(reader) => tracing::info!(
-            "devices: nvml ({}, {} device(s)); no CUDA context is created",
-            reader.library(),
-            reader.device_count()
-        ),
-        Err(reason) if cuda_fallback => {
-            match open_backend(BackendChoice::Cuda, SimConfig::default()) {
-                Ok(opened) => {
-                    tracing::warn!(
-                        "devices: cuda, because NVML is unavailable ({reason}); \
-                         --allow-cuda-context: this creates a CUDA context on every device"
-                    );
-                    backend = Some((opened.backend, "cuda"));
-                }
-                Err(error) => tracing::warn!(
-                    "devices: none; NVML is unavailable ({reason}) and so is CUDA ({error})"
-                ),
-            }
-        }
-        Err(reason) => tracing::warn!(
-            "devices: none; NVML is unavailable ({reason}); serving collected snapshots only \
-             (--allow-cuda-context would read device memory through CUDA, at the cost of a context)"
-        ),
-    }
-    let retry = reader.is_err() && backend.is_none();
-    let state = NvmlState {
-        library,
-        reader,
-        last_attempt: Instant::now(),
-        retry,
-        fixture: None,
-    };
-    (Some(state), backend)
-}
-
-fn source_name(kind: BackendKind) -> &'static str {
-    match kind {
-        BackendKind::Cuda => "cuda",
-        BackendKind::Sim => "sim",
-    }
-}
-
-fn status(source: &str, up: bool, reason: Option<String>) -> SourceStatus {
-    SourceStatus {
-        source: source.to_string(),
-        up,
-        reason,
-    }
-}
-
-/// NVML's total includes what the driver reserves for itself; `cuMemGetInfo`'s does not. Counting
-/// total as used plus free makes the sidecar's numbers those of an in-process exporter on the
-/// same device, and its "used" that of `nvidia-smi`.
-fn nvml_device(device: &NvmlDevice, settings: &CaptureSettings) -> DeviceSnapshot {
-    let memory = device
-        .memory
-        .as_ref()
-        .ok()
-        .map(|m| (m.used.saturating_add(m.free), m.free));
-    let mut snapshot = device_snapshot(device.index, memory, settings);
-    snapshot.name = device.name.clone();
-    snapshot.uuid = device.uuid.clone();
-    snapshot
-}
-
-/// A device with only memory: the sidecar has no pools of its own. "Used" is total minus free,
-/// as the in-process exporter counts it.
-fn device_snapshot(
-    index: usize,
-    memory: Option<(u64, u64)>,
-    settings: &CaptureSettings,
-) -> DeviceSnapshot {
-    let memory = memory.map(|(total, free)| {
-        let used = total.saturating_sub(free);
-        DeviceMemory {
-            total_bytes: total,
-            free_bytes: free,
-            used_bytes: used,
-            used_by_this_process_bytes: 0,
-            used_by_others_bytes: used,
-        }
-    });
-    DeviceSnapshot {
-        index,
-        total_bytes: memory.map_or(0, |m| m.total_bytes),
-        memory,
-        pressure: memory
-            .map(|m| Pressure::measure(&settings.pressure, m.used_bytes, m.total_bytes)),
-        ..DeviceSnapshot::default()
     }
 }
