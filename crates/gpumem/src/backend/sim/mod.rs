@@ -3,16 +3,27 @@
 //! the driver's calls cost on an H100 — so the pools run the same code on a laptop or in CI as on
 //! a GPU.
 
+mod address_space;
+mod costs;
+mod faults;
+mod streams;
+
 use super::{
     BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
     StreamId,
 };
+
+pub use costs::DriverCosts;
+pub use faults::SimFaults;
+
 use crate::error::BackendError;
 use crate::units::{align_up, GIB, MIB};
+use address_space::AddressSpace;
+use costs::spend;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use streams::{SimCaptures, SimFences};
 
 /// Address space each simulated device hands out (1 PiB): every arena reserves twice the
 /// device, per kind, shard and stream, so 64 TiB ran out at a 4 TiB device or a few dozen
@@ -56,188 +67,6 @@ impl Default for SimConfig {
             granularity: 2 * MIB,
             driver_costs: DriverCosts::Free,
         }
-    }
-}
-
-/// How long the simulated driver's calls take. `Free` answers at once (tests, the demo);
-/// `H100` spends, by spinning on the calling thread, what each call cost on an H100 80GB HBM3
-/// with driver 580 (`benches/gpu/vmm_probe.c`, medians, docs/gpu-results.md), so that replays
-/// and benchmarks on the simulated device show what misses cost on a GPU. A model: per call
-/// and per physical chunk, as the driver charges, not the driver itself.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DriverCosts {
-    #[default]
-    Free,
-    H100,
-}
-
-impl crate::named::Named for DriverCosts {
-    const CHOICES: &'static [crate::named::Choice<Self>] = &[
-        crate::named::Choice::plain("free", DriverCosts::Free),
-        crate::named::Choice::plain("h100", DriverCosts::H100),
-    ];
-}
-
-impl DriverCosts {
-    /// Nanoseconds of one call that creates `created` chunks and maps `mapped` chunks (created
-    /// ones included), granting access once.
-    fn map(self, created: u64, mapped: u64) -> u64 {
-        match self {
-            DriverCosts::Free => 0,
-            // cuMemCreate 8 µs; cuMemMap 0.6 µs; cuMemSetAccess 34 µs for one chunk, 158 µs for
-            // eight in one call.
-            DriverCosts::H100 => created * 8_000 + mapped * 600 + 14_000 + mapped * 20_000,
-        }
-    }
-
-    /// An unmap of `chunks` chunks (cuMemUnmap: 21.7 µs for one, 111 µs for eight).
-    fn unmap(self, chunks: u64) -> u64 {
-        match self {
-            DriverCosts::Free => 0,
-            DriverCosts::H100 => 8_000 + chunks * 13_000,
-        }
-    }
-
-    /// Releasing one chunk of `bytes` (cuMemRelease: 9.8 µs at 2 MiB, 33 µs at 64 MiB).
-    fn release(self, bytes: u64) -> u64 {
-        match self {
-            DriverCosts::Free => 0,
-            DriverCosts::H100 => 9_000 + bytes / MIB * 375,
-        }
-    }
-
-    /// cuMemAlloc (42 µs) and cuMemFree (35 µs) on the host these were measured on.
-    fn direct(self, allocating: bool) -> u64 {
-        match (self, allocating) {
-            (DriverCosts::Free, _) => 0,
-            (DriverCosts::H100, true) => 42_000,
-            (DriverCosts::H100, false) => 35_000,
-        }
-    }
-
-    /// Recording a fence: cuEventRecord and one cuEventQuery took 1.0 µs together on an H100
-    /// (`vmm_probe.c`; the cuEventCreate before them was not timed, so this is a floor).
-    fn fence(self) -> u64 {
-        match self {
-            DriverCosts::Free => 0,
-            DriverCosts::H100 => 1_000,
-        }
-    }
-
-    /// cuStreamSynchronize on an idle stream (0.5 µs).
-    fn sync(self) -> u64 {
-        match self {
-            DriverCosts::Free => 0,
-            DriverCosts::H100 => 500,
-        }
-    }
-}
-
-/// Spends `ns` nanoseconds on this thread, as a driver call would.
-fn spend(ns: u64) {
-    if ns == 0 {
-        return;
-    }
-    let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
-    while std::time::Instant::now() < until {
-        std::hint::spin_loop();
-    }
-}
-
-/// Faults to inject; shared, so a test can arm them while pools are running.
-#[derive(Debug, Default)]
-pub struct SimFaults {
-    /// Fail the k-th call that takes memory (`alloc` or `map`, counted from 1); 0 = never.
-    fail_alloc_call: AtomicU64,
-    /// Every `alloc` and `map` call so far, on all devices.
-    alloc_calls: AtomicU64,
-    /// Fail the k-th call that gives memory back (`free` or `unmap`, counted from 1); 0 = never.
-    fail_free_call: AtomicU64,
-    /// Every `free` and `unmap` call so far, on all devices.
-    free_calls: AtomicU64,
-    fail_frees: AtomicBool,
-    fail_mem_info: AtomicBool,
-}
-
-impl SimFaults {
-    /// Makes the `k`-th memory-taking call from now fail (1 = the next one).
-    pub fn fail_nth_alloc_from_now(&self, k: u64) {
-        let done = self.alloc_calls.load(Ordering::SeqCst);
-        self.fail_alloc_call.store(done + k, Ordering::SeqCst);
-    }
-    /// Makes the `k`-th call from now that gives memory back fail (1 = the next one): one
-    /// release in the middle of several, as a driver failing part-way.
-    pub fn fail_nth_free_from_now(&self, k: u64) {
-        let done = self.free_calls.load(Ordering::SeqCst);
-        self.fail_free_call.store(done + k, Ordering::SeqCst);
-    }
-    pub fn set_fail_frees(&self, on: bool) {
-        self.fail_frees.store(on, Ordering::SeqCst);
-    }
-    pub fn set_fail_mem_info(&self, on: bool) {
-        self.fail_mem_info.store(on, Ordering::SeqCst);
-    }
-    pub fn clear(&self) {
-        self.fail_alloc_call.store(0, Ordering::SeqCst);
-        self.fail_free_call.store(0, Ordering::SeqCst);
-        self.set_fail_frees(false);
-        self.set_fail_mem_info(false);
-    }
-
-    fn on_alloc_call(&self) -> Result<(), BackendError> {
-        let call = self.alloc_calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_alloc_call.load(Ordering::SeqCst) == call {
-            return Err(BackendError::Injected("allocation call failed"));
-        }
-        Ok(())
-    }
-
-    fn on_free_call(&self) -> Result<(), BackendError> {
-        let call = self.free_calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_frees.load(Ordering::SeqCst)
-            || self.fail_free_call.load(Ordering::SeqCst) == call
-        {
-            return Err(BackendError::Injected("free failed"));
-        }
-        Ok(())
-    }
-}
-
-/// First-fit allocator over a device's address space, so addresses are unique while live and
-/// reused after release, as the driver's are.
-#[derive(Debug)]
-struct AddressSpace {
-    free: BTreeMap<u64, u64>,
-}
-
-impl AddressSpace {
-    fn new(base: u64, size: u64) -> Self {
-        AddressSpace {
-            free: BTreeMap::from([(base, size)]),
-        }
-    }
-
-    fn take(&mut self, size: u64) -> Option<u64> {
-        let (&start, &len) = self.free.iter().find(|(_, &len)| len >= size)?;
-        self.free.remove(&start);
-        if len > size {
-            self.free.insert(start + size, len - size);
-        }
-        Some(start)
-    }
-
-    fn give_back(&mut self, mut start: u64, mut size: u64) {
-        if let Some((&prev, &prev_len)) = self.free.range(..start).next_back() {
-            if prev + prev_len == start {
-                self.free.remove(&prev);
-                start = prev;
-                size += prev_len;
-            }
-        }
-        if let Some(next_len) = self.free.remove(&(start + size)) {
-            size += next_len;
-        }
-        self.free.insert(start, size);
     }
 }
 
@@ -297,31 +126,6 @@ pub struct SimBackend {
     fences: SimFences,
 }
 
-/// Streams capturing a CUDA graph, as a test sets them up with
-/// [`SimBackend::begin_capture`]: what a host such as PyTorch does around the allocator.
-#[derive(Debug, Default)]
-struct SimCaptures {
-    /// (device, stream) -> capture id.
-    active: Mutex<HashMap<(usize, StreamId), u64>>,
-    next_id: AtomicU64,
-    /// Synchronisations refused because they would have waited on a capture.
-    refused_syncs: AtomicU64,
-    /// Synchronisations done (each would have stalled the host on a GPU).
-    syncs: AtomicU64,
-}
-
-/// Fences recorded and not yet passed. Simulated work finishes as it is queued, so a fence
-/// passes at once, unless a test holds them ([`SimBackend::hold_fences`]) to play a stream
-/// still busy.
-#[derive(Debug, Default)]
-struct SimFences {
-    outstanding: Mutex<HashSet<(usize, u64)>>,
-    next: AtomicU64,
-    held: AtomicBool,
-    /// Fences waited for (`wait_fence`).
-    waits: AtomicU64,
-}
-
 impl SimBackend {
     pub fn new(config: SimConfig) -> Self {
         let devices = config
@@ -350,61 +154,6 @@ impl SimBackend {
             captures: SimCaptures::default(),
             fences: SimFences::default(),
         }
-    }
-
-    /// Synchronisations done so far: on a GPU, each stalls the calling thread until the stream
-    /// drains, and the stream then idles until the host queues more.
-    pub fn syncs(&self) -> u64 {
-        self.captures.syncs.load(Ordering::Relaxed)
-    }
-
-    /// While held, no fence passes and every stream is busy, as a GPU still running a long
-    /// kernel.
-    pub fn hold_fences(&self, held: bool) {
-        self.fences.held.store(held, Ordering::Relaxed);
-    }
-
-    /// Fences waited for so far.
-    pub fn fence_waits(&self) -> u64 {
-        self.fences.waits.load(Ordering::Relaxed)
-    }
-
-    /// Fences recorded and not yet seen passed.
-    pub fn outstanding_fences(&self) -> usize {
-        self.fences.outstanding.lock().len()
-    }
-
-    /// `stream` starts capturing a CUDA graph (as `cuStreamBeginCapture`); returns the
-    /// capture's id. An error when it is capturing already.
-    pub fn begin_capture(&self, device: usize, stream: StreamId) -> Result<u64, BackendError> {
-        self.device(device)?;
-        let mut active = self.captures.active.lock();
-        if active.contains_key(&(device, stream)) {
-            return Err(BackendError::InvalidArgument {
-                call: "begin_capture",
-                reason: format!("stream {:#x} is capturing already", stream.0),
-            });
-        }
-        let id = self.captures.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        active.insert((device, stream), id);
-        Ok(id)
-    }
-
-    /// `stream` stops capturing (as `cuStreamEndCapture`). An error when it was not capturing.
-    pub fn end_capture(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
-        match self.captures.active.lock().remove(&(device, stream)) {
-            Some(_) => Ok(()),
-            None => Err(BackendError::InvalidArgument {
-                call: "end_capture",
-                reason: format!("stream {:#x} is not capturing", stream.0),
-            }),
-        }
-    }
-
-    /// How many synchronisations were refused because they would have waited on a capture: on
-    /// CUDA each would have been an error, and without the backend's check, a broken capture.
-    pub fn refused_syncs(&self) -> u64 {
-        self.captures.refused_syncs.load(Ordering::Relaxed)
     }
 
     /// The fault switches, for tests and the demo.
@@ -479,7 +228,7 @@ impl DeviceBackend for SimBackend {
 
     fn mem_info(&self, device: usize) -> Result<MemInfo, BackendError> {
         let state = self.device(device)?.lock();
-        if self.faults.fail_mem_info.load(Ordering::SeqCst) {
+        if self.faults.mem_info_fails() {
             return Err(BackendError::Injected("mem_info failed"));
         }
         Ok(MemInfo {
@@ -686,7 +435,7 @@ impl DeviceBackend for SimBackend {
         chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
         let mut state = self.device(device)?.lock();
-        if self.faults.fail_frees.load(Ordering::SeqCst) && !chunks.is_empty() {
+        if self.faults.frees_fail() && !chunks.is_empty() {
             return Err(BackendError::Injected("release failed"));
         }
         while let Some(&chunk) = chunks.last() {
@@ -708,80 +457,26 @@ impl DeviceBackend for SimBackend {
     }
 
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
-        // Simulated work completes as it is queued, so there is never anything to wait for,
-        // except on a capturing stream, whose work runs only when the graph is replayed.
-        self.device(device)?;
-        let waits_on_capture = self
-            .captures
-            .active
-            .lock()
-            .keys()
-            .any(|&(d, s)| d == device && (s == stream || stream == StreamId::ANY));
-        if waits_on_capture {
-            self.captures.refused_syncs.fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::StreamCapturing {
-                device,
-                stream: stream.0,
-            });
-        }
-        self.captures.syncs.fetch_add(1, Ordering::Relaxed);
-        spend(self.costs.sync());
-        Ok(())
+        self.sync_stream(device, stream)
     }
 
     fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
-        let capturing = self.capture_of(device, stream)?.is_some();
-        let busy = self.fences.held.load(Ordering::Relaxed);
-        Ok(!capturing && !busy && stream != StreamId::ANY)
+        self.is_stream_idle(device, stream)
     }
 
     fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
-        self.device(device)?;
-        if self.capture_of(device, stream)?.is_some() {
-            return Err(BackendError::StreamCapturing {
-                device,
-                stream: stream.0,
-            });
-        }
-        let fence = self.fences.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.fences.outstanding.lock().insert((device, fence));
-        spend(self.costs.fence());
-        Ok(Fence(fence))
+        self.new_fence(device, stream)
     }
 
     fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
-        self.device(device)?;
-        let mut outstanding = self.fences.outstanding.lock();
-        if !outstanding.contains(&(device, fence.0)) {
-            return Err(BackendError::InvalidArgument {
-                call: "fence_passed",
-                reason: format!("fence {} of device {device} is unknown or passed", fence.0),
-            });
-        }
-        if self.fences.held.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        outstanding.remove(&(device, fence.0));
-        Ok(true)
+        self.has_passed(device, fence)
     }
 
     fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
-        self.device(device)?;
-        // Waiting makes held work finish, as `synchronize_stream` does: simulated work is
-        // only ever held back from queries, never from a wait.
-        if !self.fences.outstanding.lock().remove(&(device, fence.0)) {
-            return Err(BackendError::InvalidArgument {
-                call: "wait_fence",
-                reason: format!("fence {} of device {device} is unknown or passed", fence.0),
-            });
-        }
-        self.fences.waits.fetch_add(1, Ordering::Relaxed);
-        spend(self.costs.sync());
-        Ok(())
+        self.wait_for_fence(device, fence)
     }
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
-        self.device(device)?;
-        Ok(self.captures.active.lock().get(&(device, stream)).copied())
+        self.capture_on(device, stream)
     }
 }

@@ -1,0 +1,178 @@
+//! Streams on the simulated device: CUDA graph captures begun and ended by tests, fences that
+//! pass at once unless held, and the synchronisations counted.
+
+use super::costs::spend;
+use super::SimBackend;
+use super::{Fence, StreamId};
+use crate::error::BackendError;
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Streams capturing a CUDA graph, as a test sets them up with
+/// [`SimBackend::begin_capture`]: what a host such as PyTorch does around the allocator.
+#[derive(Debug, Default)]
+pub(super) struct SimCaptures {
+    /// (device, stream) -> capture id.
+    active: Mutex<HashMap<(usize, StreamId), u64>>,
+    next_id: AtomicU64,
+    /// Synchronisations refused because they would have waited on a capture.
+    refused_syncs: AtomicU64,
+    /// Synchronisations done (each would have stalled the host on a GPU).
+    syncs: AtomicU64,
+}
+
+/// Fences recorded and not yet passed. Simulated work finishes as it is queued, so a fence
+/// passes at once, unless a test holds them ([`SimBackend::hold_fences`]) to play a stream
+/// still busy.
+#[derive(Debug, Default)]
+pub(super) struct SimFences {
+    outstanding: Mutex<HashSet<(usize, u64)>>,
+    next: AtomicU64,
+    held: AtomicBool,
+    /// Fences waited for (`wait_fence`).
+    waits: AtomicU64,
+}
+
+impl SimBackend {
+    /// Synchronisations done so far: on a GPU, each stalls the calling thread until the stream
+    /// drains, and the stream then idles until the host queues more.
+    pub fn syncs(&self) -> u64 {
+        self.captures.syncs.load(Ordering::Relaxed)
+    }
+
+    /// While held, no fence passes and every stream is busy, as a GPU still running a long
+    /// kernel.
+    pub fn hold_fences(&self, held: bool) {
+        self.fences.held.store(held, Ordering::Relaxed);
+    }
+
+    /// Fences waited for so far.
+    pub fn fence_waits(&self) -> u64 {
+        self.fences.waits.load(Ordering::Relaxed)
+    }
+
+    /// Fences recorded and not yet seen passed.
+    pub fn outstanding_fences(&self) -> usize {
+        self.fences.outstanding.lock().len()
+    }
+
+    /// `stream` starts capturing a CUDA graph (as `cuStreamBeginCapture`); returns the
+    /// capture's id. An error when it is capturing already.
+    pub fn begin_capture(&self, device: usize, stream: StreamId) -> Result<u64, BackendError> {
+        self.device(device)?;
+        let mut active = self.captures.active.lock();
+        if active.contains_key(&(device, stream)) {
+            return Err(BackendError::InvalidArgument {
+                call: "begin_capture",
+                reason: format!("stream {:#x} is capturing already", stream.0),
+            });
+        }
+        let id = self.captures.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        active.insert((device, stream), id);
+        Ok(id)
+    }
+
+    /// `stream` stops capturing (as `cuStreamEndCapture`). An error when it was not capturing.
+    pub fn end_capture(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+        match self.captures.active.lock().remove(&(device, stream)) {
+            Some(_) => Ok(()),
+            None => Err(BackendError::InvalidArgument {
+                call: "end_capture",
+                reason: format!("stream {:#x} is not capturing", stream.0),
+            }),
+        }
+    }
+
+    /// How many synchronisations were refused because they would have waited on a capture: on
+    /// CUDA each would have been an error, and without the backend's check, a broken capture.
+    pub fn refused_syncs(&self) -> u64 {
+        self.captures.refused_syncs.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn sync_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+        // Simulated work completes as it is queued, so there is never anything to wait for,
+        // except on a capturing stream, whose work runs only when the graph is replayed.
+        self.device(device)?;
+        let waits_on_capture = self
+            .captures
+            .active
+            .lock()
+            .keys()
+            .any(|&(d, s)| d == device && (s == stream || stream == StreamId::ANY));
+        if waits_on_capture {
+            self.captures.refused_syncs.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::StreamCapturing {
+                device,
+                stream: stream.0,
+            });
+        }
+        self.captures.syncs.fetch_add(1, Ordering::Relaxed);
+        spend(self.costs.sync());
+        Ok(())
+    }
+
+    pub(super) fn is_stream_idle(
+        &self,
+        device: usize,
+        stream: StreamId,
+    ) -> Result<bool, BackendError> {
+        let capturing = self.capture_on(device, stream)?.is_some();
+        let busy = self.fences.held.load(Ordering::Relaxed);
+        Ok(!capturing && !busy && stream != StreamId::ANY)
+    }
+
+    pub(super) fn new_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
+        self.device(device)?;
+        if self.capture_on(device, stream)?.is_some() {
+            return Err(BackendError::StreamCapturing {
+                device,
+                stream: stream.0,
+            });
+        }
+        let fence = self.fences.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.fences.outstanding.lock().insert((device, fence));
+        spend(self.costs.fence());
+        Ok(Fence(fence))
+    }
+
+    pub(super) fn has_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+        self.device(device)?;
+        let mut outstanding = self.fences.outstanding.lock();
+        if !outstanding.contains(&(device, fence.0)) {
+            return Err(BackendError::InvalidArgument {
+                call: "fence_passed",
+                reason: format!("fence {} of device {device} is unknown or passed", fence.0),
+            });
+        }
+        if self.fences.held.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        outstanding.remove(&(device, fence.0));
+        Ok(true)
+    }
+
+    pub(super) fn wait_for_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+        self.device(device)?;
+        // Waiting makes held work finish, as `synchronize_stream` does: simulated work is
+        // only ever held back from queries, never from a wait.
+        if !self.fences.outstanding.lock().remove(&(device, fence.0)) {
+            return Err(BackendError::InvalidArgument {
+                call: "wait_fence",
+                reason: format!("fence {} of device {device} is unknown or passed", fence.0),
+            });
+        }
+        self.fences.waits.fetch_add(1, Ordering::Relaxed);
+        spend(self.costs.sync());
+        Ok(())
+    }
+
+    pub(super) fn capture_on(
+        &self,
+        device: usize,
+        stream: StreamId,
+    ) -> Result<Option<u64>, BackendError> {
+        self.device(device)?;
+        Ok(self.captures.active.lock().get(&(device, stream)).copied())
+    }
+}
