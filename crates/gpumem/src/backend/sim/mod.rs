@@ -18,7 +18,7 @@ pub use faults::SimFaults;
 
 use crate::error::BackendError;
 use crate::units::{align_up, GIB, MIB};
-use address_space::AddressSpace;
+use address_space::{AddressSpace, Mappings};
 use costs::spend;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -78,8 +78,8 @@ struct SimDevice {
     used: u64,
     direct: HashMap<DevicePtr, u64>,
     reserved: BTreeMap<DevicePtr, u64>,
-    /// Mapped page address -> the chunk behind it and where that chunk's mapping starts.
-    mapped: HashMap<DevicePtr, (PhysicalChunk, DevicePtr)>,
+    /// The chunks mapped, by where each mapping starts.
+    mapped: Mappings,
     /// Chunks created and not mapped anywhere (handle -> pages): their owner holds them.
     unmapped: HashMap<u64, u32>,
     next_chunk: u64,
@@ -139,7 +139,7 @@ impl SimBackend {
                     used: 0,
                     direct: HashMap::new(),
                     reserved: BTreeMap::new(),
-                    mapped: HashMap::new(),
+                    mapped: Mappings::default(),
                     unmapped: HashMap::new(),
                     next_chunk: 1,
                     addresses: AddressSpace::new(base, ADDRESS_SPACE_PER_DEVICE),
@@ -185,10 +185,6 @@ impl SimBackend {
             });
         }
         Ok(())
-    }
-
-    fn pages(&self, addr: u64, size: u64) -> impl Iterator<Item = u64> {
-        (addr..addr + size).step_by(self.granularity as usize)
     }
 }
 
@@ -303,10 +299,7 @@ impl DeviceBackend for SimBackend {
         if state.reserved.get(&base) != Some(&size) {
             return Err(BackendError::InvalidAddress { device, ptr: base });
         }
-        if self
-            .pages(base, size)
-            .any(|page| state.mapped.contains_key(&page))
-        {
+        if state.mapped.overlaps(base, size, self.granularity) {
             return Err(BackendError::InvalidArgument {
                 call: "release_address_range",
                 reason: "pages in the range are still mapped".to_string(),
@@ -330,10 +323,7 @@ impl DeviceBackend for SimBackend {
         if !state.inside_reservation(addr, size) {
             return Err(BackendError::InvalidAddress { device, ptr: addr });
         }
-        if self
-            .pages(addr, size)
-            .any(|page| state.mapped.contains_key(&page))
-        {
+        if state.mapped.overlaps(addr, size, self.granularity) {
             return Err(BackendError::InvalidArgument {
                 call: "map",
                 reason: format!("a page in {addr:#x}+{size} is already mapped"),
@@ -378,9 +368,7 @@ impl DeviceBackend for SimBackend {
         let mut at = addr;
         for chunk in reuse.drain(..).chain(fresh) {
             state.unmapped.remove(&chunk.handle);
-            for page in self.pages(at, chunk.pages as u64 * self.granularity) {
-                state.mapped.insert(page, (chunk, at));
-            }
+            state.mapped.insert(at, chunk);
             at += chunk.pages as u64 * self.granularity;
         }
         Ok(created)
@@ -400,9 +388,9 @@ impl DeviceBackend for SimBackend {
         let mut chunks = Vec::new();
         let mut at = addr;
         while at < end {
-            let &(chunk, base) = state
+            let (base, chunk) = state
                 .mapped
-                .get(&at)
+                .covering(at, self.granularity)
                 .ok_or(BackendError::InvalidAddress { device, ptr: at })?;
             let chunk_end = base + chunk.pages as u64 * self.granularity;
             if base != at || chunk_end > end {
@@ -418,8 +406,10 @@ impl DeviceBackend for SimBackend {
             at = chunk_end;
         }
         self.faults.on_free_call()?;
-        for page in self.pages(addr, size) {
-            state.mapped.remove(&page);
+        let mut start = addr;
+        for chunk in &chunks {
+            state.mapped.remove(start);
+            start += chunk.pages as u64 * self.granularity;
         }
         for chunk in &chunks {
             state.unmapped.insert(chunk.handle, chunk.pages);
