@@ -1,10 +1,12 @@
 //! Helpers shared by the integration tests: backends to run against and the GPU switch here;
-//! the gpumem binary in `binary`, promtool in `promtool`.
+//! the gpumem binary in `binary`, headless Chromium in `chromium`, promtool in `promtool`.
 
 mod binary;
+mod chromium;
 mod promtool;
 
 pub(crate) use binary::{gpumem, gpumem_as_user, Running};
+pub(crate) use chromium::Chromium;
 pub(crate) use promtool::promtool_check_metrics;
 
 use gpumem::backend::cuda::CudaBackend;

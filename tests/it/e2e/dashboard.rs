@@ -11,11 +11,19 @@ use std::collections::BTreeSet;
 
 pub(super) const DASHBOARD_FILE: &str = "grafana/dashboard.json";
 
-/// Metrics only the sidecar (`gpumem serve`) publishes. A demo serves none of them, so the
-/// end-to-end test checks that their queries are valid PromQL rather than that they return data.
+/// Metrics only the sidecar or node agent (`gpumem serve`) publishes. A demo serves none of
+/// them, so the demo's end-to-end test checks that their queries are valid PromQL, and the node
+/// agent's (`node_agent`) that they return data.
 pub(super) const SIDECAR_METRICS: &[&str] = &[
     "gpumem_process_used_bytes",
     "gpumem_collect_exited_processes",
+    "gpumem_exited_gpu_processes",
+];
+
+/// The sidecar families counted per exporter rather than per GPU: the exited processes.
+const PER_EXPORTER: &[&str] = &[
+    "gpumem_collect_exited_processes",
+    "gpumem_exited_gpu_processes",
 ];
 
 pub(super) fn load() -> Value {
@@ -78,6 +86,7 @@ const DEVICE_WIDE: &[&str] = &[
     "gpumem_pressure_",
     "gpumem_up",
     "gpumem_collect_",
+    "gpumem_exited_gpu_processes",
     "gpumem_build_info",
 ];
 
@@ -364,8 +373,8 @@ fn the_dashboard_and_the_alerts_use_only_metrics_the_demo_serves() {
                 "{}: the demo serves no {name}",
                 query.panel
             );
-            // Every sidecar family but the count of exited processes is per GPU.
-            let sidecar_per_gpu = sidecar && name != "gpumem_collect_exited_processes";
+            // Every sidecar family but the counts of exited processes is per GPU.
+            let sidecar_per_gpu = sidecar && !PER_EXPORTER.contains(&name);
             if per_gpu.contains(name) || sidecar_per_gpu {
                 assert!(
                     selector_labels(&query.expr, at, name).contains("gpu=~\"$gpu\""),

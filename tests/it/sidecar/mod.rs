@@ -11,7 +11,7 @@ mod device_wide;
 mod gpu;
 mod k8s;
 pub(crate) mod manifests;
-mod node_agent;
+pub(crate) mod node_agent;
 mod publish;
 mod python;
 mod serve;
