@@ -16,7 +16,7 @@ and series are exactly what the queries return.
 usage: python3 docs/tools/render_dashboard.py --prometheus http://HOST:PORT --start UNIX
          --end UNIX [--step 1] --var instance=NODE --var gpu=0 --var namespace=NS --var pod=POD
          [--var __rate_interval=4s] --html OUT.html [--width 1280]
-(`.*`, a variable's All, is shown as All.) Prints the page's size as JSON. Standard library
+(`.*`, a variable's All, is shown as All; `(a|b)`, two values picked, as a + b.) Prints the page's size as JSON. Standard library
 only. The README's picture: `cargo test --release --test it -- --ignored e2e::pictures` runs
 the end-to-end test's node slowly, this script on its Prometheus, and headless Chromium.
 """
@@ -141,16 +141,19 @@ def calc(name, points):
             "mean": sum(values) / len(values)}.get(name)
 
 
-def nice_ticks(low, high, count=4):
+def nice_ticks(low, high, unit, count=4):
+    """About `count` round ticks from low to high; a byte axis is round in the IEC unit its
+    values are shown in (10 GiB steps, not 10.7 GB ones)."""
     if high <= low:
         high = low + 1
-    raw = (high - low) / count
+    scale = 1
+    if unit == "bytes":
+        scale = next((size for size in (1 << 40, 1 << 30, 1 << 20, 1 << 10) if high >= size), 1)
+    raw = (high - low) / scale / count
     magnitude = 10 ** math.floor(math.log10(raw))
-    # Byte axes step in powers of two of GiB, MiB... where that reads better; decimal otherwise.
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    start = math.floor(low / step) * step
-    ticks, tick = [], start
-    while tick <= high + step * 0.001:
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * scale
+    ticks, tick = [], math.floor(low / step) * step
+    while tick < high + step:
         ticks.append(tick)
         tick += step
     return ticks
@@ -186,10 +189,12 @@ def svg_timeseries(panel, series, bands, box, span):
             stacked_points = [(t, v, 0.0) for t, v in points]
         drawn.append((name, points, stacked_points, props))
     values = [v for _, _, sp, _ in drawn for _, v, _ in sp if not math.isnan(v)]
-    low = min([0.0] + values) if defaults.get("min") == 0 or custom.get("axisSoftMin") == 0 else min(values or [0])
-    high = defaults.get("max", max(values or [1]) * 1.08 or 1)
-    ticks = nice_ticks(low, high)
-    high = max(high, ticks[-1])
+    # The axis starts at the panel's min (or soft min, 0 here) and ends at its max, or a tick
+    # above the data.
+    soft_min = defaults.get("min", custom.get("axisSoftMin"))
+    low = min([soft_min] + values) if soft_min is not None else min(values or [0])
+    ticks = nice_ticks(low, defaults.get("max", max(values or [1]) or 1), unit)
+    high = defaults.get("max", ticks[-1])
     x = lambda t: left + (t - t0) / max(t1 - t0, 1e-9) * plot_w
     y = lambda v: top + plot_h - (v - low) / max(high - low, 1e-9) * plot_h
     out = [f'<svg width="{width}" height="{height}" font-size="11" fill="{DIM}">']
@@ -232,18 +237,22 @@ def svg_timeseries(panel, series, bands, box, span):
             out.append(f'<polyline points="{line}" fill="none" stroke="{line_colour}" stroke-width="{line_width}" stroke-dasharray="{dash}"/>')
     # The legend table: name, then each calc.
     ly = top + plot_h + 22
-    out.append(f'<text x="{left}" y="{ly + 10}" fill="{DIM}">Name</text>')
+    lx = 8
+    # What fits before the calc columns: about 6.5 px a character at 11 px.
+    fits = max(int((width - lx - 18 - 86 * len(calcs)) / 6.5), 8)
+    short = lambda name: name if len(name) <= fits else name[:fits - 1] + "…"
+    out.append(f'<text x="{lx}" y="{ly + 10}" fill="{DIM}">Name</text>')
     for c, name in enumerate(calcs):
         out.append(f'<text x="{width - 12 - (len(calcs) - 1 - c) * 86}" y="{ly + 10}" text-anchor="end">{"Last *" if name == "lastNotNull" else name.capitalize()}</text>')
     for index, (name, points, _, props) in enumerate(drawn[:legend_rows]):
         row_y = ly + 18 * (index + 1) + 10
         swatch = colour(props.get("color", {}).get("fixedColor", PALETTE[index % len(PALETTE)]))
-        out.append(f'<rect x="{left}" y="{row_y - 8}" width="12" height="4" fill="{swatch}"/>')
-        out.append(f'<text x="{left + 18}" y="{row_y}" fill="{TEXT}">{html.escape(name)}</text>')
+        out.append(f'<rect x="{lx}" y="{row_y - 6}" width="12" height="4" fill="{swatch}"/>')
+        out.append(f'<text x="{lx + 18}" y="{row_y}" fill="{TEXT}">{html.escape(short(name))}</text>')
         for c, calc_name in enumerate(calcs):
             out.append(f'<text x="{width - 12 - (len(calcs) - 1 - c) * 86}" y="{row_y}" text-anchor="end" fill="{TEXT}">{html.escape(fmt_value(calc(calc_name, points), unit))}</text>')
     if len(drawn) > legend_rows:
-        out.append(f'<text x="{left}" y="{ly + 18 * (legend_rows + 1) + 8}">and {len(drawn) - legend_rows} more</text>')
+        out.append(f'<text x="{lx}" y="{ly + 18 * (legend_rows + 1) + 8}">and {len(drawn) - legend_rows} more</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -266,7 +275,10 @@ def svg_stat(panel, series, box):
                 f"{i * tile_w + 2 + (tile_w - 4) * k / (len(values) - 1):.1f},{height - 4 - (v - lo) / max(hi - lo, 1e-9) * (height * 0.35):.1f}"
                 for k, v in enumerate(values))
             out.append(f'<polyline points="{pts}" fill="none" stroke="#ffffff" stroke-opacity="0.35" stroke-width="1.5"/>')
-        size = min(26, tile_w / 6)
+        size = min(26, tile_w / 5)
+        # What fits under the value: about 6 px a character at 10 px.
+        fits = max(int((tile_w - 8) / 6), 4)
+        name = name if len(name) <= fits else name[:fits - 1] + "…"
         out.append(f'<text x="{i * tile_w + tile_w / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" font-size="{size:.0f}" font-weight="600" fill="#fff">{html.escape(fmt_value(value, unit))}</text>')
         out.append(f'<text x="{i * tile_w + tile_w / 2:.1f}" y="{height / 2 + 16:.1f}" text-anchor="middle" font-size="10" fill="#fff">{html.escape(name)}</text>')
     out.append("</svg>")
@@ -338,10 +350,24 @@ def annotation_bands(board, prom, values, start, end, step):
         if annotation.get("datasource", {}).get("type") != "prometheus" or not annotation.get("enable"):
             continue
         promql = substitute(annotation["expr"], values)
+        mark = colour(annotation.get("iconColor", "red"))
         for _, points in prom.range(promql, start, end, step):
+            # Consecutive steps with a value are one region, as Grafana draws them.
             for t, _ in points:
-                bands.append((t, t + step, colour(annotation.get("iconColor", "red"))))
+                if bands and bands[-1][2] == mark and t - bands[-1][1] <= step * 0.01:
+                    bands[-1] = (bands[-1][0], t + step, mark)
+                else:
+                    bands.append((t, t + step, mark))
     return bands
+
+
+def shown_value(value):
+    """A variable's value as Grafana's picker shows it: its All (the allValue `.*`) as All, a
+    multi-value selection (`(a|b)`, Grafana's regex format) as its values."""
+    if value == ".*":
+        return "All"
+    multi = re.fullmatch(r"\((.*\|.*)\)", value)
+    return " + ".join(multi.group(1).split("|")) if multi else value
 
 
 def render(args):
@@ -388,8 +414,7 @@ def render(args):
             sys.exit(f"{panel['title']}: no drawing for panel type {panel['type']}")
         cells.append(f'<div class="panel" style="left:{left:.0f}px;top:{top:.0f}px;width:{width:.0f}px;height:{height:.0f}px">'
                      f'<div class="title">{title}</div>{body}</div>')
-    # A variable's "All" is its allValue, `.*`.
-    shown = " · ".join(f"{k}: <b>{'All' if v == '.*' else html.escape(v)}</b>"
+    shown = " · ".join(f"{k}: <b>{html.escape(shown_value(v))}</b>"
                        for k, v in values.items() if not k.startswith("__"))
     page = f"""<!doctype html><meta charset="utf-8"><title>{html.escape(board['title'])}</title>
 <style>

@@ -5,17 +5,10 @@
 //! window shows) and target/status-page-full.png (the whole page). Skipped without chromium,
 //! unless CI=true.
 
-use crate::support::{Chromium, Running};
+use crate::support::{target_dir, Chromium, Running};
 use crate::web::{eventually, get, tool_available, value_of};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// target/ (or wherever Cargo builds), for artefacts a person looks at after the run.
-fn target_dir() -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    tmp.parent().unwrap_or(tmp).to_path_buf()
-}
 
 #[test]
 fn the_status_page_updates_its_chart_without_errors_in_chromium() {

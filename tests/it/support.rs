@@ -33,6 +33,12 @@ pub(crate) fn tight_manager(
     MemoryManager::new(backend, config).unwrap()
 }
 
+/// target/ (or wherever Cargo builds), for artefacts a person looks at after the run.
+pub(crate) fn target_dir() -> std::path::PathBuf {
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().unwrap_or(tmp).to_path_buf()
+}
+
 /// True when `GPUMEM_REQUIRE_GPU=1`: GPU tests must then run and pass, never skip.
 pub(crate) fn gpu_required() -> bool {
     std::env::var("GPUMEM_REQUIRE_GPU").is_ok_and(|v| v == "1")

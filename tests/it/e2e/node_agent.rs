@@ -63,14 +63,14 @@ pub(super) struct Node {
 }
 
 impl Node {
-    /// Starts the node with vLLM holding `vllm` bytes, and Prometheus scraping it.
-    pub(super) fn start(vllm: u64) -> Node {
+    /// Starts the node with vLLM holding `vllm` bytes and publishing into `collect`, and
+    /// Prometheus scraping it.
+    pub(super) fn start(vllm: u64, collect: TempDir) -> Node {
         let proc_root = TempDir::new("board-proc");
         for (.., fixture) in PODS {
             copy_fixture(fixture, proc_root.path());
         }
         copy_fixture("not-a-pod-gpu-host", proc_root.path());
-        let collect = TempDir::new("board-collect");
         let files = TempDir::new("board-files");
         let nvml_file = files.join("nvml.json");
         let api = ApiServer::start(NODE);
@@ -186,7 +186,7 @@ fn every_panel_of_the_dashboard_has_data_for_a_pod_on_a_node_agent() {
     }
     let started = Instant::now();
     let left = || BUDGET.saturating_sub(started.elapsed());
-    let mut node = Node::start(40 * GIB);
+    let mut node = Node::start(40 * GIB, TempDir::new("board-collect"));
     let board = dashboard::load();
     let values: &Values = &picked_values();
 

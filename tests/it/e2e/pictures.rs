@@ -9,7 +9,8 @@
 use super::node_agent::{Node, RATE_INTERVAL};
 use super::repo_file;
 use crate::sidecar::node_agent::agent::{GIB, NODE};
-use crate::support::Chromium;
+use crate::sidecar::TempDir;
+use crate::support::{target_dir, Chromium};
 use serde_json::json;
 use std::time::Duration;
 
@@ -30,7 +31,11 @@ fn screenshot(url: &str, ready: &str) -> Vec<u8> {
     page.screenshot(true)
 }
 
+/// Writes `png` to `relative` in the repository once it is a PNG of at most [`MAX_PNG`]; a copy
+/// goes to the build's target directory first, to look at when it is not.
 fn save(png: &[u8], relative: &str) {
+    let name = relative.rsplit('/').next().unwrap_or(relative);
+    std::fs::write(target_dir().join(name), png).expect("write a copy");
     assert!(png.starts_with(b"\x89PNG"), "{relative} is not a PNG");
     assert!(
         png.len() < MAX_PNG,
@@ -62,7 +67,9 @@ fn ramp(node: &Node, from: u64, to: u64, seconds: u64, restarted: bool) {
 #[ignore = "writes the README's pictures into docs/images; run by hand"]
 fn pictures() {
     let start = gpumem::snapshot::unix_now();
-    let mut node = Node::start(30 * GIB);
+    // The page shows where snapshots are collected from: a plain name, not a test's.
+    let collect = TempDir::at(&std::env::temp_dir().join("gpumem"));
+    let mut node = Node::start(30 * GIB, collect);
     // The KV cache fills, then grows past what the GPU has: critical, and refusals.
     ramp(&node, 30, 44, 30, false);
     ramp(&node, 44, 63, 16, false);
@@ -83,18 +90,17 @@ fn pictures() {
     );
     save(&page, "docs/images/node-agent-page.png");
 
-    // The dashboard with every namespace and pod (its All), so the picture shows who holds
-    // the GPU; the test checks the same queries for one pod.
-    let html = tempfile::Builder::new()
-        .prefix("gpumem-dashboard-")
-        .suffix(".html")
-        .tempfile()
-        .expect("temp file");
+    // The dashboard with both namespaces picked and every pod of them (All), so the picture
+    // shows who holds the GPU; the test checks the same queries for one pod. (Namespace All
+    // would add the process outside pods, and for the three seconds after the restart the
+    // killed engine's last snapshot, which the agent exports without its pod once its NVML
+    // process is gone.)
+    let html = target_dir().join("dashboard-by-pod.html");
     let prometheus = format!("http://{}", node.prometheus.addr());
     let vars = [
         format!("instance={NODE}"),
         "gpu=0".to_string(),
-        "namespace=.*".to_string(),
+        "namespace=(ml|serving)".to_string(),
         "pod=.*".to_string(),
         format!("__rate_interval={RATE_INTERVAL}"),
     ];
@@ -103,7 +109,7 @@ fn pictures() {
         .arg(repo_file("docs/tools/render_dashboard.py"))
         .args(["--prometheus", &prometheus])
         .args(["--start", &start.to_string(), "--end", &end.to_string()])
-        .args(["--html", html.path().to_str().expect("utf-8")]);
+        .args(["--html", html.to_str().expect("utf-8")]);
     for var in &vars {
         command.args(["--var", var]);
     }
@@ -113,7 +119,7 @@ fn pictures() {
         "render_dashboard.py: {}",
         String::from_utf8_lossy(&rendered.stderr)
     );
-    let url = format!("file://{}", html.path().display());
+    let url = format!("file://{}", html.display());
     let board = screenshot(&url, "document.readyState === 'complete'");
     save(&board, "docs/images/dashboard-by-pod.png");
 }

@@ -36,6 +36,18 @@ impl TempDir {
         TempDir(path)
     }
 
+    /// The directory `path`, made now and removed when dropped; it must not exist yet (what
+    /// was there would be removed with it).
+    pub(crate) fn at(path: &Path) -> TempDir {
+        assert!(
+            !path.exists(),
+            "{} exists: move it away first",
+            path.display()
+        );
+        std::fs::create_dir_all(path).expect("create the directory");
+        TempDir(path.to_path_buf())
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.0
     }

@@ -149,12 +149,16 @@ pub(crate) fn restart_container(
 ) -> serde_json::Value {
     let (old_pid, uid, old_id) = identity(fixture);
     let (runtime, old_hex) = old_id.split_once("://").expect("runtime://id");
-    let new_dir = proc_root.join(new_pid.to_string());
-    std::fs::create_dir_all(&new_dir).expect("mkdir");
+    // A process's /proc directory appears and vanishes whole: each is made or taken apart
+    // under a name that is no pid, and renamed, so the agent never reads half of one (a
+    // cgroup file gone before the name would read as a process outside any pod).
     let old_dir = proc_root.join(old_pid.to_string());
     let old_cgroup = std::fs::read_to_string(old_dir.join("cgroup")).expect("read");
-    std::fs::write(new_dir.join("cgroup"), old_cgroup.replace(old_hex, new_id)).expect("write");
-    std::fs::write(new_dir.join("comm"), "python3\n").expect("write");
+    let making = proc_root.join(format!(".new-{new_pid}"));
+    std::fs::create_dir_all(&making).expect("mkdir");
+    std::fs::write(making.join("cgroup"), old_cgroup.replace(old_hex, new_id)).expect("write");
+    std::fs::write(making.join("comm"), "python3\n").expect("write");
+    std::fs::rename(&making, proc_root.join(new_pid.to_string())).expect("the new process");
     let mut restarted = pod(
         namespace,
         name,
@@ -164,6 +168,8 @@ pub(crate) fn restart_container(
     restarted["status"]["containerStatuses"][0]["restartCount"] = 1.into();
     restarted["status"]["containerStatuses"][0]["lastState"] = serde_json::json!(
         {"terminated": {"exitCode": 137, "reason": "OOMKilled", "containerID": old_id}});
-    std::fs::remove_dir_all(old_dir).expect("the old process exits");
+    let gone = proc_root.join(format!(".gone-{old_pid}"));
+    std::fs::rename(&old_dir, &gone).expect("the old process exits");
+    std::fs::remove_dir_all(gone).expect("remove");
     restarted
 }
