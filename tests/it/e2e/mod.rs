@@ -7,6 +7,7 @@
 
 mod blind;
 mod dashboard;
+mod dashboard_checks;
 mod engine;
 mod node_agent;
 mod oom;

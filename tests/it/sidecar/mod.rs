@@ -70,6 +70,15 @@ impl Drop for TempDir {
 /// `gpumem serve` on a free loopback port, sampling every 200 ms, collecting from `dir`, with
 /// `extra` flags.
 pub(crate) fn serve(dir: &TempDir, extra: &[&str]) -> Running {
+    serve_logging_to(dir, extra, std::process::Stdio::inherit())
+}
+
+/// [`serve`], its log (stderr) going to `stderr`.
+pub(crate) fn serve_logging_to(
+    dir: &TempDir,
+    extra: &[&str],
+    stderr: impl Into<std::process::Stdio>,
+) -> Running {
     let mut args = vec![
         "serve",
         "--listen",
@@ -80,7 +89,7 @@ pub(crate) fn serve(dir: &TempDir, extra: &[&str]) -> Running {
         dir.str(),
     ];
     args.extend_from_slice(extra);
-    Running::start(&args)
+    Running::start_with_stderr(&args, stderr)
 }
 
 /// `gpumem demo` on `backend` (its flags), on a free loopback port, sampling every 200 ms and

@@ -6,7 +6,7 @@
 
 use super::apiserver::{pod, ApiServer};
 use super::cgroups::{fixtures, TABLE};
-use crate::sidecar::{now, TempDir};
+use crate::sidecar::{now, serve_logging_to, TempDir};
 use crate::support::Running;
 use std::path::Path;
 use std::process::Stdio;
@@ -105,13 +105,6 @@ pub(crate) fn start(
 ) -> Running {
     let url = api.url();
     let args = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--collect-dir",
-        collect.str(),
         "--test-nvml-fixture",
         nvml_file.to_str().expect("utf-8"),
         "--proc-root",
@@ -133,7 +126,7 @@ pub(crate) fn start(
         "--pod-namespace",
         AGENT_POD.0,
     ];
-    Running::start_with_stderr(&args, stderr)
+    serve_logging_to(collect, &args, stderr)
 }
 
 /// The container of `fixture`'s process restarts: a new process `new_pid` (named `python3`)
