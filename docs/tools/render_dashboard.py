@@ -203,7 +203,7 @@ def svg_timeseries(panel, series, bands, box, span):
         out.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{html.escape(fmt_value(tick, unit))}</text>')
     for i in range(5):
         t = t0 + (t1 - t0) * i / 4
-        label = f"{int(t - t0)} s" if i else "0 s"
+        label = f"{int(t - t0)} s"
         out.append(f'<text x="{x(t):.1f}" y="{top + plot_h + 14}" text-anchor="middle">{label}</text>')
     for start, end, band_colour in bands:
         out.append(f'<rect x="{x(start):.1f}" y="{top}" width="{max(x(end) - x(start), 2):.1f}" height="{plot_h}" fill="{band_colour}" fill-opacity="0.18"/>')
@@ -222,7 +222,7 @@ def svg_timeseries(panel, series, bands, box, span):
         times = [t for t, _, _ in stacked_points]
         if len(times) > 1:
             step = min(b - a for a, b in zip(times, times[1:]))
-        for i, point in enumerate(stacked_points):
+        for point in stacked_points:
             if run and step and point[0] - run[-1][0] > step * 1.5:
                 runs.append(run)
                 run = []
@@ -401,7 +401,7 @@ def render(args):
             series += [(legend(target.get("legendFormat"), m), p) for m, p in result]
         box = (int(width - 16), int(height - 34))
         if not series:
-            body = f'<div class="nodata">No data</div>'
+            body = '<div class="nodata">No data</div>'
         elif panel["type"] == "timeseries":
             body = svg_timeseries(panel, series, bands, box, span)
         elif panel["type"] == "stat":

@@ -15,7 +15,7 @@ use serde_json::json;
 use std::time::Duration;
 
 /// Each PNG must stay small enough for a README.
-const MAX_PNG: usize = 400 << 10;
+const MAX_PNG: usize = 400_000;
 
 /// Opens `url` in a fresh tab, waits until `ready` (a script) is true, and returns a PNG of the
 /// whole page.
