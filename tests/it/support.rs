@@ -1,10 +1,12 @@
 //! Helpers shared by the integration tests: backends to run against and the GPU switch here;
-//! the gpumem binary in `binary`, promtool in `promtool`.
+//! the gpumem binary in `binary`, headless Chromium in `chromium`, promtool in `promtool`.
 
 mod binary;
+mod chromium;
 mod promtool;
 
 pub(crate) use binary::{gpumem, gpumem_as_user, Running};
+pub(crate) use chromium::Chromium;
 pub(crate) use promtool::promtool_check_metrics;
 
 use gpumem::backend::cuda::CudaBackend;
@@ -29,6 +31,12 @@ pub(crate) fn tight_manager(
         ..ManagerConfig::default()
     };
     MemoryManager::new(backend, config).unwrap()
+}
+
+/// target/ (or wherever Cargo builds), for artefacts a person looks at after the run.
+pub(crate) fn target_dir() -> std::path::PathBuf {
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().unwrap_or(tmp).to_path_buf()
 }
 
 /// True when `GPUMEM_REQUIRE_GPU=1`: GPU tests must then run and pass, never skip.

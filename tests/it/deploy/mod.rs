@@ -100,7 +100,7 @@ fn to_json(yaml: &Yaml) -> Value {
 }
 
 /// Every non-empty document of a YAML stream.
-fn documents(text: &str, what: &str) -> Vec<Value> {
+pub(crate) fn documents(text: &str, what: &str) -> Vec<Value> {
     YamlLoader::load_from_str(text)
         .unwrap_or_else(|e| panic!("{what} is not valid YAML: {e}"))
         .iter()

@@ -1,13 +1,21 @@
 //! Grafana and Prometheus, end to end: the alert rules under `promtool` (syntax, unit tests,
 //! labels, annotations, runbook sections), the dashboard's structure against the metrics a running
-//! demo serves, and a real Prometheus scraping `gpumem demo` with the rules loaded (every
-//! dashboard query returns data; a forced pressure spike fires the pressure alerts).
+//! demo serves, a real Prometheus scraping `gpumem demo` with the rules loaded (every
+//! dashboard query returns data; a forced pressure spike fires the pressure alerts), and one
+//! scraping a node agent as the chart's ServiceMonitor does (every panel and variable has data
+//! for a pod; a container restart shows as an exited process).
 
 mod blind;
 mod dashboard;
+mod dashboard_checks;
+mod engine;
+mod node_agent;
 mod oom;
+mod panels;
+mod pictures;
 mod prometheus;
 mod rules;
+mod service_monitor;
 
 use std::path::{Path, PathBuf};
 

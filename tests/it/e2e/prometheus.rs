@@ -9,10 +9,11 @@
 //! prometheus, unless CI=true.
 
 use super::dashboard::{self, uses_sidecar_metrics};
+use super::panels::{all_variable_values, queries_without_data};
 use super::rules::{alert_rules, rules_with_short_for};
 use crate::support::Running;
 use crate::web::{eventually, request, tool_available};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -69,23 +70,32 @@ impl Prometheus {
         rules: &str,
         labels: &[(&str, &str)],
     ) -> Prometheus {
+        let labels: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let job = json!({
+            "job_name": JOB,
+            "static_configs": [{"targets": [target.to_string()], "labels": labels}],
+        });
+        Self::start_job(rules, job)
+    }
+
+    /// Starts Prometheus with `rules` and `job` as its only scrape job (a `scrape_configs`
+    /// entry, as JSON: YAML reads it as it is), scraping and evaluating every second.
+    pub(super) fn start_job(rules: &str, job: Value) -> Prometheus {
         let dir = tempfile::Builder::new()
             .prefix("gpumem-prometheus-")
             .tempdir()
             .expect("temp dir");
         std::fs::write(dir.path().join("alerts.yml"), rules).expect("write rules");
-        let config = format!(
-            "global:\n  scrape_interval: {STEP}\n  scrape_timeout: {STEP}\n  evaluation_interval: {STEP}\n\
-             rule_files:\n  - alerts.yml\n\
-             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{target}']\n"
-        );
-        let config = if labels.is_empty() {
-            config
-        } else {
-            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-            format!("{config}        labels: {{{}}}\n", labels.join(", "))
-        };
-        std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
+        let config = json!({
+            "global": {"scrape_interval": STEP, "scrape_timeout": STEP, "evaluation_interval": STEP},
+            "rule_files": ["alerts.yml"],
+            "scrape_configs": [job],
+        });
+        std::fs::write(dir.path().join("prometheus.yml"), config.to_string())
+            .expect("write config");
         let mut failures = Vec::new();
         for _ in 0..3 {
             match Self::spawn(dir.path()) {
@@ -147,6 +157,36 @@ impl Prometheus {
             .unwrap_or_default())
     }
 
+    /// The values of `label` among the series `selector` matches over the last hour (Grafana's
+    /// `label_values(SELECTOR, LABEL)`), sorted.
+    pub(super) fn label_values(&self, selector: &str, label: &str) -> Result<Vec<String>, String> {
+        let end = gpumem::snapshot::unix_now();
+        let path = format!(
+            "/api/v1/label/{label}/values?match[]={}&start={}&end={end}",
+            url_encode(selector),
+            end - 3600.0
+        );
+        let reply = request(self.addr, "GET", &path).map_err(|e| e.to_string())?;
+        let body: Value = serde_json::from_str(&reply.body)
+            .map_err(|e| format!("HTTP {}: {e}: {}", reply.status, reply.body))?;
+        if body["status"] != "success" {
+            return Err(format!("{}: {}", body["errorType"], body["error"]));
+        }
+        let mut values: Vec<String> = body["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        values.sort();
+        Ok(values)
+    }
+
+    /// Where it answers (`http://ADDR/`), for tools that ask it themselves.
+    pub(super) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// The first value of a query's result, if it has one.
     pub(super) fn value(&self, promql: &str) -> Option<f64> {
         let result = self.query(promql).ok()?;
@@ -154,14 +194,14 @@ impl Prometheus {
     }
 
     /// Whether `alert` is firing (for the demo's GPU 0 where `gpu` is given).
-    fn firing(&self, alert: &str, gpu: Option<&str>) -> bool {
+    pub(super) fn firing(&self, alert: &str, gpu: Option<&str>) -> bool {
         let gpu = gpu.map_or(String::new(), |g| format!(",gpu=\"{g}\""));
         let promql = format!("ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"{gpu}}}");
         self.query(&promql).is_ok_and(|r| !r.is_empty())
     }
 
     /// The rules Prometheus loaded, with their health.
-    fn rules(&self) -> Vec<Value> {
+    pub(super) fn rules(&self) -> Vec<Value> {
         let reply = request(self.addr, "GET", "/api/v1/rules").expect("rules API");
         let body: Value = serde_json::from_str(&reply.body).expect("rules JSON");
         body["data"]["groups"]
@@ -172,7 +212,7 @@ impl Prometheus {
             .collect()
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         log_tail(self.dir.path())
     }
 }
@@ -229,42 +269,20 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
         ("__rate_interval", RATE_INTERVAL),
     ];
     let board = dashboard::load();
-    let mut empty = Vec::new();
-    let mut waiting = Vec::new();
-    for query in dashboard::queries(&board) {
-        let promql = dashboard::substitute(&query.expr, &values)
-            .unwrap_or_else(|e| panic!("{}: {e}", query.panel));
-        if uses_sidecar_metrics(&query.expr) {
+    let (asked, mut empty) = queries_without_data(
+        &prometheus,
+        &board,
+        &values,
+        left().min(Duration::from_secs(20)),
+        |q| {
             // Only a sidecar publishes these; here the query must at least be valid PromQL.
-            if let Err(why) = prometheus.query(&promql) {
-                empty.push(format!("{}: {promql}: {why}", query.panel));
-            }
-        } else {
-            waiting.push((query.panel, promql));
-        }
-    }
-    assert!(waiting.len() >= 10, "too few dashboard queries to check");
-    // A query may need one more scrape or evaluation: ask again until all answer.
-    eventually(left().min(Duration::from_secs(20)), || {
-        waiting.retain(|(_, promql)| !prometheus.query(promql).is_ok_and(|r| !r.is_empty()));
-        waiting.is_empty()
-    });
-    for (panel, promql) in waiting {
-        let why = prometheus.query(&promql).err().unwrap_or("no data".into());
-        empty.push(format!("{panel}: {promql}: {why}"));
-    }
-    for variable in dashboard::variable_queries(&board) {
-        let selector = dashboard::substitute(&variable.selector, &values)
-            .unwrap_or_else(|e| panic!("variable {}: {e}", variable.name));
-        let labelled = prometheus.query(&selector).is_ok_and(|r| {
-            r.iter()
-                .any(|s| s["metric"][variable.label.as_str()].is_string())
-        });
-        if !labelled {
-            empty.push(format!(
-                "variable {}: {selector} has no {}",
-                variable.name, variable.label
-            ));
+            uses_sidecar_metrics(&q.expr)
+        },
+    );
+    assert!(asked >= 10, "too few dashboard queries to check");
+    for (name, listed) in all_variable_values(&prometheus, &board, &values) {
+        if !listed.as_ref().is_ok_and(|v| !v.is_empty()) {
+            empty.push(format!("variable {name}: {listed:?}"));
         }
     }
     assert!(

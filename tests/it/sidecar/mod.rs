@@ -11,7 +11,7 @@ mod device_wide;
 mod gpu;
 mod k8s;
 pub(crate) mod manifests;
-mod node_agent;
+pub(crate) mod node_agent;
 mod publish;
 mod python;
 mod serve;
@@ -36,6 +36,18 @@ impl TempDir {
         TempDir(path)
     }
 
+    /// The directory `path`, made now and removed when dropped; it must not exist yet (what
+    /// was there would be removed with it).
+    pub(crate) fn at(path: &Path) -> TempDir {
+        assert!(
+            !path.exists(),
+            "{} exists: move it away first",
+            path.display()
+        );
+        std::fs::create_dir_all(path).expect("create the directory");
+        TempDir(path.to_path_buf())
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.0
     }
@@ -58,6 +70,15 @@ impl Drop for TempDir {
 /// `gpumem serve` on a free loopback port, sampling every 200 ms, collecting from `dir`, with
 /// `extra` flags.
 pub(crate) fn serve(dir: &TempDir, extra: &[&str]) -> Running {
+    serve_logging_to(dir, extra, std::process::Stdio::inherit())
+}
+
+/// [`serve`], its log (stderr) going to `stderr`.
+pub(crate) fn serve_logging_to(
+    dir: &TempDir,
+    extra: &[&str],
+    stderr: impl Into<std::process::Stdio>,
+) -> Running {
     let mut args = vec![
         "serve",
         "--listen",
@@ -68,7 +89,7 @@ pub(crate) fn serve(dir: &TempDir, extra: &[&str]) -> Running {
         dir.str(),
     ];
     args.extend_from_slice(extra);
-    Running::start(&args)
+    Running::start_with_stderr(&args, stderr)
 }
 
 /// `gpumem demo` on `backend` (its flags), on a free loopback port, sampling every 200 ms and

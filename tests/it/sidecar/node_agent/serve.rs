@@ -6,64 +6,25 @@
 //! container that restarts leaves a flight record naming its pod; an API server that refuses
 //! costs fresh names, not sampling.
 
-use super::apiserver::{pod, ApiServer};
-use super::cgroups::fixtures;
-use crate::sidecar::{now, TempDir};
+use super::agent::{
+    self, copy_fixture, fixture_pod, nvml, restart_container, GIB, UUID, VLLM_FIXTURE,
+};
+use super::apiserver::ApiServer;
+use crate::sidecar::TempDir;
 use crate::support::Running;
 use crate::web::{eventually, get, value_of};
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-const GIB: u64 = 1 << 30;
-const UUID: &str = "GPU-5157a000-0000-4000-8000-000000000001";
-/// From the fixtures (tests/fixtures/proc/README.md).
-const VLLM_UID: &str = "58fec61d-0319-46fa-8724-c7f72270dd45";
-const VLLM_ID: &str = "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb";
-const TRITON_UID: &str = "8ec168e8-fbdc-4c8a-89db-75c8029f234e";
-const TRITON_ID: &str = "acac86c0e609ca906f632b0e2dacccb2b77d22b0621f20ebece1a4835b93f6f0";
 const NEW_VLLM_ID: &str = "0000000000000000000000000000000000000000000000000000000000c0ffee";
 
-/// Copies fixture `name`'s process into `root` (links included).
-fn copy_fixture(name: &str, root: &Path) {
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", fixtures().join(name).display()))
-        .arg(root)
-        .status()
-        .expect("cp runs");
-    assert!(status.success());
-}
-
-/// What NVML would say: one 80 GiB device and these (host pid, bytes) processes.
-fn nvml(path: &Path, processes: &[(u32, u64)]) {
-    let used: u64 = processes.iter().map(|(_, b)| b).sum::<u64>() + GIB;
-    let list: Vec<serde_json::Value> = processes
-        .iter()
-        .map(|(pid, bytes)| serde_json::json!({"pid": pid, "used_bytes": bytes}))
-        .collect();
-    let fixture = serde_json::json!({"devices": [{
-        "name": "NVIDIA H100 80GB HBM3", "uuid": UUID,
-        "total_bytes": 80 * GIB, "used_bytes": used, "processes": list}]});
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, fixture.to_string()).expect("write");
-    std::fs::rename(&tmp, path).expect("rename");
-}
-
-/// What the vLLM engine publishes: itself as pid 1 of its PID namespace (the fixture's link).
+/// What the vLLM engine publishes, its OOM count at `ooms`.
 fn publish(dir: &Path, ooms: u64) {
-    let file = serde_json::json!({
-        "format": "gpumem.publish", "version": 1, "pid": 1, "process": "vllm-engine",
-        "pid_namespace": "pid:[4026532601]", "timestamp_seconds": now(),
-        "interval_seconds": 60.0, "writer": "test",
-        "devices": [{"gpu": 0, "uuid": UUID, "reserved_bytes": 28 * GIB, "in_use_bytes": 27 * GIB,
-                     "ooms_total": ooms,
-                     "tags": [{"tag": "kv_cache", "live_bytes": 20 * GIB}],
-                     "pools": [{"pool": "large", "reserved_bytes": 28 * GIB}]}]});
-    let path = dir.join("gpumem-1.json");
-    gpumem::safe_fs::write_atomically(&path, file.to_string().as_bytes(), &Default::default())
-        .expect("publish");
+    let device = serde_json::json!({"reserved_bytes": 28 * GIB, "in_use_bytes": 27 * GIB,
+        "ooms_total": ooms, "tags": [{"tag": "kv_cache", "live_bytes": 20 * GIB}],
+        "pools": [{"pool": "large", "reserved_bytes": 28 * GIB}]});
+    agent::publish(dir, 60.0, device);
 }
 
 fn metrics(agent: &Running) -> String {
@@ -78,7 +39,7 @@ fn json(agent: &Running, path: &str) -> serde_json::Value {
 fn every_gpu_process_is_named_by_its_pod() {
     let proc_root = TempDir::new("agent-proc");
     for fixture in [
-        "v2-systemd-containerd",
+        VLLM_FIXTURE,
         "v1-cgroupfs-crio",
         "not-a-pod-gpu-host",
         "unknown-kubepods-shape",
@@ -98,48 +59,17 @@ fn every_gpu_process_is_named_by_its_pod() {
         ],
     );
     publish(collect.path(), 0);
-    let api = ApiServer::start("gpu-node-1");
+    let api = ApiServer::start(agent::NODE);
+    let vllm_pod = || fixture_pod("serving", "vllm-0", VLLM_FIXTURE, "inference");
     // The list knows vLLM's pod only: Triton's pod is "new" to it.
-    api.set_pods(vec![pod(
-        "serving",
-        "vllm-0",
-        VLLM_UID,
-        &[("inference", &format!("containerd://{VLLM_ID}"))],
-    )]);
+    api.set_pods(vec![vllm_pod()]);
     let log = files.join("agent.log");
-    let url = api.url();
-    let args = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "200ms",
-        "--collect-dir",
-        collect.str(),
-        "--test-nvml-fixture",
-        nvml_file.to_str().expect("utf-8"),
-        "--proc-root",
-        proc_root.str(),
-        "--pod-source",
-        "kubernetes",
-        "--node-name",
-        "gpu-node-1",
-        "--kubernetes-url",
-        &url,
-        "--kubernetes-ca",
-        api.ca_file.to_str().expect("utf-8"),
-        "--kubernetes-token-file",
-        api.token_file.to_str().expect("utf-8"),
-        "--pod-refresh",
-        "1h",
-        "--pod-name",
-        "gpumem-x7k2p",
-        "--pod-namespace",
-        "gpumem",
-    ];
-    let agent = Running::start_with_stderr(
-        &args,
-        Stdio::from(std::fs::File::create(&log).expect("log file")),
+    let agent = agent::start(
+        &api,
+        &proc_root,
+        &collect,
+        &nvml_file,
+        std::fs::File::create(&log).expect("log file"),
     );
     let vllm = "pid=\"1\",process=\"vllm-engine\",namespace=\"serving\",pod=\"vllm-0\",container=\"inference\"";
     assert!(
@@ -154,18 +84,8 @@ fn every_gpu_process_is_named_by_its_pod() {
     // Triton's pod appears in the list; the agent asks again by itself (the refresh is an
     // hour away) and names it within the 5 s gap.
     api.set_pods(vec![
-        pod(
-            "serving",
-            "vllm-0",
-            VLLM_UID,
-            &[("inference", &format!("containerd://{VLLM_ID}"))],
-        ),
-        pod(
-            "serving",
-            "triton-0",
-            TRITON_UID,
-            &[("server", &format!("cri-o://{TRITON_ID}"))],
-        ),
+        vllm_pod(),
+        fixture_pod("serving", "triton-0", "v1-cgroupfs-crio", "server"),
     ]);
     let triton = "pid=\"4132\",process=\"python3\",namespace=\"serving\",pod=\"triton-0\",container=\"server\"";
     assert!(
@@ -253,25 +173,14 @@ fn every_gpu_process_is_named_by_its_pod() {
     assert_eq!(oom["recorded_in"]["pod"], "gpumem-x7k2p");
 
     // vLLM's container restarts: the old process is gone, a new one runs under a new ID.
-    let new_dir = proc_root.path().join("4200");
-    std::fs::create_dir_all(&new_dir).expect("mkdir");
-    let old_cgroup = std::fs::read_to_string(proc_root.path().join("4121/cgroup")).expect("read");
-    std::fs::write(
-        new_dir.join("cgroup"),
-        old_cgroup.replace(VLLM_ID, NEW_VLLM_ID),
-    )
-    .expect("write");
-    std::fs::write(new_dir.join("comm"), "python3\n").expect("write");
-    let mut restarted = pod(
-        "serving",
-        "vllm-0",
-        VLLM_UID,
-        &[("inference", &format!("containerd://{NEW_VLLM_ID}"))],
+    let restarted = restart_container(
+        proc_root.path(),
+        VLLM_FIXTURE,
+        4200,
+        NEW_VLLM_ID,
+        ("serving", "vllm-0", "inference"),
     );
-    restarted["status"]["containerStatuses"][0]["lastState"] = serde_json::json!(
-        {"terminated": {"exitCode": 137, "reason": "OOMKilled", "containerID": format!("containerd://{VLLM_ID}")}});
     api.set_pods(vec![restarted]);
-    std::fs::remove_dir_all(proc_root.path().join("4121")).expect("the old process exits");
     nvml(&nvml_file, &[(4200, GIB), (4132, 4 * GIB), (4140, 2 * GIB)]);
     assert!(
         eventually(Duration::from_secs(15), || {
