@@ -92,9 +92,7 @@ fn pictures() {
 
     // The dashboard with both namespaces picked and every pod of them (All), so the picture
     // shows who holds the GPU; the test checks the same queries for one pod. (Namespace All
-    // would add the process outside pods, and for the three seconds after the restart the
-    // killed engine's last snapshot, which the agent exports without its pod once its NVML
-    // process is gone.)
+    // would add the process outside pods.)
     let html = target_dir().join("dashboard-by-pod.html");
     let prometheus = format!("http://{}", node.prometheus.addr());
     let vars = [

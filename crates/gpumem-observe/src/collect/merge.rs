@@ -17,7 +17,8 @@
 //! pod the NVML process runs in and its host pid, so its pools and tags carry the same
 //! `pid`, `process`, `namespace`, `pod` and `container` labels as its `gpumem_process_used_bytes`.
 
-use gpumem::snapshot::{CollectedProcess, GpuProcess};
+use gpumem::snapshot::{CollectedProcess, GpuProcess, PodRef};
+use std::collections::HashMap;
 
 /// Keeps every NVML process's series its own: two processes of one GPU whose own pids are the
 /// same (the pid 1 of two containers) and that no pod tells apart would export the same
@@ -66,6 +67,47 @@ pub fn merge(gpu: &mut [GpuProcess], collected: &mut [CollectedProcess]) {
     }
 }
 
+/// What a published process was last joined to (its pod and NVML's host pid), by the process's
+/// own identity: name, pid and PID namespace. When its NVML process vanishes (killed, its
+/// container restarted), the file it left is still collected until it goes stale; without this
+/// its series would lose their pod labels for those seconds, and its exit record its pod.
+#[derive(Debug, Default)]
+pub struct LastJoined {
+    by_process: HashMap<ProcessKey, (PodRef, Option<u32>)>,
+}
+
+type ProcessKey = (String, u32, Option<String>);
+
+impl LastJoined {
+    /// Gives each process NVML no longer names the pod and host pid it was last joined to, and
+    /// remembers those of every process still collected (no others: the table stays as small
+    /// as the collect directory). A restarted container runs in a new PID namespace, so its
+    /// new process never takes the old one's pod by mistake.
+    pub fn fill(&mut self, collected: &mut [CollectedProcess]) {
+        let mut still = HashMap::new();
+        for process in collected {
+            let key = (
+                process.process.clone(),
+                process.pid,
+                process.pid_namespace.clone(),
+            );
+            match &process.pod {
+                Some(pod) => {
+                    still.insert(key, (pod.clone(), process.host_pid));
+                }
+                None => {
+                    if let Some((pod, host_pid)) = self.by_process.remove(&key) {
+                        process.pod = Some(pod.clone());
+                        process.host_pid = process.host_pid.or(host_pid);
+                        still.insert(key, (pod, process.host_pid));
+                    }
+                }
+            }
+        }
+        self.by_process = still;
+    }
+}
+
 /// The host pid of the one NVML process `process` is, if any.
 fn matching_host_pid(gpu: &[GpuProcess], process: &CollectedProcess) -> Option<u32> {
     let uuids: Vec<&str> = process
@@ -102,7 +144,6 @@ fn matching_host_pid(gpu: &[GpuProcess], process: &CollectedProcess) -> Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::snapshot::PodRef;
 
     fn nvml(host: u32, pid: u32, ns: Option<&str>, pod: Option<&str>) -> GpuProcess {
         GpuProcess {
@@ -128,6 +169,34 @@ mod tests {
             pid_namespace: ns.map(String::from),
             ..CollectedProcess::default()
         }
+    }
+
+    #[test]
+    fn a_process_keeps_its_pod_after_its_nvml_process_is_gone() {
+        let mut last = LastJoined::default();
+        let mut gpu = vec![nvml(5000, 1, Some("pid:[1]"), Some("vllm-0"))];
+        let mut collected = vec![published(1, Some("pid:[1]"))];
+        merge(&mut gpu, &mut collected);
+        last.fill(&mut collected);
+        // NVML no longer lists it; its file is still collected; a new container's engine is
+        // pid 1 of another namespace.
+        let mut collected = vec![published(1, Some("pid:[1]")), published(1, Some("pid:[2]"))];
+        merge(&mut [], &mut collected);
+        last.fill(&mut collected);
+        assert_eq!(
+            collected[0].pod.as_ref().map(|p| p.pod.as_str()),
+            Some("vllm-0")
+        );
+        assert_eq!(collected[0].host_pid, Some(5000));
+        assert_eq!(
+            collected[1].pod, None,
+            "another namespace's pid 1 is another process"
+        );
+        // Once its file is gone, it is forgotten.
+        last.fill(&mut []);
+        let mut back = vec![published(1, Some("pid:[1]"))];
+        last.fill(&mut back);
+        assert_eq!(back[0].pod, None);
     }
 
     #[test]

@@ -205,6 +205,20 @@ fn every_gpu_process_is_named_by_its_pod() {
             && summary.contains("holding 30.0 GiB"),
         "{summary}"
     );
+    // The old engine's file is still collected, and still that pod's, though NVML no longer
+    // lists the process that named it.
+    let snapshot = json(&agent, "/api/v1/snapshot");
+    let old_engine = snapshot["sidecar"]["processes"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["process"] == "vllm-engine"))
+        .expect("the old engine's file is still collected");
+    assert_eq!(old_engine["pod"]["pod"], "vllm-0", "{old_engine}");
+    assert!(
+        metrics(&agent)
+            .lines()
+            .any(|l| l.starts_with("gpumem_pool_reserved_bytes{") && l.contains("pod=\"vllm-0\"")),
+        "the old engine's pools lost their pod"
+    );
     // The exit's reason comes from the list once it names the new container: either way the
     // process is kept as exited, with its pod, on the page and in the API.
     let snapshot = json(&agent, "/api/v1/snapshot");

@@ -53,6 +53,8 @@ pub struct Sidecar {
     /// Names GPU processes' pods (the node agent); `None` without a pod source.
     attributor: Option<PodAttributor>,
     gpu_exited: GpuExitTracker,
+    /// Pods of published processes whose NVML process has gone (`merge::LastJoined`).
+    last_joined: super::merge::LastJoined,
     /// How long exited processes stay listed.
     retention: std::time::Duration,
     this_pod: Option<ThisPod>,
@@ -92,6 +94,7 @@ impl Sidecar {
                 Some(proc_root.clone()),
             ),
             proc_root,
+            last_joined: super::merge::LastJoined::default(),
             attributor: None,
             retention: super::exited::DEFAULT_RETENTION,
             this_pod: None,
@@ -243,12 +246,13 @@ impl SnapshotSource for Sidecar {
             for process in &mut processes {
                 bound_tags(process, settings.tags_listed);
             }
+            super::merge::merge(&mut gpu_processes, &mut processes);
+            self.last_joined.fill(&mut processes);
             if let Some(tracker) = &mut self.exited {
                 exited = tracker.update(&processes, timestamp_seconds);
             }
             collect = Some(collected.status);
         }
-        super::merge::merge(&mut gpu_processes, &mut processes);
         let exited_gpu =
             self.update_exited_gpu(reading.as_ref(), &gpu_processes, timestamp_seconds);
         let mut devices = devices;
