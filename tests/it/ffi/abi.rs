@@ -44,7 +44,7 @@ fn installed() -> &'static (Arc<SimBackend>, Mutex<()>) {
 }
 
 /// Takes a string the library returned, releasing it.
-fn take(text: *mut std::ffi::c_char) -> Option<String> {
+pub(super) fn take(text: *mut std::ffi::c_char) -> Option<String> {
     if text.is_null() {
         return None;
     }

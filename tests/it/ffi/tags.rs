@@ -107,27 +107,7 @@ fn host_of_300k_tags() {
 
 #[test]
 fn a_new_tag_per_request_costs_the_live_tags_only() {
-    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
-        .args(["ffi::tags::host_of_300k_tags", "--exact", "--ignored"])
-        .args(["--nocapture", "--test-threads", "1"])
-        .env(CHILD, "1")
-        .output()
-        .expect("the host runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    // The harness prints the host's line after "test ... ": find it anywhere in a line.
-    let figures = stdout
-        .lines()
-        .find_map(|line| line.find("tag host:").map(|at| &line[at..]));
-    eprintln!("{}", figures.unwrap_or("tag host: no figures"));
-    assert!(
-        figures.is_some(),
-        "the host did not run:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "the tag host failed:\n{stdout}\n{stderr}"
-    );
+    super::run_alone("ffi::tags::host_of_300k_tags", CHILD, "tag host:");
 }
 
 #[test]
