@@ -29,9 +29,9 @@ const MIB: isize = 1 << 20;
 
 /// What a child found, as its exit status (0: all as it should be).
 mod status {
-    pub const ALLOCATED: i32 = 2;
-    pub const NO_REASON: i32 = 3;
-    pub const TAG_REFUSED: i32 = 4;
+    pub(super) const ALLOCATED: i32 = 2;
+    pub(super) const NO_REASON: i32 = 3;
+    pub(super) const TAG_REFUSED: i32 = 4;
 }
 
 fn set_tag(name: &str) -> i32 {
