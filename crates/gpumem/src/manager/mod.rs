@@ -16,6 +16,7 @@ pub mod leaks;
 pub mod ooms;
 pub mod placement;
 pub mod pressure;
+mod streams;
 mod tag;
 mod upkeep;
 pub mod views;
@@ -32,6 +33,7 @@ pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
+pub use streams::MAX_STREAMS_WITH_OWN_POOLS;
 pub use tag::{clean_tag, held_tags, Tag, MAX_TAGS, MAX_TAG_CHARS, OTHER_TAG};
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
@@ -99,7 +101,13 @@ pub(crate) struct ManagedDevice {
     pub pool_cap: u64,
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
-    other_streams: RwLock<HashMap<StreamId, Arc<[Arc<Pool>]>>>,
+    /// Streams with pools of their own (`streams.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
+    other_streams: RwLock<HashMap<StreamId, Arc<streams::StreamPools>>>,
+    /// What the other streams share.
+    shared_streams: Box<[Arc<Pool>]>,
+    /// Pools of streams dropped from `other_streams` while a block was live in them: still
+    /// counted until their last block is freed.
+    retiring: Mutex<Vec<Arc<Pool>>>,
     /// Pools of CUDA graphs (`graphs.rs`).
     graph_pools: RwLock<HashMap<GraphPoolId, Arc<Pool>>>,
     pub direct: Arc<DirectPool>,
@@ -111,26 +119,26 @@ pub(crate) struct ManagedDevice {
 }
 
 impl ManagedDevice {
-    fn shards(&self, stream: StreamId, count: usize) -> Vec<Arc<Pool>> {
-        (0..count)
-            .map(|_| Arc::new(Pool::new(Arc::clone(&self.pages), stream, self.settings)))
-            .collect()
-    }
-
-    /// Every pool of the device, default stream first, graph pools last.
+    /// Every pool of the device: default stream first, then the other streams', the shared
+    /// ones, graph pools, and pools retiring with a block still live.
     pub(crate) fn pools(&self) -> Vec<Arc<Pool>> {
         let mut pools: Vec<Arc<Pool>> = self.default_stream.to_vec();
         let others = self.other_streams.read();
         let mut streams: Vec<_> = others.keys().copied().collect();
         streams.sort();
         for stream in streams {
-            pools.extend(others[&stream].iter().cloned());
+            pools.extend(others[&stream].pools.iter().cloned());
         }
         drop(others);
+        pools.extend(self.shared_streams.iter().cloned());
         let graphs = self.graph_pools.read();
         let mut ids: Vec<_> = graphs.keys().copied().collect();
         ids.sort();
         pools.extend(ids.iter().map(|id| Arc::clone(&graphs[id])));
+        drop(graphs);
+        let mut retiring = self.retiring.lock();
+        retiring.retain(|pool| !pool.is_wound_down());
+        pools.extend(retiring.iter().cloned());
         pools
     }
 
@@ -253,6 +261,8 @@ impl MemoryManager {
             settings: config.pool_settings(align_up(total, page_size)),
             default_stream: Box::new([]),
             other_streams: RwLock::new(HashMap::new()),
+            shared_streams: Box::new([]),
+            retiring: Mutex::new(Vec::new()),
             graph_pools: RwLock::new(HashMap::new()),
             direct,
             reserve,
@@ -263,6 +273,7 @@ impl MemoryManager {
         device.default_stream = device
             .shards(StreamId::DEFAULT, shard_count)
             .into_boxed_slice();
+        device.shared_streams = device.shared_shards(shard_count).into_boxed_slice();
         Ok(device)
     }
 
@@ -411,21 +422,6 @@ impl MemoryManager {
         Ok(buffer)
     }
 
-    fn pool_for(&self, managed: &ManagedDevice, stream: StreamId, thread_slot: usize) -> Arc<Pool> {
-        let shard = thread_slot & (self.shared.shard_count - 1);
-        if stream == StreamId::DEFAULT {
-            return handles::take(&managed.default_stream[shard]);
-        }
-        if let Some(pools) = managed.other_streams.read().get(&stream) {
-            return handles::take(&pools[shard]);
-        }
-        let mut streams = managed.other_streams.write();
-        let pools = streams
-            .entry(stream)
-            .or_insert_with(|| managed.shards(stream, self.shared.shard_count).into());
-        handles::take(&pools[shard])
-    }
-
     /// A pooled allocation. Inlined into `alloc` so the hit path returns its block through
     /// registers; everything after a first refusal lives in `alloc_pooled_retrying`.
     #[inline(always)]
@@ -457,7 +453,15 @@ impl MemoryManager {
                 Ok(placed)
             }
             Err(refusal) => {
-                self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal)
+                match self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal) {
+                    Ok(placed) => Ok(placed),
+                    // Upkeep dropped the stream's pools after this thread took one: not a
+                    // refusal, and the stream's pool now serves the request.
+                    Err(_) if pool.is_retired() => {
+                        return self.alloc_after_retirement(managed, pool.stream, size, align, live)
+                    }
+                    Err(error) => Err(self.explain_failure(managed, &live, kind, error)),
+                }
             }
         };
         match outcome {
@@ -472,9 +476,26 @@ impl MemoryManager {
         }
     }
 
+    /// The stream's own pools were retired (unused for `release_idle_after`) after this thread
+    /// took one: the stream's pool now serves the request (its own new ones, or a shared one).
+    #[cold]
+    #[inline(never)]
+    fn alloc_after_retirement(
+        &self,
+        managed: &ManagedDevice,
+        stream: StreamId,
+        size: u64,
+        align: u64,
+        live: LiveInfo,
+    ) -> Result<(u64, Backing), AllocError> {
+        let thread_slot = NEXT_ID.with(|next| ((next.get() >> 40).max(1) - 1) as usize);
+        let pool = self.pool_for(managed, stream, thread_slot);
+        self.alloc_pooled(managed, pool, size, align, live)
+    }
+
     /// What follows a pool's refusal: make room within the cache budget, or release cached
     /// memory and retry once when the driver or the pool cap said no. A success counts as a
-    /// miss taking the time from here to the end.
+    /// miss taking the time from here to the end; a failure is the caller's to explain.
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn alloc_pooled_retrying(
@@ -486,7 +507,7 @@ impl MemoryManager {
         align: u64,
         live: LiveInfo,
         refusal: ArenaError,
-    ) -> Result<Placed, AllocError> {
+    ) -> Result<Placed, ArenaError> {
         let started = Instant::now();
         let may_map = |bytes: u64| self.may_map(managed, bytes);
         let mut outcome = Err(refusal);
@@ -529,7 +550,7 @@ impl MemoryManager {
                 managed.pages.miss_ns.record(took);
             }
         }
-        outcome.map_err(|error| self.explain_failure(managed, &live, kind, error))
+        outcome
     }
 
     /// The limits on mapping `bytes` more: the pool cap, and at critical pressure the minimum

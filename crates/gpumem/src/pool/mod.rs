@@ -10,6 +10,7 @@ pub(crate) mod latency;
 mod lock;
 pub(crate) mod pages;
 pub(crate) mod reserve;
+mod shared;
 pub mod stats;
 pub(crate) mod tlsf;
 
@@ -178,6 +179,9 @@ pub struct PoolSettings {
 struct SlotState {
     arena: Option<Arena>,
     reserve: Option<Arc<PageReserve>>,
+    /// Blocks of a shared pool freed on a stream whose work may still use them (`shared.rs`);
+    /// always empty elsewhere.
+    waiting: Vec<shared::Waiting>,
 }
 
 /// What a release does about a pool whose stream still has work queued (the work may touch the
@@ -206,6 +210,7 @@ impl ArenaSlot {
             state: ArenaLock::new(SlotState {
                 arena: None,
                 reserve: Some(reserve),
+                waiting: Vec::new(),
             }),
             counters: PoolCounters::default(),
         }
@@ -213,6 +218,21 @@ impl ArenaSlot {
 }
 
 impl SlotState {
+    /// Returns a live block to the arena. Pages it leaves empty stay mapped (idle) for reuse.
+    #[inline(always)]
+    fn free_block(&mut self, counters: &PoolCounters, block: u32) {
+        let SlotState { arena, reserve, .. } = self;
+        if let Some(arena) = arena.as_mut() {
+            let (size, live) = arena.free(block);
+            counters.on_free(live.requested, size);
+            if let Some(reserve) = reserve.as_deref() {
+                reserve.held().on_free(live.requested, size);
+                arena.fence_idle_pages(reserve.backend());
+            }
+            counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+        }
+    }
+
     /// Gives the arena and the backend up (the pool is retired) unless a block is still live.
     fn wind_down_unless_live(&mut self, device: usize) {
         if self
@@ -318,7 +338,10 @@ impl Pool {
     ) -> Result<Placed, ArenaError> {
         let slot = self.slot(kind);
         let mut guard = slot.state.lock();
-        let SlotState { arena, reserve } = &mut *guard;
+        if !guard.waiting.is_empty() {
+            guard.settle(&slot.counters, self.device, shared::Settle::Poll);
+        }
+        let SlotState { arena, reserve, .. } = &mut *guard;
         let Some(reserve) = reserve.as_deref() else {
             return Err(ArenaError::Backend(BackendError::InvalidArgument {
                 call: "alloc",
@@ -388,17 +411,7 @@ impl Pool {
     pub fn free(&self, kind: PoolKind, block: u32) {
         let slot = self.slot(kind);
         let mut state = slot.state.lock();
-        let SlotState { arena, reserve } = &mut *state;
-        if let Some(arena) = arena.as_mut() {
-            let (size, live) = arena.free(block);
-            slot.counters.on_free(live.requested, size);
-            if let Some(reserve) = reserve.as_deref() {
-                reserve.held().on_free(live.requested, size);
-                arena.fence_idle_pages(reserve.backend());
-            }
-            slot.counters
-                .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
-        }
+        state.free_block(&slot.counters, block);
         if self.retired.load(Relaxed) {
             state.wind_down_unless_live(self.device);
         }
@@ -409,12 +422,23 @@ impl Pool {
     pub fn retire(&self) {
         self.retired.store(true, Relaxed);
         for slot in [&self.small, &self.large] {
-            slot.state.lock().wind_down_unless_live(self.device);
+            let mut state = slot.state.lock();
+            // No later call would look at what waits: wait for it now.
+            state.settle(&slot.counters, self.device, shared::Settle::Wait);
+            state.wind_down_unless_live(self.device);
         }
     }
 
     pub fn is_retired(&self) -> bool {
         self.retired.load(Relaxed)
+    }
+
+    /// Retired, and its memory and backend given up (no block was live, or the last is freed).
+    pub fn is_wound_down(&self) -> bool {
+        self.is_retired()
+            && [&self.small, &self.large]
+                .iter()
+                .all(|slot| slot.state.lock().reserve.is_none())
     }
 
     /// Bytes of live blocks in both arenas.
@@ -467,12 +491,17 @@ impl Pool {
     /// `keep_going(bytes_unmapped_so_far, idle_since)` says so. A pinned pool has none.
     pub fn release_idle(
         &self,
-        busy: BusyStreams,
+        mut busy: BusyStreams,
         mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> Result<u64, BackendError> {
+        if self.stream == StreamId::SHARED {
+            // Its idle pages are past all work already: nothing to wait for, and no stream to ask.
+            busy = BusyStreams::Wait;
+        }
         let mut total = 0;
         for slot in [&self.small, &self.large] {
             let mut guard = slot.state.lock();
+            guard.settle(&slot.counters, self.device, shared::Settle::PollAll);
             // Read under the slot's lock: a capture pins the pool before it takes this lock to
             // allocate, so a release running beside a new capture into a released pool cannot
             // unmap what that capture has just freed.
@@ -482,6 +511,7 @@ impl Pool {
             let SlotState {
                 arena: Some(arena),
                 reserve: Some(reserve),
+                ..
             } = &mut *guard
             else {
                 continue;
