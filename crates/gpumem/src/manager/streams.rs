@@ -9,10 +9,11 @@
 //! used for `release_idle_after` give their pages to the device's page reserve and are dropped
 //! at upkeep, which makes room for the next new stream.
 
+use super::buffer::Backing;
 use super::{handles, ManagedDevice, MemoryManager};
 use crate::backend::StreamId;
-use crate::error::BackendError;
-use crate::pool::{BusyStreams, Pool};
+use crate::error::{AllocError, BackendError};
+use crate::pool::{BusyStreams, LiveInfo, Pool};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,6 +130,22 @@ impl MemoryManager {
             ))
         });
         handles::take(&own.pools[shard])
+    }
+
+    /// The stream's own pools were retired (unused for `release_idle_after`) after this thread
+    /// took one: the stream's pool now serves the request (its own new ones, or a shared one).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_after_retirement(
+        &self,
+        managed: &ManagedDevice,
+        stream: StreamId,
+        size: u64,
+        align: u64,
+        live: LiveInfo,
+    ) -> Result<(u64, Backing), AllocError> {
+        let pool = self.pool_for(managed, stream, super::current_thread_slot());
+        self.alloc_pooled(managed, pool, size, align, live)
     }
 
     /// Streams of `device` with pools of their own now (at most
