@@ -6,13 +6,12 @@ use std::sync::atomic::Ordering::Relaxed;
 
 /// Device-wide totals of all pools of one device, with exact peaks: bytes held from the driver
 /// (mapped pages, pages kept in the [`PageReserve`](super::PageReserve), direct allocations),
-/// changed only when the driver creates or releases memory (the miss path); and, when the
-/// device has one shard, bytes of live blocks and requested by them, changed on every
-/// allocation and free. Summing the
-/// pools' own peaks instead overstates the device's peak whenever pools peak at different times
-/// (PyTorch's main and autograd threads, with a shard each, read 25 % high); with a shard per
-/// thread the shared line would cost every allocation (eight threads at once: ~1 µs a pool hit
-/// on an H100 host), so there the pools' sum stands, an upper bound.
+/// changed only when the driver creates or releases memory (the miss path); and, when the device
+/// has one shard, bytes of live blocks and requested by them, changed on every allocation and free.
+/// Summing the pools' own peaks instead overstates the device's peak whenever pools peak at
+/// different times (PyTorch's main and autograd threads, with a shard each, read 25 % high); with a
+/// shard per thread the shared line would cost every allocation (eight threads at once: ~1 µs a
+/// pool hit on an H100 host), so there the pools' sum stands, an upper bound.
 #[derive(Debug, Default)]
 pub struct DeviceReserve {
     pub reserved_bytes: AtomicU64,
