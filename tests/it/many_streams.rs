@@ -7,7 +7,7 @@
 use gpumem::backend::sim::{SimBackend, SimConfig};
 use gpumem::manager::MAX_STREAMS_WITH_OWN_POOLS;
 use gpumem::units::MIB;
-use gpumem::{AllocOptions, ManagerConfig, MemoryManager, StreamId};
+use gpumem::{AllocOptions, DeviceBuffer, ManagerConfig, MemoryManager, StreamId};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,14 @@ fn own_pools(m: &MemoryManager) -> usize {
 
 fn live(m: &MemoryManager) -> u64 {
     m.device_stats(0).expect("stats").counters.live_allocations
+}
+
+/// Takes every place for a stream's own pools, each stream holding a block: the streams after
+/// these share.
+fn take_every_place(m: &MemoryManager) -> Vec<DeviceBuffer> {
+    (0..MAX_STREAMS_WITH_OWN_POOLS as u64)
+        .map(|s| m.alloc(0, 4096, &on(s)).expect("a block"))
+        .collect()
 }
 
 /// Two rounds of upkeep: the first notes what each stream has done, the second finds the
@@ -123,10 +131,7 @@ fn a_stream_in_use_keeps_its_pools() {
 #[test]
 fn a_block_freed_on_a_sharing_stream_reaches_another_only_after_its_fence() {
     let (sim, m) = manager();
-    // Every place for a stream's own pools taken, each holding a block.
-    let _holders: Vec<_> = (0..MAX_STREAMS_WITH_OWN_POOLS as u64)
-        .map(|s| m.alloc(0, 4096, &on(s)).expect("a block"))
-        .collect();
+    let _holders = take_every_place(&m);
     let (a, b) = (on(1000), on(1001));
     let first = m.alloc(0, 4096, &a).expect("a block on a sharing stream");
     let freed = first.ptr();
@@ -150,9 +155,7 @@ fn a_block_freed_on_a_sharing_stream_reaches_another_only_after_its_fence() {
 #[test]
 fn a_block_freed_on_a_capturing_sharing_stream_waits_for_the_capture_to_end() {
     let (sim, m) = manager();
-    let _holders: Vec<_> = (0..MAX_STREAMS_WITH_OWN_POOLS as u64)
-        .map(|s| m.alloc(0, 4096, &on(s)).expect("a block"))
-        .collect();
+    let _holders = take_every_place(&m);
     let capturing = on(2000);
     let block = m.alloc(0, 4096, &capturing).expect("a block");
     let live_before = live(&m);

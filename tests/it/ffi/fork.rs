@@ -10,7 +10,6 @@
 
 use super::abi::take;
 use capi::*;
-use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use gpumem::manager::MemoryConfig;
 use gpumem::MemoryManager;
 use std::collections::VecDeque;
@@ -151,14 +150,7 @@ fn host_that_forks() {
     if std::env::var_os(HOST).is_none() {
         return;
     }
-    let spec = SimDeviceSpec {
-        total_bytes: 4 << 30,
-        ..SimDeviceSpec::default()
-    };
-    let backend = Arc::new(SimBackend::new(SimConfig {
-        devices: vec![spec],
-        ..SimConfig::default()
-    }));
+    let backend = super::one_device(4 << 30);
     // One pool per stream shared by all threads, as the C ABI opens its own manager.
     let config = MemoryConfig {
         shards: 1,

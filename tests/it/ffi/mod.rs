@@ -11,6 +11,21 @@ mod fork;
 mod python;
 mod tags;
 
+use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use std::sync::Arc;
+
+/// A simulated host of one device of `total_bytes`, for a manager installed behind the C ABI.
+fn one_device(total_bytes: u64) -> Arc<SimBackend> {
+    let spec = SimDeviceSpec {
+        total_bytes,
+        ..SimDeviceSpec::default()
+    };
+    Arc::new(SimBackend::new(SimConfig {
+        devices: vec![spec],
+        ..SimConfig::default()
+    }))
+}
+
 /// Runs `test`, an ignored test of this binary, in a process of its own with the variable
 /// `marker` set (the test does nothing without it), so that no other test's threads, locks or
 /// allocations are in its process. It must pass and print a line containing `figures`, which is

@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use capi::*;
-use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::backend::sim::{SimBackend, SimConfig};
 use gpumem::manager::{held_tags, MemoryConfig, MAX_TAGS, MAX_TAG_CHARS};
 use gpumem::{AllocOptions, MemoryManager, Tag};
 use std::collections::VecDeque;
@@ -54,14 +54,7 @@ fn host_of_300k_tags() {
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    let spec = SimDeviceSpec {
-        total_bytes: 8 << 30,
-        ..SimDeviceSpec::default()
-    };
-    let backend = Arc::new(SimBackend::new(SimConfig {
-        devices: vec![spec],
-        ..SimConfig::default()
-    }));
+    let backend = super::one_device(8 << 30);
     let manager = MemoryManager::new(backend, MemoryConfig::default()).expect("manager");
     capi::install(manager).expect("installed");
     let name = |i: usize| format!("request-{i:010}/decoder.layers.attention.output_proj");
