@@ -3,12 +3,12 @@
 //! thread held at that moment stays held there for good; the driver's context does not survive
 //! a fork either, so the parent's memory cannot be used or given back from the child.
 //!
-//! The rule: once the manager has been opened, a child takes none of the library's locks and
-//! never calls the driver. Its frees are ignored (the memory is the parent's), tags and
+//! The rule: once a process has called the library (its first call registers the handler
+//! below), a child of it takes none of the library's locks and never calls the driver. Its frees are ignored (the memory is the parent's), tags and
 //! `gpumem_empty_cache` do nothing, and every other call that needs the manager (allocations,
 //! statistics, snapshots, the exporter) fails at once with [`IN_FORKED_CHILD`] through
-//! `gpumem_last_error`. A process forked before the manager was first opened is not a child in
-//! this sense: it opens its own, as PyTorch lets a child use CUDA if its parent had not.
+//! `gpumem_last_error`. A process forked before its parent's first call is not a child in this
+//! sense: it opens a manager of its own, as PyTorch lets a child use CUDA if its parent had not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -24,7 +24,7 @@ static FORKED: AtomicBool = AtomicBool::new(false);
 /// A handler is registered.
 static WATCHING: AtomicBool = AtomicBool::new(false);
 
-/// Whether this process is a fork of one that had opened the manager.
+/// Whether this process is a fork of one that had called the library.
 #[inline]
 pub(super) fn in_forked_child() -> bool {
     FORKED.load(Ordering::Relaxed)
@@ -36,8 +36,8 @@ extern "C" fn mark_child() {
     FORKED.store(true, Ordering::Relaxed);
 }
 
-/// Makes sure a child of this process will know it is one. Called before the manager is first
-/// opened and before any lock of it is taken. Never blocks: threads arriving together may each
+/// Makes sure a child of this process will know it is one. Called first by every entry point
+/// (one load once done), before the manager is opened or any of its locks taken. Never blocks: threads arriving together may each
 /// register the handler (running it twice is harmless), but none goes on before one of them has
 /// registered it, so a fork while any thread is inside the library marks the child.
 #[inline]
