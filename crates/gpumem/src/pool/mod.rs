@@ -1,6 +1,7 @@
 //! Allocator pools, written once over [`DeviceBackend`](crate::backend::DeviceBackend): a [`Pool`] holds the arenas of one
-//! device, stream and shard (small requests and large ones apart, as their lifetimes differ),
-//! and [`DirectPool`] sends every request to the driver (the no-pool baseline).
+//! device, stream and shard (small requests and large ones apart, as their lifetimes differ;
+//! `shared.rs`: the pools that streams without pools of their own share), and [`DirectPool`]
+//! sends every request to the driver (the no-pool baseline).
 
 pub(crate) mod arena;
 mod atomic;
