@@ -78,6 +78,18 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def _after_fork_in_child() -> None:
+    # Only the forking thread lives on in a child; a lock another thread held at the fork would
+    # stay held for good. The library itself refuses to allocate in a child (its memory is the
+    # parent's): see docs/pytorch.md.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def lib() -> ctypes.CDLL:
     """The loaded library (loaded once per process)."""
     global _library

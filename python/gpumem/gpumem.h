@@ -2,7 +2,11 @@
  *
  * gpumem_alloc and gpumem_free have the signatures of PyTorch's CUDAPluggableAllocator. Calls
  * that fail return NULL or -1 and leave a message for gpumem_last_error(); none of them aborts
- * or throws. Strings returned by the library are released with gpumem_string_free(). */
+ * or throws. Strings returned by the library are released with gpumem_string_free().
+ *
+ * In a child forked after the parent's first call, no call blocks or touches the device: frees
+ * are ignored (the memory is the parent's), tags and gpumem_empty_cache do nothing, and every
+ * other call fails at once ("CUDA cannot be used in a forked child ..."). */
 #ifndef GPUMEM_H
 #define GPUMEM_H
 

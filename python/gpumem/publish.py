@@ -125,7 +125,8 @@ def start(
     Returns a function that stops publishing (and removes the file) at once."""
     directory = directory or default_dir()
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"gpumem-{os.getpid()}.json")
+    owner = os.getpid()
+    path = os.path.join(directory, f"gpumem-{owner}.json")
     lock, stop = threading.Lock(), threading.Event()
 
     def loop() -> None:
@@ -140,6 +141,10 @@ def start(
             stop.wait(interval)
 
     def remove() -> None:
+        if os.getpid() != owner:
+            # A forked child (a data-loader worker leaving through sys.exit runs the exit
+            # handlers): the file is the parent's, the lock may have been held at the fork.
+            return
         with lock:
             stop.set()
             with contextlib.suppress(OSError):

@@ -16,6 +16,7 @@ without PyTorch too (the C library is loaded through ctypes).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 import weakref
@@ -44,6 +45,16 @@ __all__ = [
 _state = threading.local()
 _use_lock = threading.Lock()
 _allocator: Any = None  # torch.cuda.memory.CUDAPluggableAllocator, once use() has run
+
+
+def _after_fork_in_child() -> None:
+    # A lock another thread held at the fork would stay held in the child for good.
+    global _use_lock
+    _use_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # What names a device: an index, a torch.device, "cuda:1", or None for the current one.
 Device = Union[int, str, Any, None]

@@ -15,6 +15,7 @@ mod ffi;
 mod graphs;
 mod guide_parity;
 mod manager_features;
+mod many_streams;
 mod page_reserve;
 mod reliability;
 mod sidecar;

@@ -50,7 +50,8 @@ pub(super) fn alloc(size: isize, device: i32, stream: u64) -> Result<u64, String
 }
 
 pub(super) fn free(ptr: u64, size: isize, device: i32, stream: u64) -> Result<(), String> {
-    if ptr == 0 {
+    if ptr == 0 || super::fork::in_forked_child() {
+        // A forked child's memory is its parent's, for the parent to free.
         return Ok(());
     }
     let runtime = runtime()?;
@@ -101,6 +102,10 @@ fn describe_mismatch(
 }
 
 pub(super) fn empty_cache() -> Result<i64, String> {
+    if super::fork::in_forked_child() {
+        // Nothing cached is this process's (PyTorch's own empty_cache does nothing there too).
+        return Ok(0);
+    }
     let runtime = runtime()?;
     let released = runtime.keeping_host_context(|| {
         // Memory whose other streams are done is free: it goes back with the rest.

@@ -12,6 +12,7 @@
 #![allow(unsafe_code)]
 
 mod calls;
+mod fork;
 mod graphs;
 mod live;
 mod runtime;
@@ -45,6 +46,7 @@ unsafe fn tag_argument(tag: *const c_char) -> Result<Option<gpumem::Tag>, String
 
 /// Runs one entry point: its error (or panic) is recorded and `failed` returned instead.
 fn guarded<T>(call: &'static str, failed: T, body: impl FnOnce() -> Result<T, String>) -> T {
+    fork::watch();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(value)) => value,
         Ok(Err(message)) => {
@@ -74,10 +76,17 @@ fn record_error(call: &str, message: &str) {
     static PRINTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let line = format!("{call}: {message}");
     let printed = PRINTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let print = |text: &str| {
+        if fork::in_forked_child() {
+            fork::print_unlocked(text);
+        } else {
+            eprintln!("{text}");
+        }
+    };
     if printed < PRINTED_ERRORS {
-        eprintln!("gpumem: {line}");
+        print(&format!("gpumem: {line}"));
     } else if printed == PRINTED_ERRORS {
-        eprintln!("gpumem: more errors follow; gpumem_last_error() has the latest");
+        print("gpumem: more errors follow; gpumem_last_error() has the latest");
     }
     LAST_ERROR.with(|last| *last.borrow_mut() = Some(line));
 }
@@ -177,6 +186,11 @@ pub extern "C" fn gpumem_record_stream(ptr: *mut c_void, stream: *mut c_void) ->
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_set_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_tag", -1, || {
+        if fork::in_forked_child() {
+            // Tags only name allocations, which a child cannot make; interning one would
+            // take a lock.
+            return Ok(0);
+        }
         // SAFETY: forwarded from this function's own contract.
         let tag = unsafe { tag_argument(tag) }?;
         tags::set_own(tag);
@@ -192,6 +206,11 @@ pub unsafe extern "C" fn gpumem_set_tag(tag: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_set_default_tag(tag: *const c_char) -> c_int {
     guarded("gpumem_set_default_tag", -1, || {
+        if fork::in_forked_child() {
+            // Tags only name allocations, which a child cannot make; interning one would
+            // take a lock.
+            return Ok(0);
+        }
         // SAFETY: forwarded from this function's own contract.
         let tag = unsafe { tag_argument(tag) }?;
         tags::set_default(tag);

@@ -29,6 +29,10 @@ pub(super) struct Runtime {
 /// The runtime, opened by the first call that needs it. A failure to open is kept and returned
 /// to every later call: the environment will not change its answer.
 pub(super) fn runtime() -> Result<&'static Runtime, String> {
+    if super::fork::in_forked_child() {
+        // Its locks may be held for good, and its driver context is the parent's.
+        return Err(super::fork::IN_FORKED_CHILD.to_string());
+    }
     RUNTIME
         .get_or_init(|| open().map_err(|why| format!("gpumem could not start: {why}")))
         .as_ref()
@@ -43,6 +47,7 @@ static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 /// restore the host's current context (the library knows the CUDA backend only when it opened
 /// it itself).
 pub fn install(manager: MemoryManager) -> Result<(), String> {
+    super::fork::watch();
     RUNTIME
         .set(Ok(Runtime::new(manager, None)))
         .map_err(|_| "the C ABI already has its memory manager".to_string())

@@ -24,6 +24,17 @@ struct ThreadOptions {
     options: AllocOptions,
 }
 
+impl Drop for ThreadOptions {
+    /// In a forked child the thread's tag is left as it is: its name may be the last use of a
+    /// table entry, whose release would take a lock a thread of the parent may have held at the
+    /// fork (a child that leaves through `exit` runs this).
+    fn drop(&mut self) {
+        if super::fork::in_forked_child() {
+            std::mem::forget(self.options.tag.take());
+        }
+    }
+}
+
 thread_local! {
     static THREAD: RefCell<ThreadOptions> = RefCell::new(ThreadOptions {
         own: false,

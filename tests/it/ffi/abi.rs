@@ -6,7 +6,7 @@
 #![allow(unsafe_code)]
 
 use capi::*;
-use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::backend::sim::{SimBackend, SimConfig};
 use gpumem::manager::MemoryConfig;
 use gpumem::{MemoryManager, StreamId};
 use serde_json::Value;
@@ -28,14 +28,7 @@ pub(super) fn abi() -> MutexGuard<'static, ()> {
 fn installed() -> &'static (Arc<SimBackend>, Mutex<()>) {
     static INSTALLED: OnceLock<(Arc<SimBackend>, Mutex<()>)> = OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let spec = SimDeviceSpec {
-            total_bytes: 4 * GIB,
-            ..SimDeviceSpec::default()
-        };
-        let backend = Arc::new(SimBackend::new(SimConfig {
-            devices: vec![spec],
-            ..SimConfig::default()
-        }));
+        let backend = super::one_device(4 * GIB);
         let manager = MemoryManager::new(Arc::clone(&backend) as _, MemoryConfig::default())
             .expect("manager");
         capi::install(manager).expect("the first install succeeds");
@@ -44,7 +37,7 @@ fn installed() -> &'static (Arc<SimBackend>, Mutex<()>) {
 }
 
 /// Takes a string the library returned, releasing it.
-fn take(text: *mut std::ffi::c_char) -> Option<String> {
+pub(super) fn take(text: *mut std::ffi::c_char) -> Option<String> {
     if text.is_null() {
         return None;
     }

@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use capi::*;
-use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::backend::sim::{SimBackend, SimConfig};
 use gpumem::manager::{held_tags, MemoryConfig, MAX_TAGS, MAX_TAG_CHARS};
 use gpumem::{AllocOptions, MemoryManager, Tag};
 use std::collections::VecDeque;
@@ -54,14 +54,7 @@ fn host_of_300k_tags() {
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    let spec = SimDeviceSpec {
-        total_bytes: 8 << 30,
-        ..SimDeviceSpec::default()
-    };
-    let backend = Arc::new(SimBackend::new(SimConfig {
-        devices: vec![spec],
-        ..SimConfig::default()
-    }));
+    let backend = super::one_device(8 << 30);
     let manager = MemoryManager::new(backend, MemoryConfig::default()).expect("manager");
     capi::install(manager).expect("installed");
     let name = |i: usize| format!("request-{i:010}/decoder.layers.attention.output_proj");
@@ -107,27 +100,7 @@ fn host_of_300k_tags() {
 
 #[test]
 fn a_new_tag_per_request_costs_the_live_tags_only() {
-    let output = std::process::Command::new(std::env::current_exe().expect("this test binary"))
-        .args(["ffi::tags::host_of_300k_tags", "--exact", "--ignored"])
-        .args(["--nocapture", "--test-threads", "1"])
-        .env(CHILD, "1")
-        .output()
-        .expect("the host runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    // The harness prints the host's line after "test ... ": find it anywhere in a line.
-    let figures = stdout
-        .lines()
-        .find_map(|line| line.find("tag host:").map(|at| &line[at..]));
-    eprintln!("{}", figures.unwrap_or("tag host: no figures"));
-    assert!(
-        figures.is_some(),
-        "the host did not run:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "the tag host failed:\n{stdout}\n{stderr}"
-    );
+    super::run_alone("ffi::tags::host_of_300k_tags", CHILD, "tag host:");
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Concurrency stress: many threads allocating and freeing on several devices, streams and
-//! shards while others trim, empty the cache, reset peaks, run upkeep and take snapshots — with
+//! Concurrency stress: many threads allocating and freeing on several devices, streams (more
+//! than may have pools of their own) and shards while others trim, empty the cache, reset peaks, run upkeep and take snapshots — with
 //! and without driver faults. During the run no two buffers handed out at once overlap, and
 //! every snapshot is self-consistent; at the end the full invariants of `alloc_model` hold and
 //! every byte goes back to the device.
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 const DEVICES: usize = 2;
 const ALLOCATING_THREADS: u64 = 6;
 const RUN_FOR: Duration = Duration::from_secs(3);
+/// Streams in use at once: more than may have pools of their own, so the rest share pools.
+const STREAMS_AT_ONCE: u64 = gpumem::manager::MAX_STREAMS_WITH_OWN_POOLS as u64 + 8;
 
 /// Every buffer handed out and not yet freed, by (device, start) -> end: a new one must not
 /// overlap any of them.
@@ -70,6 +72,15 @@ fn sim() -> Arc<SimBackend> {
     }))
 }
 
+/// A stream for the next allocation: one of the streams of the current phase, which moves on
+/// by a few streams every 2,000 allocation rounds of all threads (about 30 ms), so that streams
+/// go unused for a while, lose their pools to upkeep while a thread may be about to allocate
+/// from them, and come back.
+fn stream(rng: &mut Rng, rounds: u64) -> StreamId {
+    let phase = rounds / 2000;
+    StreamId((phase * 5 + rng.below(STREAMS_AT_ONCE)) % 64)
+}
+
 /// One allocating thread: random sizes, devices, streams, alignments and tags; holds up to 48
 /// buffers and frees them in random order. Returns what it still holds.
 fn allocate(
@@ -94,7 +105,7 @@ fn allocate(
             _ => 1 + rng.below(48 * MIB),
         };
         let options = AllocOptions::tagged(tags[rng.below(3) as usize].clone())
-            .on_stream(StreamId(rng.below(3)))
+            .on_stream(stream(&mut rng, done.load(Ordering::Relaxed)))
             .with_alignment(1 << (8 + rng.below(8)));
         let device = rng.below(DEVICES as u64) as usize;
         match manager.alloc(device, size, &options) {

@@ -53,6 +53,11 @@ impl StreamId {
     /// for the whole device. The pools of CUDA graphs use it, since a graph may be replayed on
     /// any stream. No driver hands out this handle (it is not an aligned pointer).
     pub const ANY: StreamId = StreamId(u64::MAX);
+    /// Not a stream: the pools that streams without pools of their own share. A block freed
+    /// there comes back only once its own stream is past it (a fence recorded at the free has
+    /// passed), so pages that go idle there wait for nothing. No driver is ever asked about it
+    /// (nor handed it: an allocation naming it is served as [`ANY`](Self::ANY)'s).
+    pub const SHARED: StreamId = StreamId(u64::MAX - 1);
 }
 
 /// A point in a stream's work (a CUDA event): passed once everything queued on the stream

@@ -168,7 +168,11 @@ impl DeviceBuffer {
     fn free_backing(&mut self) -> Result<(), BackendError> {
         match self.backing.take() {
             Some(Backing::Pooled { pool, block }) => {
-                pool.free(block.kind(), block.block());
+                if pool.stream == StreamId::SHARED {
+                    pool.free_fenced(block.kind(), block.block(), self.stream);
+                } else {
+                    pool.free(block.kind(), block.block());
+                }
                 super::handles::park(pool);
                 Ok(())
             }

@@ -16,6 +16,8 @@ pub mod leaks;
 pub mod ooms;
 pub mod placement;
 pub mod pressure;
+mod refusals;
+mod streams;
 mod tag;
 mod upkeep;
 pub mod views;
@@ -32,6 +34,7 @@ pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
+pub use streams::MAX_STREAMS_WITH_OWN_POOLS;
 pub use tag::{clean_tag, held_tags, Tag, MAX_TAGS, MAX_TAG_CHARS, OTHER_TAG};
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
@@ -39,8 +42,8 @@ pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, BusyStreams, ChunkSizes, DeviceReserve, DirectPool, LiveInfo, MapDecision,
-    PageReserve, Placed, Pool, PoolKind, PoolSettings, MIN_BLOCK,
+    ArenaError, ChunkSizes, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Pool,
+    PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::{align_up, Bytes};
 use buffer::{Backing, PooledBlock};
@@ -76,6 +79,11 @@ fn next_allocation_id() -> (usize, u64) {
     })
 }
 
+/// The calling thread's slot, once it has allocated (else 0).
+fn current_thread_slot() -> usize {
+    NEXT_ID.with(|next| ((next.get() >> 40).max(1) - 1) as usize)
+}
+
 /// Counters of one device kept outside the pools.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceEvents {
@@ -99,7 +107,13 @@ pub(crate) struct ManagedDevice {
     pub pool_cap: u64,
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
-    other_streams: RwLock<HashMap<StreamId, Arc<[Arc<Pool>]>>>,
+    /// Streams with pools of their own (`streams.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
+    other_streams: RwLock<HashMap<StreamId, Arc<streams::StreamPools>>>,
+    /// What the other streams share.
+    shared_streams: Box<[Arc<Pool>]>,
+    /// Pools of streams dropped from `other_streams` while a block was live in them: still
+    /// counted until their last block is freed.
+    retiring: Mutex<Vec<Arc<Pool>>>,
     /// Pools of CUDA graphs (`graphs.rs`).
     graph_pools: RwLock<HashMap<GraphPoolId, Arc<Pool>>>,
     pub direct: Arc<DirectPool>,
@@ -111,26 +125,26 @@ pub(crate) struct ManagedDevice {
 }
 
 impl ManagedDevice {
-    fn shards(&self, stream: StreamId, count: usize) -> Vec<Arc<Pool>> {
-        (0..count)
-            .map(|_| Arc::new(Pool::new(Arc::clone(&self.pages), stream, self.settings)))
-            .collect()
-    }
-
-    /// Every pool of the device, default stream first, graph pools last.
+    /// Every pool of the device: default stream first, then the other streams', the shared
+    /// ones, graph pools, and pools retiring with a block still live.
     pub(crate) fn pools(&self) -> Vec<Arc<Pool>> {
         let mut pools: Vec<Arc<Pool>> = self.default_stream.to_vec();
         let others = self.other_streams.read();
         let mut streams: Vec<_> = others.keys().copied().collect();
         streams.sort();
         for stream in streams {
-            pools.extend(others[&stream].iter().cloned());
+            pools.extend(others[&stream].pools.iter().cloned());
         }
         drop(others);
+        pools.extend(self.shared_streams.iter().cloned());
         let graphs = self.graph_pools.read();
         let mut ids: Vec<_> = graphs.keys().copied().collect();
         ids.sort();
         pools.extend(ids.iter().map(|id| Arc::clone(&graphs[id])));
+        drop(graphs);
+        let mut retiring = self.retiring.lock();
+        retiring.retain(|pool| !pool.is_wound_down());
+        pools.extend(retiring.iter().cloned());
         pools
     }
 
@@ -253,6 +267,8 @@ impl MemoryManager {
             settings: config.pool_settings(align_up(total, page_size)),
             default_stream: Box::new([]),
             other_streams: RwLock::new(HashMap::new()),
+            shared_streams: Box::new([]),
+            retiring: Mutex::new(Vec::new()),
             graph_pools: RwLock::new(HashMap::new()),
             direct,
             reserve,
@@ -263,6 +279,7 @@ impl MemoryManager {
         device.default_stream = device
             .shards(StreamId::DEFAULT, shard_count)
             .into_boxed_slice();
+        device.shared_streams = device.shared_shards(shard_count).into_boxed_slice();
         Ok(device)
     }
 
@@ -411,21 +428,6 @@ impl MemoryManager {
         Ok(buffer)
     }
 
-    fn pool_for(&self, managed: &ManagedDevice, stream: StreamId, thread_slot: usize) -> Arc<Pool> {
-        let shard = thread_slot & (self.shared.shard_count - 1);
-        if stream == StreamId::DEFAULT {
-            return handles::take(&managed.default_stream[shard]);
-        }
-        if let Some(pools) = managed.other_streams.read().get(&stream) {
-            return handles::take(&pools[shard]);
-        }
-        let mut streams = managed.other_streams.write();
-        let pools = streams
-            .entry(stream)
-            .or_insert_with(|| managed.shards(stream, self.shared.shard_count).into());
-        handles::take(&pools[shard])
-    }
-
     /// A pooled allocation. Inlined into `alloc` so the hit path returns its block through
     /// registers; everything after a first refusal lives in `alloc_pooled_retrying`.
     #[inline(always)]
@@ -457,7 +459,15 @@ impl MemoryManager {
                 Ok(placed)
             }
             Err(refusal) => {
-                self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal)
+                match self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal) {
+                    Ok(placed) => Ok(placed),
+                    // Upkeep dropped the stream's pools after this thread took one: not a
+                    // refusal, and the stream's pool now serves the request.
+                    Err(_) if pool.is_retired() => {
+                        return self.alloc_after_retirement(managed, pool.stream, size, align, live)
+                    }
+                    Err(error) => Err(self.explain_failure(managed, &live, kind, error)),
+                }
             }
         };
         match outcome {
@@ -470,87 +480,6 @@ impl MemoryManager {
             }
             Err(error) => Err(error),
         }
-    }
-
-    /// What follows a pool's refusal: make room within the cache budget, or release cached
-    /// memory and retry once when the driver or the pool cap said no. A success counts as a
-    /// miss taking the time from here to the end.
-    #[cold]
-    #[allow(clippy::too_many_arguments)]
-    fn alloc_pooled_retrying(
-        &self,
-        managed: &ManagedDevice,
-        pool: &Pool,
-        kind: PoolKind,
-        size: u64,
-        align: u64,
-        live: LiveInfo,
-        refusal: ArenaError,
-    ) -> Result<Placed, AllocError> {
-        let started = Instant::now();
-        let may_map = |bytes: u64| self.may_map(managed, bytes);
-        let mut outcome = Err(refusal);
-        if let Err(ArenaError::NeedsRoom(excess)) = outcome {
-            // The arena's own idle pages were not enough: other pools unmap their oldest into
-            // the reserve, where this mapping takes them, so mapping never lifts the device
-            // above its recent peak plus slack and creates no page. Busy streams are waited
-            // for: skipping them kept GPT-2 training 6 % higher in device memory for no
-            // step time that could be told from noise (docs/gpu-results.md).
-            self.release_cached_on(
-                managed,
-                cache::Unmapped::Kept,
-                BusyStreams::Wait,
-                |bytes, _| bytes < excess,
-            );
-            outcome = pool.alloc(kind, size, align, &live, may_map);
-        }
-        if let Err(
-            ArenaError::Backend(BackendError::OutOfMemory { .. })
-            | ArenaError::OverLimit
-            | ArenaError::BelowMinFree,
-        ) = outcome
-        {
-            // Cached pages of every pool on the device, and the pages kept in its reserve, may be
-            // what stands in the way. At critical pressure too: giving idle pages back raises free
-            // memory, which may be all the minimum-free rule wants (without this, retries stayed
-            // 0 while pages sat idle).
-            managed.events.retries.fetch_add(1, Relaxed);
-            self.release_cached_on(
-                managed,
-                cache::Unmapped::Released,
-                BusyStreams::Wait,
-                |_, _| true,
-            );
-            outcome = pool.alloc(kind, size, align, &live, may_map);
-        }
-        if let Ok(placed) = &outcome {
-            if placed.map_calls > 0 {
-                let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-                managed.pages.miss_ns.record(took);
-            }
-        }
-        outcome.map_err(|error| self.explain_failure(managed, &live, kind, error))
-    }
-
-    /// The limits on mapping `bytes` more: the pool cap, and at critical pressure the minimum
-    /// free memory. Asked only on a miss, before the driver is called.
-    fn may_map(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
-        // Pages kept in the reserve are held already: only the rest is new memory.
-        let creating = bytes.saturating_sub(managed.pages.spare_pages() * managed.page_size);
-        // A cap at the device's size is no cap: let the driver say it is full.
-        let capped = managed.pool_cap < managed.properties.total_memory_bytes;
-        if capped && managed.reserve.reserved_bytes.load(Relaxed) + creating > managed.pool_cap {
-            return MapDecision::OverLimit;
-        }
-        if creating > 0 && managed.pressure.level() == PressureLevel::Critical {
-            let min_free = self.shared.config.min_free_bytes;
-            if let Ok(info) = self.shared.backend.mem_info(managed.index) {
-                if info.free < creating.saturating_add(min_free) {
-                    return MapDecision::BelowMinFree;
-                }
-            }
-        }
-        MapDecision::Allow
     }
 
     fn alloc_direct(
@@ -566,75 +495,6 @@ impl MemoryManager {
                 Err(self.explain_failure(managed, &live, PoolKind::Direct, error))
             }
         }
-    }
-
-    /// The error a refused request gets; counts it and records it for the flight recorder.
-    #[cold]
-    fn explain_failure(
-        &self,
-        managed: &ManagedDevice,
-        live: &LiveInfo,
-        pool: PoolKind,
-        error: ArenaError,
-    ) -> AllocError {
-        let requested = live.requested;
-        let reserved = managed.reserve.reserved_bytes.load(Relaxed);
-        let info = || self.shared.backend.mem_info(managed.index).ok();
-        let error = match error {
-            ArenaError::Backend(BackendError::OutOfMemory { .. })
-            | ArenaError::AddressSpaceFull
-            // Only asked for with a budget check, and the retry runs without one.
-            | ArenaError::NeedsRoom(_) => {
-                let info = info();
-                AllocError::OutOfMemory {
-                    device: managed.index,
-                    requested,
-                    device_free: info.map_or(0, |i| i.free),
-                    device_total: info.map_or(managed.properties.total_memory_bytes, |i| i.total),
-                    reserved,
-                    in_use: managed.in_use_bytes(),
-                }
-            }
-            ArenaError::OverLimit => AllocError::PoolLimit {
-                device: managed.index,
-                requested,
-                reserved,
-                limit: managed.pool_cap,
-            },
-            ArenaError::BelowMinFree => AllocError::PressureCritical {
-                device: managed.index,
-                requested,
-                free: info().map_or(0, |i| i.free),
-                min_free: self.shared.config.min_free_bytes,
-            },
-            ArenaError::Backend(other) => return AllocError::Backend(other),
-        };
-        let seq = managed.events.ooms.fetch_add(1, Relaxed) + 1;
-        let kind = match &error {
-            AllocError::PoolLimit { .. } => "pool_limit",
-            AllocError::PressureCritical { .. } => "pressure_critical",
-            _ => "out_of_memory",
-        };
-        managed.events.recent_ooms.record(ooms::OomEvent {
-            seq,
-            timestamp_seconds: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
-            requested_bytes: requested,
-            tag: tag::name_of(live.tag).map(|name| name.to_string()),
-            pool: pool.name().to_string(),
-            kind: kind.to_string(),
-            message: error.to_string(),
-        });
-        error
-    }
-
-    /// The latest out-of-memory refusals on `device`, oldest first (at most
-    /// [`ooms::KEPT_PER_DEVICE`]).
-    pub fn recent_ooms(&self, device: usize) -> Vec<ooms::OomEvent> {
-        self.device(device)
-            .map(|d| d.events.recent_ooms.recent())
-            .unwrap_or_default()
     }
 
     /// Frees a buffer now (the same as dropping it, but reports a driver error).

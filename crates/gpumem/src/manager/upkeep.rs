@@ -1,6 +1,7 @@
 //! The manager's upkeep, run every `cleanup_interval` on its own thread (or, with the thread
 //! off, by whoever calls `maintain`): pressure levels and their callbacks, trimming under
-//! pressure, idle pages returned by age, and fragmentation warnings.
+//! pressure, the pools of streams gone unused and idle pages returned by age, and fragmentation
+//! warnings.
 
 use super::pressure::{PressureChange, PressureLevel};
 use super::views::fragmentation;
@@ -28,6 +29,8 @@ impl MemoryManager {
                 self.roll_peak_window();
             }
             drop(window);
+            // First, so that the pages of streams gone quiet go back with the rest.
+            self.retire_unused_streams(age);
             released += self.release_idle_older_than(age);
         }
         released += self.enforce_max_cached();

@@ -42,7 +42,7 @@ impl FenceTrail {
     /// Records a fence marking idle order `mark` on `stream`, unless one was recorded this
     /// clock tick or too many are outstanding (pages idle since then wait for a later one).
     /// A stream that cannot be fenced now (capturing a graph, or the whole device) gets none:
-    /// its pages are waited for the old way.
+    /// its pages are waited for the old way. The shared pools need none (see `wait_past`).
     pub(crate) fn record(
         &mut self,
         backend: &dyn DeviceBackend,
@@ -50,7 +50,7 @@ impl FenceTrail {
         stream: StreamId,
         mark: u64,
     ) {
-        if stream == StreamId::ANY {
+        if stream == StreamId::ANY || stream == StreamId::SHARED {
             self.unfenced = false;
             return;
         }
@@ -80,6 +80,8 @@ impl FenceTrail {
 
     /// Waits until the pages idle before order `newest + 1` are past the work that touched
     /// them: for the oldest fence recorded after they went idle, or, with none, for the stream.
+    /// Pages of the shared pools are past it when they go idle: a block comes back to them only
+    /// once the fence its stream recorded at the free has passed (`Pool::free_fenced`).
     pub(crate) fn wait_past(
         &mut self,
         backend: &dyn DeviceBackend,
@@ -87,6 +89,9 @@ impl FenceTrail {
         stream: StreamId,
         newest: u64,
     ) -> Result<(), BackendError> {
+        if stream == StreamId::SHARED {
+            return Ok(());
+        }
         if newest < self.cleared_below(backend, device) {
             return Ok(());
         }

@@ -1,19 +1,23 @@
 //! Allocator pools, written once over [`DeviceBackend`](crate::backend::DeviceBackend): a [`Pool`] holds the arenas of one
-//! device, stream and shard (small requests and large ones apart, as their lifetimes differ),
-//! and [`DirectPool`] sends every request to the driver (the no-pool baseline).
+//! device, stream and shard (small requests and large ones apart, as their lifetimes differ;
+//! `shared.rs`: the pools that streams without pools of their own share), and [`DirectPool`]
+//! sends every request to the driver (the no-pool baseline).
 
 pub(crate) mod arena;
 mod atomic;
+mod device_totals;
 pub(crate) mod direct;
 mod fences;
 pub(crate) mod latency;
 mod lock;
 pub(crate) mod pages;
 pub(crate) mod reserve;
+mod shared;
 pub mod stats;
 pub(crate) mod tlsf;
 
 pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
+pub use device_totals::DeviceReserve;
 pub use direct::DirectPool;
 pub use reserve::{ChunkSizes, PageReserve};
 pub use stats::{CounterValues, PoolCounters};
@@ -22,123 +26,10 @@ pub use tlsf::{LiveInfo, MIN_BLOCK};
 use crate::backend::{DevicePtr, StreamId};
 use crate::error::BackendError;
 use arena::{Arena, PageCounts};
-use atomic::AtomicU64;
 use lock::ArenaLock;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
-
-/// Device-wide totals of all pools of one device, with exact peaks: bytes held from the driver
-/// (mapped pages, pages kept in the [`PageReserve`], direct allocations), changed only when the
-/// driver creates or releases memory (the miss path); and, when the device has one shard, bytes
-/// of live blocks and requested by them, changed on every allocation and free. Summing the
-/// pools' own peaks instead overstates the device's peak whenever pools peak at different times
-/// (PyTorch's main and autograd threads, with a shard each, read 25 % high); with a shard per
-/// thread the shared line would cost every allocation (eight threads at once: ~1 µs a pool hit
-/// on an H100 host), so there the pools' sum stands, an upper bound.
-#[derive(Debug, Default)]
-pub struct DeviceReserve {
-    pub reserved_bytes: AtomicU64,
-    pub peak_reserved_bytes: AtomicU64,
-    /// Whether `in_use` and `requested` are kept (one shard per stream).
-    exact_usage: bool,
-    in_use: Gauge,
-    requested: Gauge,
-}
-
-/// A device-wide amount and its peak.
-#[derive(Debug, Default)]
-struct Gauge {
-    now: AtomicU64,
-    peak: AtomicU64,
-}
-
-impl Gauge {
-    #[inline]
-    fn add(&self, bytes: u64) {
-        let now = self.now.fetch_add(bytes, Relaxed) + bytes;
-        // A plain load first: the peak's line is written only when it moves.
-        if now > self.peak.load(Relaxed) {
-            self.peak.fetch_max(now, Relaxed);
-        }
-    }
-
-    #[inline]
-    fn sub(&self, bytes: u64) {
-        self.now.fetch_sub(bytes, Relaxed);
-    }
-
-    fn read(&self) -> (u64, u64) {
-        let now = self.now.load(Relaxed);
-        (now, self.peak.load(Relaxed).max(now))
-    }
-
-    fn reset_peak(&self) {
-        self.peak.store(self.now.load(Relaxed), Relaxed);
-    }
-}
-
-impl DeviceReserve {
-    /// Totals for a device whose pools are `shards` per stream.
-    pub fn new(shards: usize) -> Self {
-        DeviceReserve {
-            exact_usage: shards == 1,
-            ..Self::default()
-        }
-    }
-
-    pub fn grow(&self, bytes: u64) {
-        let now = self.reserved_bytes.fetch_add(bytes, Relaxed) + bytes;
-        self.peak_reserved_bytes.fetch_max(now, Relaxed);
-    }
-
-    pub fn shrink(&self, bytes: u64) {
-        self.reserved_bytes.fetch_sub(bytes, Relaxed);
-    }
-
-    /// A block of `size` bytes for a request of `requested` is live.
-    #[inline]
-    pub fn on_alloc(&self, requested: u64, size: u64) {
-        if self.exact_usage {
-            self.in_use.add(size);
-            self.requested.add(requested);
-        }
-    }
-
-    #[inline]
-    pub fn on_free(&self, requested: u64, size: u64) {
-        if self.exact_usage {
-            self.in_use.sub(size);
-            self.requested.sub(requested);
-        }
-    }
-
-    /// Bytes of live blocks on the device and their peak, and bytes requested by them and
-    /// their peak, where the device keeps them (one shard).
-    pub fn usage(&self) -> Option<((u64, u64), (u64, u64))> {
-        self.exact_usage
-            .then(|| (self.in_use.read(), self.requested.read()))
-    }
-
-    pub fn reset_peak(&self) {
-        self.peak_reserved_bytes
-            .store(self.reserved_bytes.load(Relaxed), Relaxed);
-        self.in_use.reset_peak();
-        self.requested.reset_peak();
-    }
-
-    /// The reserved bytes and their peak. Read while a pool grows (between its add and its
-    /// raise of the peak) or while the peak is reset (which may overwrite a concurrent raise),
-    /// the stored peak can be below the value: the peak returned never is (the loom model in
-    /// tests/it/reliability/model_check.rs checks every interleaving).
-    pub fn read(&self) -> (u64, u64) {
-        let reserved = self.reserved_bytes.load(Relaxed);
-        (
-            reserved,
-            self.peak_reserved_bytes.load(Relaxed).max(reserved),
-        )
-    }
-}
 
 /// Which pool a request is served from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -178,6 +69,9 @@ pub struct PoolSettings {
 struct SlotState {
     arena: Option<Arena>,
     reserve: Option<Arc<PageReserve>>,
+    /// Blocks of a shared pool freed on a stream whose work may still use them (`shared.rs`);
+    /// always empty elsewhere.
+    waiting: Vec<shared::Waiting>,
 }
 
 /// What a release does about a pool whose stream still has work queued (the work may touch the
@@ -206,6 +100,7 @@ impl ArenaSlot {
             state: ArenaLock::new(SlotState {
                 arena: None,
                 reserve: Some(reserve),
+                waiting: Vec::new(),
             }),
             counters: PoolCounters::default(),
         }
@@ -213,6 +108,21 @@ impl ArenaSlot {
 }
 
 impl SlotState {
+    /// Returns a live block to the arena. Pages it leaves empty stay mapped (idle) for reuse.
+    #[inline(always)]
+    fn free_block(&mut self, counters: &PoolCounters, block: u32) {
+        let SlotState { arena, reserve, .. } = self;
+        if let Some(arena) = arena.as_mut() {
+            let (size, live) = arena.free(block);
+            counters.on_free(live.requested, size);
+            if let Some(reserve) = reserve.as_deref() {
+                reserve.held().on_free(live.requested, size);
+                arena.fence_idle_pages(reserve.backend());
+            }
+            counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+        }
+    }
+
     /// Gives the arena and the backend up (the pool is retired) unless a block is still live.
     fn wind_down_unless_live(&mut self, device: usize) {
         if self
@@ -318,7 +228,10 @@ impl Pool {
     ) -> Result<Placed, ArenaError> {
         let slot = self.slot(kind);
         let mut guard = slot.state.lock();
-        let SlotState { arena, reserve } = &mut *guard;
+        if !guard.waiting.is_empty() {
+            guard.settle(&slot.counters, self.device, shared::Settle::Poll);
+        }
+        let SlotState { arena, reserve, .. } = &mut *guard;
         let Some(reserve) = reserve.as_deref() else {
             return Err(ArenaError::Backend(BackendError::InvalidArgument {
                 call: "alloc",
@@ -388,17 +301,7 @@ impl Pool {
     pub fn free(&self, kind: PoolKind, block: u32) {
         let slot = self.slot(kind);
         let mut state = slot.state.lock();
-        let SlotState { arena, reserve } = &mut *state;
-        if let Some(arena) = arena.as_mut() {
-            let (size, live) = arena.free(block);
-            slot.counters.on_free(live.requested, size);
-            if let Some(reserve) = reserve.as_deref() {
-                reserve.held().on_free(live.requested, size);
-                arena.fence_idle_pages(reserve.backend());
-            }
-            slot.counters
-                .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
-        }
+        state.free_block(&slot.counters, block);
         if self.retired.load(Relaxed) {
             state.wind_down_unless_live(self.device);
         }
@@ -409,12 +312,23 @@ impl Pool {
     pub fn retire(&self) {
         self.retired.store(true, Relaxed);
         for slot in [&self.small, &self.large] {
-            slot.state.lock().wind_down_unless_live(self.device);
+            let mut state = slot.state.lock();
+            // No later call would look at what waits: wait for it now.
+            state.settle(&slot.counters, self.device, shared::Settle::Wait);
+            state.wind_down_unless_live(self.device);
         }
     }
 
     pub fn is_retired(&self) -> bool {
         self.retired.load(Relaxed)
+    }
+
+    /// Retired, and its memory and backend given up (no block was live, or the last is freed).
+    pub fn is_wound_down(&self) -> bool {
+        self.is_retired()
+            && [&self.small, &self.large]
+                .iter()
+                .all(|slot| slot.state.lock().reserve.is_none())
     }
 
     /// Bytes of live blocks in both arenas.
@@ -467,12 +381,17 @@ impl Pool {
     /// `keep_going(bytes_unmapped_so_far, idle_since)` says so. A pinned pool has none.
     pub fn release_idle(
         &self,
-        busy: BusyStreams,
+        mut busy: BusyStreams,
         mut keep_going: impl FnMut(u64, u64) -> bool,
     ) -> Result<u64, BackendError> {
+        if self.stream == StreamId::SHARED {
+            // Its idle pages are past all work already: nothing to wait for, and no stream to ask.
+            busy = BusyStreams::Wait;
+        }
         let mut total = 0;
         for slot in [&self.small, &self.large] {
             let mut guard = slot.state.lock();
+            guard.settle(&slot.counters, self.device, shared::Settle::PollAll);
             // Read under the slot's lock: a capture pins the pool before it takes this lock to
             // allocate, so a release running beside a new capture into a released pool cannot
             // unmap what that capture has just freed.
@@ -482,6 +401,7 @@ impl Pool {
             let SlotState {
                 arena: Some(arena),
                 reserve: Some(reserve),
+                ..
             } = &mut *guard
             else {
                 continue;
