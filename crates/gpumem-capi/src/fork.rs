@@ -4,9 +4,10 @@
 //! a fork either, so the parent's memory cannot be used or given back from the child.
 //!
 //! The rule: once a process has called the library (its first call registers the handler
-//! below), a child of it takes none of the library's locks and never calls the driver. Its frees are ignored (the memory is the parent's), tags and
-//! `gpumem_empty_cache` do nothing, and every other call that needs the manager (allocations,
-//! statistics, snapshots, the exporter) fails at once with [`IN_FORKED_CHILD`] through
+//! below), a child of it takes none of the library's locks and never calls the driver. Its
+//! frees are ignored (the memory is the parent's), tags and `gpumem_empty_cache` do nothing,
+//! and every other call that needs the manager (allocations, statistics, snapshots, the
+//! exporter) fails at once with [`IN_FORKED_CHILD`] through
 //! `gpumem_last_error`. A process forked before its parent's first call is not a child in this
 //! sense: it opens a manager of its own, as PyTorch lets a child use CUDA if its parent had not.
 
@@ -37,9 +38,10 @@ extern "C" fn mark_child() {
 }
 
 /// Makes sure a child of this process will know it is one. Called first by every entry point
-/// (one load once done), before the manager is opened or any of its locks taken. Never blocks: threads arriving together may each
-/// register the handler (running it twice is harmless), but none goes on before one of them has
-/// registered it, so a fork while any thread is inside the library marks the child.
+/// (one load once done), before the manager is opened or any of its locks taken. Never
+/// blocks: threads arriving together may each register the handler (running it twice is
+/// harmless), but none goes on before one of them has registered it, so a fork while any
+/// thread is inside the library marks the child.
 #[inline]
 pub(super) fn watch() {
     if WATCHING.load(Ordering::Acquire) {
