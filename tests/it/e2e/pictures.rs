@@ -45,7 +45,8 @@ fn save(png: &[u8], relative: &str) {
     );
     let path = repo_file(relative);
     std::fs::create_dir_all(path.parent().expect("a directory")).expect("mkdir");
-    std::fs::write(&path, png).expect("write the picture");
+    // Replaced whole or not at all: a full disk leaves the committed picture as it was.
+    gpumem::safe_fs::write_atomically(&path, png, &Default::default()).expect("write the picture");
     eprintln!("{relative}: {} KiB", png.len() >> 10);
 }
 

@@ -33,6 +33,22 @@ fn text(output: &Output) -> String {
     )
 }
 
+/// Runs `command` and returns its output; fails the test with `failed` and what it printed
+/// when it cannot start or exits non-zero.
+fn run_ok(command: &mut Command, failed: &str) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("{failed}: {e}"));
+    assert!(output.status.success(), "{failed}:\n{}", text(&output));
+    output
+}
+
+/// A new virtual environment at `root`.
+fn create_venv(root: &Path) {
+    run_ok(
+        Command::new("python3").args(["-m", "venv"]).arg(root),
+        "python3 -m venv failed (install python3-venv)",
+    );
+}
+
 /// The target directory this test binary was built in: it is `<target>/<profile>/deps/it-*`.
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -84,16 +100,12 @@ fn wheel() -> Option<&'static Path> {
             if !tool_available("python3") || !tool_available("maturin") {
                 return None;
             }
-            let built = Command::new("bash")
-                .arg(Path::new(REPOSITORY).join("python/build-wheel"))
-                .arg(target_dir().join("python-wheel"))
-                .env("CARGO_TARGET_DIR", target_dir())
-                .output()
-                .expect("bash runs");
-            assert!(
-                built.status.success(),
-                "python/build-wheel failed:\n{}",
-                text(&built)
+            let built = run_ok(
+                Command::new("bash")
+                    .arg(Path::new(REPOSITORY).join("python/build-wheel"))
+                    .arg(target_dir().join("python-wheel"))
+                    .env("CARGO_TARGET_DIR", target_dir()),
+                "python/build-wheel failed",
             );
             let stdout = String::from_utf8_lossy(&built.stdout);
             let path = PathBuf::from(stdout.lines().last().expect("the wheel's path").trim());
@@ -115,16 +127,7 @@ impl Venv {
     fn with_wheel(wheel: &Path) -> Venv {
         let dir = tempfile::tempdir().expect("temporary directory");
         let root = dir.path().join("venv");
-        let created = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&root)
-            .output()
-            .expect("python3 runs");
-        assert!(
-            created.status.success(),
-            "python3 -m venv failed (install python3-venv): {}",
-            text(&created)
-        );
+        create_venv(&root);
         let bin = root.join("bin");
         let has_cargo = |dir: &Path| dir.join("cargo").exists() || dir.join("rustc").exists();
         assert!(!has_cargo(&bin), "the new environment has a cargo");
@@ -156,17 +159,11 @@ impl Venv {
             venv.path,
             text(&cargo)
         );
-        let installed = venv
-            .python()
-            .args(["-m", "pip", "install", "--quiet", "--no-index", "--no-deps"])
-            .arg(wheel)
-            .output()
-            .expect("pip runs");
-        assert!(
-            installed.status.success(),
-            "pip install {} failed:\n{}",
-            wheel.display(),
-            text(&installed)
+        run_ok(
+            venv.python()
+                .args(["-m", "pip", "install", "--quiet", "--no-index", "--no-deps"])
+                .arg(wheel),
+            &format!("pip install {} failed", wheel.display()),
         );
         venv
     }
@@ -393,27 +390,14 @@ fn pip_installs_the_package_from_the_repository_with_cargo() {
         return;
     }
     let venv = tempfile::tempdir().expect("temporary directory");
-    let created = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(venv.path())
-        .output()
-        .expect("python3 runs");
-    assert!(
-        created.status.success(),
-        "python3 -m venv failed (install python3-venv): {}",
-        text(&created)
-    );
+    create_venv(venv.path());
     let python = venv.path().join("bin/python");
-    let installed = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "./python"])
-        .current_dir(REPOSITORY)
-        .env("CARGO_TARGET_DIR", target_dir())
-        .output()
-        .expect("pip runs");
-    assert!(
-        installed.status.success(),
-        "pip install ./python failed:\n{}",
-        text(&installed)
+    run_ok(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "./python"])
+            .current_dir(REPOSITORY)
+            .env("CARGO_TARGET_DIR", target_dir()),
+        "pip install ./python failed",
     );
     let fake_torch = Path::new(REPOSITORY).join("python/tests/fake_torch");
     let check = "import gpumem, os, torch.cuda.memory as m\n\

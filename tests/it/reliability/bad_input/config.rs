@@ -2,7 +2,7 @@
 //! range, binary garbage, missing, a directory) through `--config` and `GPUMEM_CONFIG`, and
 //! `GPUMEM_<KEY>` variables, for the commands that run a manager (replay, demo).
 
-use super::{case, run_table, Files};
+use super::{case, run_table, Files, DEMO};
 
 #[test]
 fn bad_config_files_and_variables_exit_2_naming_the_key() {
@@ -158,6 +158,7 @@ fn bad_config_files_and_variables_exit_2_naming_the_key() {
     }
     let missing = files.path("missing.toml").display().to_string();
     let directory = files.dir.path().display().to_string();
+    let demo = DEMO.args();
     for (name, path, needle) in [
         ("missing config file", missing.as_str(), "missing.toml"),
         (
@@ -166,18 +167,7 @@ fn bad_config_files_and_variables_exit_2_naming_the_key() {
             "cannot read the config file",
         ),
     ] {
-        for command in [
-            &["replay", "--backend", "sim", "--json", &trace][..],
-            &[
-                "demo",
-                "--backend",
-                "sim",
-                "--duration",
-                "3s",
-                "--listen",
-                "127.0.0.1:0",
-            ],
-        ] {
+        for command in [&["replay", "--backend", "sim", "--json", &trace][..], &demo] {
             let mut args = command.to_vec();
             args.extend(["--config", path]);
             cases.push(case(&format!("{} {name}", command[0]), &args, 2, needle));
@@ -220,39 +210,9 @@ fn bad_config_files_and_variables_exit_2_naming_the_key() {
         );
     }
     // The demo runs a manager too: its configuration is checked the same way.
+    cases.push(case("demo GPUMEM_LEAK_AGE=0s", &demo, 2, "leak_age").env("GPUMEM_LEAK_AGE", "0s"));
     cases.push(
-        case(
-            "demo GPUMEM_LEAK_AGE=0s",
-            &[
-                "demo",
-                "--backend",
-                "sim",
-                "--duration",
-                "3s",
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            2,
-            "leak_age",
-        )
-        .env("GPUMEM_LEAK_AGE", "0s"),
-    );
-    cases.push(
-        case(
-            "demo GPUMEM_SHARDS=abc",
-            &[
-                "demo",
-                "--backend",
-                "sim",
-                "--duration",
-                "3s",
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            2,
-            "GPUMEM_SHARDS",
-        )
-        .env("GPUMEM_SHARDS", "abc"),
+        case("demo GPUMEM_SHARDS=abc", &demo, 2, "GPUMEM_SHARDS").env("GPUMEM_SHARDS", "abc"),
     );
     run_table(cases);
 }

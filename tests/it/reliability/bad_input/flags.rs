@@ -220,15 +220,7 @@ fn values_that_used_to_slip_through_are_refused() {
         2,
         &mut cases,
     );
-    let demo = [
-        "demo",
-        "--backend",
-        "sim",
-        "--duration",
-        "3s",
-        "--listen",
-        "127.0.0.1:0",
-    ];
+    let demo = DEMO.args();
     let with = |extra: &[&'static str]| {
         let mut args = demo.to_vec();
         args.extend_from_slice(extra);

@@ -57,6 +57,15 @@ pub(super) struct Base {
     pub(super) flags: &'static [(&'static str, &'static str)],
 }
 
+impl Base {
+    /// The command and its flags, as a command line.
+    pub(super) fn args(&self) -> Vec<&'static str> {
+        let mut args = vec![self.command];
+        args.extend(self.flags.iter().flat_map(|&(flag, value)| [flag, value]));
+        args
+    }
+}
+
 pub(super) const DEVICES: Base = Base {
     command: "devices",
     flags: &[("--backend", "sim")],
