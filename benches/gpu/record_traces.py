@@ -387,13 +387,90 @@ def encoder_packed():
             model(input_ids=ids, position_ids=positions, attention_mask=mask)
 
 
+def resnet_train():
+    """A ResNet-50 trained with SGD, momentum and fp16 autocast with a loss scaler, at a batch
+    size drawn per step: a CNN's training step (weights, gradients, momentum and every
+    activation kept for the backward pass), where the corpus's CNNs only serve."""
+    import torchvision
+    model = torchvision.models.resnet50(num_classes=1000).to(DEV).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for _ in range(20):
+        batch = random.choice([24, 32, 48, 64, 96, 128])
+        images = torch.randn(batch, 3, 224, 224, device=DEV).to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device=DEV)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def convnext_multires():
+    """A ConvNeXt-Tiny served in fp16 at pairs of batch and image side drawn per request (160 to
+    512 px): every activation's size moves with the square of the side."""
+    import timm
+    model = timm.create_model("convnext_tiny", pretrained=False).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(60):
+            batch, side = random.choice([(64, 160), (32, 224), (16, 288), (8, 384), (4, 448), (2, 512), (48, 192)])
+            model(torch.randn(batch, 3, side, side, device=DEV, dtype=torch.half))
+
+
+def llama_train_ckpt():
+    """A small Llama trained with activation checkpointing (each layer's activations recomputed in
+    the backward pass), AdamW and bf16 autocast, at a batch and sequence length drawn per step:
+    short-lived recomputed activations instead of a whole forward pass held."""
+    model = llama(hidden=768, layers=8, heads=12, kv_heads=4).float().train()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(16):
+        batch, length = random.choice([(8, 512), (4, 1024), (16, 256), (2, 2048), (12, 384)])
+        ids = torch.randint(0, 32000, (batch, length), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def bert_mlm_dynpad():
+    """BERT-base pre-trained with masked-language modelling, AdamW and fp16 autocast with a loss
+    scaler, each batch padded to its own longest sequence (dynamic padding): training whose
+    shapes change with every batch."""
+    from transformers import BertConfig, BertForMaskedLM
+    config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
+    model = BertForMaskedLM(config).to(DEV).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for _ in range(24):
+        batch = random.choice([16, 24, 32, 48])
+        lengths = [min(512, 16 + int(random.expovariate(1 / 120))) for _ in range(batch)]
+        longest = max(lengths)
+        ids = torch.randint(1000, 30000, (batch, longest), device=DEV)
+        mask = torch.zeros(batch, longest, dtype=torch.long, device=DEV)
+        for row, n in enumerate(lengths):
+            mask[row, :n] = 1
+        labels = ids.masked_fill((torch.rand(batch, longest, device=DEV) > 0.15) | (mask == 0), -100)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
                  encoder_varlen=encoder_varlen, vit_train=vit_train, t5_generate=t5_generate,
                  moe_generate=moe_generate, longctx_generate=longctx_generate,
                  gpt2_train_cycled=gpt2_train_cycled, cnn_serve_cycled=cnn_serve_cycled,
                  gpt2_train_large=gpt2_train_large, cnn_serve_large=cnn_serve_large,
                  detect_multiscale=detect_multiscale, segment_multiscale=segment_multiscale,
-                 unet_diffusion=unet_diffusion, moe_train=moe_train, encoder_packed=encoder_packed)
+                 unet_diffusion=unet_diffusion, moe_train=moe_train, encoder_packed=encoder_packed,
+                 resnet_train=resnet_train, convnext_multires=convnext_multires,
+                 llama_train_ckpt=llama_train_ckpt, bert_mlm_dynpad=bert_mlm_dynpad)
 
 names = sys.argv[1:] or list(WORKLOADS)
 unknown = [name for name in names if name not in WORKLOADS]

@@ -25,6 +25,12 @@ pub struct MissRecord {
     /// After it: bytes in live blocks, and bytes held from the driver.
     pub in_use_bytes: u64,
     pub reserved_bytes: u64,
+    /// What the reserved bytes beyond those in use are, after it: pages mapped with no live
+    /// block on them (the cache, and pages a live block's chunk keeps mapped), and pages
+    /// unmapped but kept for the next miss. The rest is pages only partly covered by live
+    /// blocks.
+    pub idle_mapped_bytes: u64,
+    pub kept_bytes: u64,
 }
 
 /// [`super::replay`], also appending a [`MissRecord`] to `log` for each miss. Reads the
@@ -63,6 +69,17 @@ impl LoggingMisses<'_, '_> {
     fn stats(&self) -> Option<DeviceStats> {
         self.inner.manager.device_stats(self.inner.device).ok()
     }
+
+    fn idle_mapped_bytes(&self) -> u64 {
+        let manager = self.inner.manager;
+        let page_size = manager
+            .backend()
+            .granularity(self.inner.device)
+            .unwrap_or(0);
+        let views = manager.pool_views();
+        let on_device = views.iter().filter(|v| v.device == self.inner.device);
+        on_device.map(|v| v.idle_pages).sum::<u64>() * page_size
+    }
 }
 
 impl Replayed for LoggingMisses<'_, '_> {
@@ -84,6 +101,8 @@ impl Replayed for LoggingMisses<'_, '_> {
                     chunks_unmapped: after.counters.driver_frees - before.counters.driver_frees,
                     in_use_bytes: after.counters.in_use_bytes,
                     reserved_bytes: after.counters.reserved_bytes,
+                    idle_mapped_bytes: self.idle_mapped_bytes(),
+                    kept_bytes: after.page_reserve_bytes,
                 });
             }
         }
