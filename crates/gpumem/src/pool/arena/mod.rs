@@ -213,7 +213,7 @@ impl Arena {
                     // block is about to reuse: unmapped into the reserve, they are what the
                     // mapping below takes, so no page is created. The rest must come from
                     // other pools.
-                    let spare = |page: u32| (first..=last).contains(&page);
+                    let spare = |chunk: PageRun| chunk.overlaps(first, last);
                     let released = self.release_idle_sparing(reserve, excess, spare);
                     self.released_while_allocating = released.unwrap_or_else(|e| e.released);
                     if self.released_while_allocating.bytes >= excess {
@@ -348,7 +348,7 @@ impl Arena {
         &mut self,
         reserve: &PageReserve,
         bytes: u64,
-        spare: impl Fn(u32) -> bool,
+        spare: impl Fn(PageRun) -> bool,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
         self.release_pages(reserve, |taken, _| taken < pages, spare, BusyStreams::Wait)
@@ -371,7 +371,7 @@ impl Arena {
         &mut self,
         reserve: &PageReserve,
         keep_going: impl FnMut(usize, u64) -> bool,
-        spare: impl Fn(u32) -> bool,
+        spare: impl Fn(PageRun) -> bool,
         busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
         let backend = reserve.backend();
@@ -449,22 +449,12 @@ impl Arena {
         let mut largest = 0;
         for block in self.tlsf.blocks().filter(|b| b.state == BlockState::Free) {
             let end = block.offset + block.size;
-            let mut start = block.offset;
-            while start < end {
-                let page = (start >> self.page_shift) as u32;
-                let page_end = ((page as u64 + 1) << self.page_shift).min(end);
-                if self.pages.is_mapped(page) {
-                    let run_start = start;
-                    let mut run_end = page_end;
-                    while run_end < end && self.pages.is_mapped((run_end >> self.page_shift) as u32)
-                    {
-                        run_end = (run_end + self.page_size).min(end);
-                    }
-                    largest = largest.max(run_end - run_start);
-                    start = run_end;
-                } else {
-                    start = page_end;
-                }
+            let (first, last) = self.page_span(block.offset, block.size);
+            // Mapped runs are maximal, so each is one stretch of cached bytes, cut to the block.
+            for run in self.pages.mapped_runs(first, last) {
+                let run_start = ((run.first as u64) << self.page_shift).max(block.offset);
+                let run_end = ((run.end() as u64) << self.page_shift).min(end);
+                largest = largest.max(run_end - run_start);
             }
         }
         largest
