@@ -1,0 +1,131 @@
+//! `gpumem replay --sweep`: every cache setting replayed, and compared with the driver's own
+//! pool where there is one (on a GPU).
+
+use super::{gpumem, stderr, tempdir, write_trace};
+
+#[test]
+fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
+    let dir = tempdir();
+    let trace = steps_trace(&dir);
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--sweep",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 30, "3 chunk sizes x 5 x 2 cache settings");
+    assert!(rows
+        .iter()
+        .all(|r| r["trace"] == "steps" && r["misses"].as_u64() > Some(0)));
+    let settings: std::collections::HashSet<_> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["idle_pages_kept"].as_u64(),
+                r["idle_per_mille"].as_u64(),
+                r["max_chunk_bytes"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(settings.len(), 30);
+    // Repeated, the rounds alternate the settings and the table says it shows medians; the
+    // simulated device has no driver pool, and the table says so instead of naming a winner.
+    let table = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--sweep",
+        "--repeat",
+        "2",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.contains("RES/PEAK") && text.contains("(default)"),
+        "{text}"
+    );
+    assert!(text.contains("medians of 2 alternated replays"), "{text}");
+    assert!(
+        text.contains("has no driver pool to compare with"),
+        "{text}"
+    );
+
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "sim",
+        "--strategy",
+        "driver-pool",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("needs the CUDA backend"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// On a GPU: a sweep replays the driver's own pool beside every setting and ends each trace
+/// with its figures and a verdict (a setting that beats it on both axes, or the closest).
+#[test]
+fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
+    if crate::support::cuda_backend().is_none() {
+        return;
+    }
+    let dir = tempdir();
+    let trace = steps_trace(&dir);
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "cuda",
+        "--sweep",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("driver pool (cuMemAllocAsync): "), "{text}");
+    assert!(
+        text.contains("beats the driver pool on both: GPUMEM_MAX_CHUNK_BYTES=")
+            || text.contains("no setting beats the driver pool on both")
+            || text.contains("no setting holds as little memory"),
+        "{text}"
+    );
+    let json = gpumem(&[
+        "replay",
+        "--backend",
+        "cuda",
+        "--sweep",
+        "--json",
+        trace.to_str().unwrap(),
+    ]);
+    let strategies: Vec<String> = String::from_utf8_lossy(&json.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["strategy"].to_string())
+        .collect();
+    assert_eq!(strategies.len(), 31, "30 settings and the driver pool");
+    assert!(
+        strategies.iter().any(|s| s.contains("driver")),
+        "{strategies:?}"
+    );
+}
+
+/// A three-allocation trace named "steps" whose every allocation misses on a fresh pool: what
+/// the sweep tests replay under each setting.
+fn steps_trace(dir: &std::path::Path) -> std::path::PathBuf {
+    write_trace(
+        dir,
+        "steps.trace",
+        "# {\"name\": \"steps\"}\na 1 5000000 0\nf 1\na 2 9000000 0\na 3 700 0\nf 2\nf 3\n",
+    )
+}
