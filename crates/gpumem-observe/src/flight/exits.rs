@@ -4,7 +4,8 @@
 //! crashing is recorded at most once per `min_gap`, as every other trigger.
 
 use super::record::{device_history, FlightRecord, RecordDevice, RecordProcess, Trigger};
-use super::{blank, holders, record_device, Due, FlightRecorder};
+use super::sidecar::{holders, record_device};
+use super::{blank, Due, FlightRecorder};
 use crate::history::HistoryPoint;
 use gpumem::snapshot::{ExitedGpuProcess, SidecarSnapshot, Snapshot};
 use std::time::Instant;

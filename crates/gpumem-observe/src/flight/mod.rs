@@ -1,31 +1,30 @@
 //! The OOM flight recorder. After every sample it looks for what needs explaining later — new
 //! out-of-memory refusals, a device rising to critical pressure, (in the sidecar) a collected
 //! process whose OOM count went up, and (the node agent) a GPU process that vanished holding
-//! memory (`exits`) — and for each writes one self-contained JSON record
-//! ([`record`]) into a bounded directory ([`store`]), logs one line naming the file, and keeps
-//! the latest records in memory for `/api/v1/oom` and the status page.
+//! memory — and for each writes one self-contained JSON record ([`record`]) into a bounded
+//! directory ([`store`]), logs one line naming the file, and keeps the latest records in memory
+//! for `/api/v1/oom` and the status page. What it watches inside an engine process is in
+//! `in_process`, in the sidecar in `sidecar`, vanished GPU processes in `exits`.
 //!
 //! Driven by the sampler on its blocking thread, never by the allocator: an OOM costs the
 //! allocator one entry in its small refusal log, nothing more. Records of one device are at
 //! least `min_gap` apart; refusals in between are counted in the next record.
 
 mod exits;
+mod in_process;
 pub mod record;
+mod sidecar;
 pub mod store;
 mod summary;
 
 pub use record::{FlightRecord, Trigger};
 
-use crate::history::{History, HistoryPoint};
+use crate::history::History;
 use crate::nvml::NvmlReader;
 use gpumem::manager::pressure::PressureLevel;
-use gpumem::snapshot::published::{published_pool, tag_groups};
-use gpumem::snapshot::{
-    CollectedProcess, DeviceSnapshot, ProcessDevice, SidecarSnapshot, Snapshot,
-};
-use gpumem::units::Bytes;
+use gpumem::snapshot::Snapshot;
 use parking_lot::RwLock;
-use record::{device_history, OtherProcess, RecordDevice, RecordProcess};
+use record::{RecordDevice, RecordProcess};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -220,128 +219,6 @@ impl FlightRecorder {
         })
     }
 
-    fn observe_own(&mut self, device: &DeviceSnapshot, points: &[HistoryPoint], now: f64) {
-        let level = device.pressure.map(|p| p.level);
-        let key = format!("gpu{}", device.index);
-        let Some(due) = self.due(key, device.stats.ooms, level, true) else {
-            return;
-        };
-        let (other_processes, note) = self.nvml_processes(device);
-        let recent: Vec<_> = device
-            .recent_ooms
-            .iter()
-            .filter(|e| e.seq > due.previous_ooms)
-            .cloned()
-            .collect();
-        let stats = &device.stats;
-        let record = FlightRecord {
-            format: record::FORMAT.to_string(),
-            version: record::VERSION,
-            trigger: due.trigger,
-            timestamp_seconds: now,
-            file: None,
-            summary: String::new(),
-            process: Some(self.this_process.clone()),
-            device: RecordDevice {
-                gpu: device.index,
-                uuid: device.uuid.clone(),
-                name: device.name.clone(),
-                memory: device.memory,
-                pressure: device.pressure,
-                reserved_bytes: Some(stats.pools.reserved_bytes),
-                in_use_bytes: Some(stats.pools.in_use_bytes),
-            },
-            request: recent.last().cloned(),
-            ooms_since_previous: due.new_ooms,
-            recent_ooms: recent,
-            ooms_total: Some(stats.ooms),
-            oom_retries_total: Some(stats.oom_retries),
-            pools: device.pools.iter().map(published_pool).collect(),
-            top_tags: device.by_tag.clone(),
-            history: device_history(points, device.index, 0.0),
-            other_processes,
-            other_processes_note: note,
-            held_bytes: None,
-            exit_reason: None,
-            recorded_in: None,
-        };
-        self.finish(record);
-    }
-
-    fn observe_sidecar_device(
-        &mut self,
-        device: &DeviceSnapshot,
-        sidecar: &SidecarSnapshot,
-        points: &[HistoryPoint],
-        snapshot: &Snapshot,
-    ) {
-        let level = device.pressure.map(|p| p.level);
-        let key = format!("device {}", device.uuid);
-        let Some(due) = self.due(key, 0, level, false) else {
-            return;
-        };
-        let (other_processes, note) = holders(device, sidecar, None);
-        let record = FlightRecord {
-            process: None,
-            device: record_device(device, None),
-            history: device_history(points, device.index, 0.0),
-            other_processes,
-            other_processes_note: note,
-            ..blank(due, snapshot.timestamp_seconds)
-        };
-        self.finish(record);
-    }
-
-    fn observe_collected(
-        &mut self,
-        process: &CollectedProcess,
-        published: &ProcessDevice,
-        sidecar: &SidecarSnapshot,
-        points: &[HistoryPoint],
-        snapshot: &Snapshot,
-    ) {
-        let Some(ooms) = published.ooms_total else {
-            return;
-        };
-        let key = format!("{} {} gpu{}", process.process, process.pid, published.gpu);
-        let Some(due) = self.due(key, ooms, None, false) else {
-            return;
-        };
-        // The sidecar's own view of the device: join on the UUID, else on the index.
-        let device = snapshot.devices.iter().find(|d| published.is(d));
-        let (other_processes, note, mut record_dev, history) = match device {
-            Some(d) => {
-                let (others, note) = holders(d, sidecar, Some(process.pid));
-                let history = device_history(points, d.index, 0.0);
-                (others, note, record_device(d, Some(published)), history)
-            }
-            None => (
-                Vec::new(),
-                Some("the sidecar has no reading of this device".to_string()),
-                RecordDevice::default(),
-                Vec::new(),
-            ),
-        };
-        record_dev.gpu = published.gpu as usize;
-        let record = FlightRecord {
-            process: Some(RecordProcess {
-                pid: process.pid,
-                process: process.process.clone(),
-                pod: process.pod.clone().or_else(|| publisher_pod(sidecar)),
-            }),
-            device: record_dev,
-            ooms_total: Some(ooms),
-            oom_retries_total: published.oom_retries_total,
-            pools: published.pools.clone(),
-            top_tags: tag_groups(&published.tags),
-            history,
-            other_processes,
-            other_processes_note: note,
-            ..blank(due, snapshot.timestamp_seconds)
-        };
-        self.finish(record);
-    }
-
     /// Names, summarises, writes and logs a record, and keeps it for the API.
     fn finish(&mut self, mut record: FlightRecord) {
         record.recorded_in = self.recorded_in.clone();
@@ -404,66 +281,6 @@ impl FlightRecorder {
             self.known_files.insert(name);
         }
     }
-
-    /// Compute processes NVML lists on the device (in-process, where NVML is present).
-    fn nvml_processes(&mut self, device: &DeviceSnapshot) -> (Vec<OtherProcess>, Option<String>) {
-        let others = device
-            .memory
-            .map(|m| {
-                format!(
-                    "; {} used by others in total",
-                    Bytes(m.used_by_others_bytes)
-                )
-            })
-            .unwrap_or_default();
-        if device.simulated {
-            return (
-                Vec::new(),
-                Some(format!("simulated device: no NVML{others}")),
-            );
-        }
-        let reader = self.nvml.get_or_insert_with(|| NvmlReader::open(None));
-        let reader = match reader {
-            Ok(reader) => reader,
-            Err(reason) => {
-                return (
-                    Vec::new(),
-                    Some(format!("NVML unavailable: {reason}{others}")),
-                )
-            }
-        };
-        let devices = match reader.read(None) {
-            Ok(devices) => devices,
-            Err(reason) => return (Vec::new(), Some(format!("NVML failed: {reason}{others}"))),
-        };
-        let Some(found) = devices.into_iter().find(|d| d.uuid == device.uuid) else {
-            return (
-                Vec::new(),
-                Some(format!("NVML does not list {}{others}", device.uuid)),
-            );
-        };
-        match found.processes {
-            Ok(list) => (
-                list.into_iter()
-                    .map(|p| OtherProcess {
-                        pid: p.pid,
-                        process: p.name.as_deref().map_or_else(
-                            || "unknown".to_string(),
-                            gpumem::snapshot::process::clean_process_name,
-                        ),
-                        used_bytes: p.used_bytes,
-                        source: "nvml".to_string(),
-                        pod: None,
-                    })
-                    .collect(),
-                None,
-            ),
-            Err(reason) => (
-                Vec::new(),
-                Some(format!("NVML process list failed: {reason}{others}")),
-            ),
-        }
-    }
 }
 
 /// A record with only the trigger and time filled in.
@@ -491,74 +308,4 @@ fn blank(due: Due, timestamp_seconds: f64) -> FlightRecord {
         exit_reason: None,
         recorded_in: None,
     }
-}
-
-/// In the sidecar shape (no pod attribution), a process that publishes into the sidecar's
-/// directory runs in the sidecar's pod: the downward API names it.
-fn publisher_pod(sidecar: &SidecarSnapshot) -> Option<gpumem::snapshot::PodRef> {
-    if sidecar.pods.is_some() {
-        return None;
-    }
-    let pod = sidecar.this_pod.as_ref()?;
-    Some(gpumem::snapshot::PodRef {
-        namespace: pod.namespace.clone(),
-        pod: pod.pod.clone(),
-        ..gpumem::snapshot::PodRef::default()
-    })
-}
-
-/// The sidecar's reading of a device, with the publishing process's pool totals when known.
-fn record_device(device: &DeviceSnapshot, published: Option<&ProcessDevice>) -> RecordDevice {
-    RecordDevice {
-        gpu: device.index,
-        uuid: device.uuid.clone(),
-        name: device.name.clone(),
-        memory: device.memory,
-        pressure: device.pressure,
-        reserved_bytes: published.and_then(|p| p.reserved_bytes),
-        in_use_bytes: published.and_then(|p| p.in_use_bytes),
-    }
-}
-
-/// Who holds memory on `device`, as the sidecar sees it: NVML's compute processes, then the
-/// collected processes NVML does not list (their reserved bytes), leaving out `except`.
-fn holders(
-    device: &DeviceSnapshot,
-    sidecar: &SidecarSnapshot,
-    except: Option<u32>,
-) -> (Vec<OtherProcess>, Option<String>) {
-    let mut others: Vec<OtherProcess> = sidecar
-        .gpu_processes
-        .iter()
-        .filter(|p| p.uuid == device.uuid && Some(p.pid) != except)
-        .map(|p| OtherProcess {
-            pid: p.pid,
-            process: p.process.clone(),
-            used_bytes: p.used_bytes,
-            source: "nvml".to_string(),
-            pod: p.pod.clone(),
-        })
-        .collect();
-    // A process joined to its NVML entry is listed once, above.
-    let listed = sidecar
-        .processes
-        .iter()
-        .filter(|p| Some(p.pid) != except && p.host_pid.is_none());
-    for process in listed {
-        for published in &process.devices {
-            if published.is(device) {
-                others.push(OtherProcess {
-                    pid: process.pid,
-                    process: process.process.clone(),
-                    used_bytes: published.reserved_bytes,
-                    source: "published".to_string(),
-                    pod: process.pod.clone(),
-                });
-            }
-        }
-    }
-    let nvml_up = sidecar.sources.iter().any(|s| s.source == "nvml" && s.up);
-    let note =
-        (!nvml_up).then(|| "no NVML: only processes that publish snapshots are listed".to_string());
-    (others, note)
 }
