@@ -1,209 +1,28 @@
 //! `gpumem estimate`: the memory a model needs at inference (weights, KV cache, activations) and,
 //! for each device, whether it fits, the largest batch that does, the workspace it would give a
 //! quantized linear layer, and which device to use — or, when it fits on none alone, how it
-//! splits across the selected devices (`split`).
+//! splits across the selected devices (`split`). Its flags and their validation are in `flags`,
+//! the text report in `render`.
 
+#[path = "estimate_flags.rs"]
+mod flags;
+#[path = "estimate_render.rs"]
+mod render;
 #[path = "estimate_split.rs"]
 mod split;
 
-use super::{CliError, CommonArgs, Given};
-use clap::Args;
+pub(super) use flags::EstimateArgs;
+
+use super::{CliError, Given};
+use flags::{settings, Settings};
 use gpumem::backend::DeviceBackend;
 use gpumem::planner::{
-    estimate_inference_memory, max_batch_that_fits, optimal_batch_size, preset, select_device_for,
-    DeviceMemory, Dtype, InferenceEstimate, LinearLayer, ModelShape, Placement, Preset, Workload,
-    WorkspacePlan,
+    estimate_inference_memory, max_batch_that_fits, optimal_batch_size, select_device_for,
+    DeviceMemory, InferenceEstimate, LinearLayer, ModelShape, Placement, Workload, WorkspacePlan,
 };
 use gpumem::units::Bytes;
+use render::render;
 use serde::Serialize;
-
-#[derive(Args, Debug)]
-#[command(
-    after_help = "Shape flags given with --model override the preset's values. \
-    A device's usable memory is its free memory minus a reserve for the driver, the context and \
-    library workspaces (600 MiB + 10 % of the device, at most 2 GiB). The exit status is 0 \
-    whether or not the model fits (the output says so; JSON has \"recommended_device\": null); \
-    2 for bad input. The workspace lines give the scratch memory the largest linear layer gets on \
-    each device: the largest power-of-two batch within 60 % of what weights and KV cache leave, \
-    capped by the device's class (docs/workspace.md). When the model fits on no single device and \
-    two or more are selected (--sim-devices N, --devices 0,1), it shows each device's share \
-    under tensor and pipeline parallelism."
-)]
-pub(super) struct EstimateArgs {
-    /// Model shape preset: llama-7b, llama-13b, llama-70b, llama3-8b, llama3-70b, mistral-7b.
-    #[arg(long, env = "GPUMEM_MODEL", value_name = "PRESET")]
-    model: Option<String>,
-
-    /// Hidden size (model width).
-    #[arg(
-        long,
-        env = "GPUMEM_HIDDEN",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    hidden: Option<i64>,
-
-    /// MLP intermediate size.
-    #[arg(
-        long,
-        env = "GPUMEM_INTERMEDIATE",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    intermediate: Option<i64>,
-
-    /// Number of transformer layers.
-    #[arg(
-        long,
-        env = "GPUMEM_LAYERS",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    layers: Option<i64>,
-
-    /// Vocabulary size.
-    #[arg(
-        long,
-        env = "GPUMEM_VOCAB",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    vocab: Option<i64>,
-
-    /// Attention (query) heads; must divide --hidden.
-    #[arg(
-        long,
-        env = "GPUMEM_HEADS",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    heads: Option<i64>,
-
-    /// Key/value heads (grouped-query attention); must divide --heads.
-    #[arg(
-        long,
-        env = "GPUMEM_KV_HEADS",
-        value_name = "N",
-        allow_negative_numbers = true
-    )]
-    kv_heads: Option<i64>,
-
-    /// The LM head shares the embedding matrix.
-    #[arg(long, env = "GPUMEM_TIED_EMBEDDINGS")]
-    tied_embeddings: bool,
-
-    /// Tokens per sequence the KV cache holds.
-    #[arg(
-        long,
-        env = "GPUMEM_MAX_SEQ",
-        default_value_t = 4096,
-        allow_negative_numbers = true
-    )]
-    max_seq: i64,
-
-    /// Sequences in flight.
-    #[arg(
-        long,
-        env = "GPUMEM_BATCH",
-        default_value_t = 1,
-        allow_negative_numbers = true
-    )]
-    batch: i64,
-
-    /// Storage of the weights (int8/int4: quantized linears, the rest fp16; i2s/tl1/tl2: BitNet
-    /// ternary layouts at 2, 2 and 1.67 bits per weight).
-    #[arg(long, env = "GPUMEM_DTYPE", value_parser = super::named::<Dtype>(), default_value = "fp16")]
-    dtype: Dtype,
-
-    /// Storage of the KV cache.
-    #[arg(long, env = "GPUMEM_KV_DTYPE", value_parser = super::named::<Dtype>(), default_value = "fp16")]
-    kv_dtype: Dtype,
-
-    /// Print one JSON object instead of the text report.
-    #[arg(long, env = "GPUMEM_JSON")]
-    json: bool,
-
-    #[command(flatten)]
-    common: CommonArgs,
-}
-
-/// The validated request.
-struct Settings {
-    preset: Option<&'static Preset>,
-    shape: ModelShape,
-    workload: Workload,
-}
-
-fn positive(flag: &str, value: i64) -> Result<u64, CliError> {
-    u64::try_from(value)
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| CliError::usage(format!("--{flag}: must be at least 1 (got {value})")))
-}
-
-fn settings(args: &EstimateArgs) -> Result<Settings, CliError> {
-    let preset = match &args.model {
-        Some(name) => Some(preset(name).map_err(|e| CliError::usage(e.to_string()))?),
-        None => None,
-    };
-    let base = preset.map(|p| p.shape);
-    let flags: [(&str, Option<i64>, Option<u64>); 6] = [
-        ("hidden", args.hidden, base.map(|s| s.hidden)),
-        (
-            "intermediate",
-            args.intermediate,
-            base.map(|s| s.intermediate),
-        ),
-        ("layers", args.layers, base.map(|s| s.layers)),
-        ("vocab", args.vocab, base.map(|s| s.vocab)),
-        ("heads", args.heads, base.map(|s| s.heads)),
-        ("kv-heads", args.kv_heads, base.map(|s| s.kv_heads)),
-    ];
-    // A flag overrides the preset's value; without a preset every flag is needed.
-    let mut values = [0u64; 6];
-    let mut missing = Vec::new();
-    for ((flag, given, from_preset), slot) in flags.into_iter().zip(values.iter_mut()) {
-        match (given, from_preset) {
-            (Some(v), _) => *slot = positive(flag, v)?,
-            (None, Some(v)) => *slot = v,
-            (None, None) => missing.push(format!("--{flag}")),
-        }
-    }
-    if !missing.is_empty() {
-        return Err(CliError::usage(format!(
-            "missing {} (give --model PRESET, or all of --hidden --intermediate --layers \
-             --vocab --heads --kv-heads)",
-            missing.join(", ")
-        )));
-    }
-    let [hidden, intermediate, layers, vocab, heads, kv_heads] = values;
-    let shape = ModelShape {
-        hidden,
-        intermediate,
-        layers,
-        vocab,
-        heads,
-        kv_heads,
-        tied_embeddings: args.tied_embeddings || base.is_some_and(|s| s.tied_embeddings),
-    };
-    let workload = Workload {
-        max_seq: positive("max-seq", args.max_seq)?,
-        batch: positive("batch", args.batch)?,
-        weights: args.dtype,
-        kv_cache: args.kv_dtype,
-    };
-    shape
-        .validate()
-        .map_err(|e| CliError::usage(format!("invalid model shape: {e}")))?;
-    workload
-        .validate()
-        .map_err(|e| CliError::usage(format!("invalid workload: {e}")))?;
-    Ok(Settings {
-        preset,
-        shape,
-        workload,
-    })
-}
 
 /// One device's answer.
 #[derive(Serialize)]
@@ -423,101 +242,4 @@ fn device_fit(
         ));
     }
     Ok((fit, Some(memory)))
-}
-
-fn render(report: &Report) -> String {
-    let (shape, workload, e) = (&report.shape, &report.workload, &report.estimate);
-    let mut out = String::new();
-    let model = match (report.model, report.description) {
-        (Some(name), Some(description)) => format!("{name} ({description})"),
-        _ => "custom shape".to_string(),
-    };
-    out.push_str(&format!(
-        "model        {model}: hidden {}, intermediate {}, {} layers, vocab {}, {} heads \
-         ({} KV heads, head dim {}){}\n",
-        shape.hidden,
-        shape.intermediate,
-        shape.layers,
-        shape.vocab,
-        shape.heads,
-        shape.kv_heads,
-        report.head_dim,
-        if shape.tied_embeddings {
-            ", tied embeddings"
-        } else {
-            ""
-        }
-    ));
-    out.push_str(&format!(
-        "workload     batch {} x {} tokens, weights {}, KV cache {}\n",
-        workload.batch,
-        workload.max_seq,
-        workload.weights.name(),
-        workload.kv_cache.name()
-    ));
-    out.push_str(&format!(
-        "parameters   {:.2} B\n\n",
-        e.parameters as f64 / 1e9
-    ));
-    for (label, bytes) in [
-        ("weights", e.weights_bytes),
-        ("KV cache", e.kv_cache_bytes),
-        ("activations", e.activation_bytes),
-        ("total", e.total_bytes),
-    ] {
-        out.push_str(&format!(
-            "{label:<12} {:>12}  ({bytes} bytes)\n",
-            Bytes(bytes).to_string()
-        ));
-    }
-    out.push_str(&format!(
-        "\n{:<4} {:<24} {:>12} {:>12} {:>12} {:>5} {:>9} {:>12}\n",
-        "GPU", "NAME", "TOTAL", "FREE", "USABLE", "FITS", "MAX BATCH", "LINEAR BATCH"
-    ));
-    let optional = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |b| Bytes(b).to_string());
-    for d in &report.devices {
-        let linear = d
-            .linear_batch
-            .map_or_else(|| "-".to_string(), |b| b.to_string());
-        out.push_str(&format!(
-            "{:<4} {:<24} {:>12} {:>12} {:>12} {:>5} {:>9} {:>12}\n",
-            d.index,
-            d.name,
-            Bytes(d.total_bytes).to_string(),
-            optional(d.free_bytes),
-            optional(d.usable_bytes),
-            if d.fits { "yes" } else { "no" },
-            d.max_batch,
-            linear
-        ));
-        if let Some(error) = &d.mem_info_error {
-            out.push_str(&format!("     memory info unavailable: {error}\n"));
-        }
-    }
-    out.push('\n');
-    for d in &report.devices {
-        match &d.workspace {
-            Some(w) => out.push_str(&format!(
-                "workspace    GPU {}: {} ({} bytes) for batch {} of the {} layer: {}\n",
-                d.index,
-                Bytes(w.workspace_bytes),
-                w.workspace_bytes,
-                w.batch,
-                w.layer,
-                w.reason
-            )),
-            None if d.mem_info_error.is_none() => out.push_str(&format!(
-                "workspace    GPU {}: none (not one row of the largest linear layer fits in 60 % \
-                 of what weights and KV cache leave)\n",
-                d.index
-            )),
-            None => {}
-        }
-    }
-    if let Some(plan) = &report.split {
-        out.push('\n');
-        out.push_str(&plan.render());
-    }
-    out.push_str(&format!("\n{}\n", report.verdict));
-    out
 }
