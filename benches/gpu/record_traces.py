@@ -342,6 +342,28 @@ def unet_diffusion():
                 latents = latents - 0.05 * (unconditional + 7.5 * (conditional - unconditional))
 
 
+def train_causal_lm(model, shapes, steps=16):
+    """`steps` training steps of a causal language model on random tokens (AdamW, bf16 autocast),
+    each at a (batch, length) drawn from `shapes`."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        batch, length = random.choice(shapes)
+        ids = torch.randint(0, 32000, (batch, length), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def scaled_step(loss, optimizer, scaler):
+    """One fp16 optimizer step through a loss scaler, gradients released after."""
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def moe_train():
     """A Mixtral-style mixture-of-experts model (8 experts, top-2) trained with AdamW and bf16
     autocast at a batch and sequence length drawn per step: the experts' token counts, and so
@@ -352,15 +374,7 @@ def moe_train():
                            num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=2048,
                            output_router_logits=True, router_aux_loss_coef=0.01)
     model = MixtralForCausalLM(config).to(DEV).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for _ in range(16):
-        batch, length = random.choice([(8, 256), (4, 512), (16, 128), (2, 1024), (6, 384)])
-        ids = torch.randint(0, 32000, (batch, length), device=DEV)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    train_causal_lm(model, [(8, 256), (4, 512), (16, 128), (2, 1024), (6, 384)])
 
 
 def encoder_packed():
@@ -401,10 +415,7 @@ def resnet_train():
         labels = torch.randint(0, 1000, (batch,), device=DEV)
         with torch.autocast("cuda", dtype=torch.float16):
             loss = torch.nn.functional.cross_entropy(model(images), labels)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        scaled_step(loss, optimizer, scaler)
 
 
 def convnext_multires():
@@ -425,15 +436,7 @@ def llama_train_ckpt():
     model = llama(hidden=768, layers=8, heads=12, kv_heads=4).float().train()
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for _ in range(16):
-        batch, length = random.choice([(8, 512), (4, 1024), (16, 256), (2, 2048), (12, 384)])
-        ids = torch.randint(0, 32000, (batch, length), device=DEV)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    train_causal_lm(model, [(8, 512), (4, 1024), (16, 256), (2, 2048), (12, 384)])
 
 
 def bert_mlm_dynpad():
@@ -456,10 +459,7 @@ def bert_mlm_dynpad():
         labels = ids.masked_fill((torch.rand(batch, longest, device=DEV) > 0.15) | (mask == 0), -100)
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        scaled_step(loss, optimizer, scaler)
 
 
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
