@@ -12,6 +12,7 @@ mod hardening;
 mod http_abuse;
 mod model_check;
 mod properties;
+mod retired_pools;
 mod server_load;
 mod soak;
 mod stress;

@@ -155,10 +155,15 @@ impl Cdp {
             .send(Message::text(command.to_string()))
             .unwrap_or_else(|e| panic!("{method}: {e}"));
         loop {
-            let message = self
-                .socket
-                .read()
-                .unwrap_or_else(|e| panic!("{method}: no answer: {e}"));
+            let message = match self.socket.read() {
+                Ok(message) => message,
+                // A socket with a read timeout returns EINTR when any signal handler runs in
+                // the process (socket(7)), whatever SA_RESTART says: nothing was read, read on.
+                Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    continue
+                }
+                Err(e) => panic!("{method}: no answer: {e}"),
+            };
             let Ok(text) = message.to_text() else {
                 continue;
             };

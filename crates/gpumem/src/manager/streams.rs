@@ -190,6 +190,17 @@ impl MemoryManager {
         own.pools.iter().all(|pool| pool.page_census().0 == 0)
     }
 
+    /// Retired pools the driver would not take every page back from, tried again; they stay
+    /// listed (and counted) until they are wound down.
+    pub(super) fn wind_down_retired(&self) {
+        for managed in &self.shared().devices {
+            let retiring: Vec<Arc<Pool>> = managed.retiring.lock().clone();
+            for pool in retiring {
+                pool.wind_down();
+            }
+        }
+    }
+
     fn retire_stream(&self, managed: &ManagedDevice, stream: StreamId, own: &Arc<StreamPools>) {
         let mut streams = managed.other_streams.write();
         if !streams

@@ -31,6 +31,7 @@ impl MemoryManager {
             drop(window);
             // First, so that the pages of streams gone quiet go back with the rest.
             self.retire_unused_streams(age);
+            self.wind_down_retired();
             released += self.release_idle_older_than(age);
         }
         released += self.enforce_max_cached();

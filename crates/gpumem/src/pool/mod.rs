@@ -123,8 +123,11 @@ impl SlotState {
         }
     }
 
-    /// Gives the arena and the backend up (the pool is retired) unless a block is still live.
-    fn wind_down_unless_live(&mut self, device: usize) {
+    /// Gives the arena and the backend up (the pool is retired) unless a block is still live,
+    /// or the driver would not take its pages back: then the pool keeps both, its counters
+    /// still say what it holds, and [`Pool::wind_down`] tries again (upkeep does, for every
+    /// retired pool still listed). Dropping the arena there would hide pages still mapped.
+    fn wind_down_unless_live(&mut self, counters: &PoolCounters, device: usize) {
         if self
             .arena
             .as_ref()
@@ -132,9 +135,25 @@ impl SlotState {
         {
             return;
         }
-        if let (Some(arena), Some(reserve)) = (self.arena.take(), self.reserve.as_deref()) {
-            if let Err(error) = arena.destroy(reserve) {
-                tracing::warn!(device, %error, "could not release a pool's memory on shutdown");
+        if let (Some(arena), Some(reserve)) = (self.arena.as_mut(), self.reserve.as_deref()) {
+            let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
+            counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+            let (released, failed) = match released {
+                Ok(released) => (released, None),
+                Err(partial) => (partial.released, Some(partial.error)),
+            };
+            if released.calls > 0 {
+                counters.on_release(released.bytes, released.calls);
+            }
+            if let Some(error) = failed {
+                counters.on_driver_error();
+                tracing::warn!(device, %error, "could not unmap a retired pool's pages; trying again at upkeep");
+                return;
+            }
+            if let Some(arena) = self.arena.take() {
+                if let Err(error) = arena.close(reserve) {
+                    tracing::warn!(device, %error, "could not give a retired pool's address range back");
+                }
             }
         }
         // The last holder of the reserve releases its pages.
@@ -303,7 +322,7 @@ impl Pool {
         let mut state = slot.state.lock();
         state.free_block(&slot.counters, block);
         if self.retired.load(Relaxed) {
-            state.wind_down_unless_live(self.device);
+            state.wind_down_unless_live(&slot.counters, self.device);
         }
     }
 
@@ -315,7 +334,20 @@ impl Pool {
             let mut state = slot.state.lock();
             // No later call would look at what waits: wait for it now.
             state.settle(&slot.counters, self.device, shared::Settle::Wait);
-            state.wind_down_unless_live(self.device);
+            state.wind_down_unless_live(&slot.counters, self.device);
+        }
+    }
+
+    /// A retired pool whose winding down the driver refused (see [`retire`](Self::retire)):
+    /// gives its memory back now if nothing in it is live.
+    pub fn wind_down(&self) {
+        if !self.is_retired() {
+            return;
+        }
+        for slot in [&self.small, &self.large] {
+            slot.state
+                .lock()
+                .wind_down_unless_live(&slot.counters, self.device);
         }
     }
 
@@ -478,7 +510,7 @@ impl Drop for Pool {
                     continue;
                 }
             }
-            state.wind_down_unless_live(self.device);
+            state.wind_down_unless_live(&slot.counters, self.device);
         }
     }
 }

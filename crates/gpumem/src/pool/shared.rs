@@ -117,7 +117,7 @@ impl Pool {
         state.settle(&slot.counters, self.device, Settle::Poll);
         if self.is_retired() {
             state.settle(&slot.counters, self.device, Settle::Wait);
-            state.wind_down_unless_live(self.device);
+            state.wind_down_unless_live(&slot.counters, self.device);
         }
     }
 }

@@ -461,16 +461,25 @@ impl Arena {
     }
 
     /// Unmaps everything into the reserve and gives the address range back. Live blocks must
-    /// be gone.
+    /// be gone. On an error the arena is gone all the same: a caller that must not lose pages
+    /// still mapped unmaps them first ([`release_idle`](Self::release_idle)) and then
+    /// [`close`](Self::close)s it.
+    #[cfg(test)]
     pub(crate) fn destroy(mut self, reserve: &PageReserve) -> Result<Released, BackendError> {
         let released = self
             .release_idle(reserve, |_, _| true, BusyStreams::Wait)
             .map_err(|e| e.error)?;
+        self.close(reserve)?;
+        Ok(released)
+    }
+
+    /// Gives the address range back, once no page of it is mapped.
+    pub(crate) fn close(mut self, reserve: &PageReserve) -> Result<(), BackendError> {
+        debug_assert_eq!(self.mapped_pages(), 0, "closing an arena with pages mapped");
         self.fences.drain(reserve.backend(), self.device);
         reserve
             .backend()
-            .release_address_range(self.device, self.base, self.span)?;
-        Ok(released)
+            .release_address_range(self.device, self.base, self.span)
     }
 
     pub(crate) fn live_block_count(&self) -> usize {
