@@ -138,15 +138,7 @@ impl SlotState {
         if let (Some(arena), Some(reserve)) = (self.arena.as_mut(), self.reserve.as_deref()) {
             let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
             counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
-            let (released, failed) = match released {
-                Ok(released) => (released, None),
-                Err(partial) => (partial.released, Some(partial.error)),
-            };
-            if released.calls > 0 {
-                counters.on_release(released.bytes, released.calls);
-            }
-            if let Some(error) = failed {
-                counters.on_driver_error();
+            if let Err(error) = account_release(counters, released) {
                 tracing::warn!(device, %error, "could not unmap a retired pool's pages; trying again at upkeep");
                 return;
             }
@@ -330,24 +322,20 @@ impl Pool {
     /// live block is freed. Handles to the pool may outlive this; they keep only its shell.
     pub fn retire(&self) {
         self.retired.store(true, Relaxed);
-        for slot in [&self.small, &self.large] {
-            let mut state = slot.state.lock();
-            // No later call would look at what waits: wait for it now.
-            state.settle(&slot.counters, self.device, shared::Settle::Wait);
-            state.wind_down_unless_live(&slot.counters, self.device);
-        }
+        self.wind_down();
     }
 
-    /// A retired pool whose winding down the driver refused (see [`retire`](Self::retire)):
-    /// gives its memory back now if nothing in it is live.
+    /// Gives a retired pool's memory back if nothing in it is live: at retirement, and again
+    /// (upkeep) where the driver refused to unmap its pages then.
     pub fn wind_down(&self) {
         if !self.is_retired() {
             return;
         }
         for slot in [&self.small, &self.large] {
-            slot.state
-                .lock()
-                .wind_down_unless_live(&slot.counters, self.device);
+            let mut state = slot.state.lock();
+            // No later call would look at what waits: wait for it now.
+            state.settle(&slot.counters, self.device, shared::Settle::Wait);
+            state.wind_down_unless_live(&slot.counters, self.device);
         }
     }
 
@@ -388,27 +376,6 @@ impl Pool {
 
     /// Counts what a release unmapped — all of it, or what it unmapped before the driver
     /// refused (those pages are in the reserve all the same).
-    fn account_release(
-        &self,
-        slot: &ArenaSlot,
-        released: Result<Released, ReleaseError>,
-    ) -> Result<Released, BackendError> {
-        let (released, error) = match released {
-            Ok(released) => (released, None),
-            Err(partial) => (partial.released, Some(partial.error)),
-        };
-        if released.calls > 0 {
-            slot.counters.on_release(released.bytes, released.calls);
-        }
-        match error {
-            None => Ok(released),
-            Some(error) => {
-                slot.counters.on_driver_error();
-                Err(error)
-            }
-        }
-    }
-
     /// Unmaps idle pages of both arenas into the device's page reserve, oldest first, while
     /// `keep_going(bytes_unmapped_so_far, idle_since)` says so. A pinned pool has none.
     pub fn release_idle(
@@ -447,7 +414,7 @@ impl Pool {
             );
             slot.counters
                 .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
-            total += self.account_release(slot, released)?.bytes;
+            total += account_release(&slot.counters, released)?.bytes;
         }
         Ok(total)
     }
@@ -489,6 +456,28 @@ impl Pool {
         for slot in [&self.small, &self.large] {
             let _guard = slot.state.lock();
             slot.counters.reset_counts();
+        }
+    }
+}
+
+/// Counts what a release gave back, the part before a failure included; returns the driver's
+/// error, if any, after counting it.
+fn account_release(
+    counters: &PoolCounters,
+    released: Result<Released, ReleaseError>,
+) -> Result<Released, BackendError> {
+    let (released, error) = match released {
+        Ok(released) => (released, None),
+        Err(partial) => (partial.released, Some(partial.error)),
+    };
+    if released.calls > 0 {
+        counters.on_release(released.bytes, released.calls);
+    }
+    match error {
+        None => Ok(released),
+        Some(error) => {
+            counters.on_driver_error();
+            Err(error)
         }
     }
 }
