@@ -43,6 +43,12 @@ pub(super) struct ReplayArgs {
     #[arg(long, env = "GPUMEM_SWEEP")]
     sweep: bool,
 
+    /// Replay the CUDA driver's own pool in the same rounds as the allocator at the setting
+    /// given (--repeat N alternates N rounds: drift on a busy host falls on both) and print
+    /// both medians with the verdict, as --sweep does for one setting. CUDA only
+    #[arg(long, env = "GPUMEM_AGAINST_DRIVER_POOL")]
+    against_driver_pool: bool,
+
     /// Draw requested, in-use and reserved bytes over each trace into this SVG file
     /// (with several traces, the trace name is added before the extension).
     #[arg(long, env = "GPUMEM_PLOT", value_name = "FILE.svg")]
@@ -95,9 +101,10 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
         .map(|path| load_trace(path).map_err(|e| CliError::usage(e.to_string())))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(path) = &args.misses {
-        if args.sweep || args.strategy != ReplayStrategy::Pooled {
+        if args.sweep || args.against_driver_pool || args.strategy != ReplayStrategy::Pooled {
             return Err(CliError::usage(
-                "--misses logs the pooled allocator's misses: leave out --sweep and --strategy",
+                "--misses logs the pooled allocator's misses: leave out --sweep, \
+                 --against-driver-pool and --strategy",
             ));
         }
         check_output_path("--misses", path, "misses.jsonl")?;
@@ -129,6 +136,12 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             "--sweep varies the pooled strategy's cache settings; leave out --strategy",
         ));
     }
+    if args.against_driver_pool && (args.sweep || args.strategy != ReplayStrategy::Pooled) {
+        return Err(CliError::usage(
+            "--against-driver-pool compares the pooled allocator with the driver pool; leave \
+             out --sweep (which does it for every setting) and --strategy",
+        ));
+    }
     // Defaults < --config < GPUMEM_* < flags given: a flag's default never hides the file.
     let mut base = args.common.memory_config()?;
     if given.explicit("strategy") {
@@ -155,6 +168,18 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     // Every trace gets a fresh manager with this configuration, checked before anything is
     // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
     let driver_pool = match args.strategy {
+        ReplayStrategy::Pooled
+            if args.against_driver_pool && backend.kind() != BackendKind::Cuda =>
+        {
+            return Err(CliError::usage(
+                "--against-driver-pool needs the CUDA backend (cuMemAllocAsync); the simulated device has no driver pool",
+            ));
+        }
+        ReplayStrategy::Pooled if args.against_driver_pool => {
+            Some(CudaBackend::open().map_err(|e| {
+                CliError::runtime(format!("--against-driver-pool: the driver pool: {e}"))
+            })?)
+        }
         // A sweep on the driver compares every setting with the driver's own pool.
         ReplayStrategy::Pooled if args.sweep && backend.kind() == BackendKind::Cuda => Some(
             CudaBackend::open()
@@ -200,11 +225,12 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             )));
         }
     }
-    if args.sweep {
+    if args.sweep || args.against_driver_pool {
         let sweep = Sweep {
             backend: &backend,
             device,
             base: &config,
+            grid: args.sweep,
             repeat: args.repeat,
             driver_pool: driver_pool.as_ref(),
             json: args.json,

@@ -4,7 +4,7 @@
 //! on all of them; each setting's median replay is reported. On the CUDA backend the driver's
 //! own pool is replayed in every round beside them, and the setting that holds no more memory
 //! than the pool *and* takes no more time per operation is named, with the variables that
-//! select it.
+//! select it. `--against-driver-pool` is the same for the one setting given.
 
 use super::replay::{median_run, micros, print_report, progress_bar, replay_fresh};
 use super::CliError;
@@ -27,6 +27,8 @@ pub(super) struct Sweep<'a> {
     pub backend: &'a Arc<dyn DeviceBackend>,
     pub device: usize,
     pub base: &'a MemoryConfig,
+    /// Every setting of the grid, or only `base` (`--against-driver-pool`).
+    pub grid: bool,
     pub repeat: u32,
     /// The driver's pool to compare with (CUDA only).
     pub driver_pool: Option<&'a CudaBackend>,
@@ -51,6 +53,9 @@ impl Sweep<'_> {
     }
 
     fn settings(&self) -> Vec<MemoryConfig> {
+        if !self.grid {
+            return vec![self.base.clone()];
+        }
         CHUNK_BYTES
             .iter()
             .flat_map(|&max_chunk_bytes| {

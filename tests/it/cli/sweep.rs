@@ -74,6 +74,24 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         stderr(&out)
     );
     assert!(out.stdout.is_empty());
+
+    for extra in [
+        &["--backend", "sim"][..],
+        &["--backend", "cuda", "--sweep"][..],
+        &["--backend", "cuda", "--strategy", "direct"][..],
+    ] {
+        let mut args = vec!["replay", "--against-driver-pool"];
+        args.extend(extra);
+        args.push(trace.to_str().unwrap());
+        let out = gpumem(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--against-driver-pool"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(out.stdout.is_empty());
+    }
 }
 
 /// On a GPU: a sweep replays the driver's own pool beside every setting and ends each trace
@@ -118,6 +136,21 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         strategies.iter().any(|s| s.contains("driver")),
         "{strategies:?}"
     );
+
+    // One setting against the pool, in alternated rounds: both medians and the verdict.
+    let out = gpumem(&[
+        "replay",
+        "--backend",
+        "cuda",
+        "--against-driver-pool",
+        "--repeat",
+        "2",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(default)"), "{text}");
+    assert!(text.contains("driver pool (cuMemAllocAsync): "), "{text}");
 }
 
 /// A three-allocation trace named "steps" whose every allocation misses on a fresh pool: what
