@@ -136,6 +136,12 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             "--sweep varies the pooled strategy's cache settings; leave out --strategy",
         ));
     }
+    if args.plot.is_some() && (args.sweep || args.against_driver_pool) {
+        return Err(CliError::usage(
+            "--plot draws one replay per trace: leave out --sweep and --against-driver-pool, \
+             which replay each trace under several allocators",
+        ));
+    }
     if args.against_driver_pool && (args.sweep || args.strategy != ReplayStrategy::Pooled) {
         return Err(CliError::usage(
             "--against-driver-pool compares the pooled allocator with the driver pool; leave \

@@ -92,6 +92,23 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         );
         assert!(out.stdout.is_empty());
     }
+
+    // Several allocators per trace make no one chart: --plot is refused, and nothing written.
+    let plot = dir.join("never-written.svg");
+    for comparing in ["--sweep", "--against-driver-pool"] {
+        let out = gpumem(&[
+            "replay",
+            "--backend",
+            "sim",
+            comparing,
+            "--plot",
+            plot.to_str().unwrap(),
+            trace.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{comparing}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--plot"), "{}", stderr(&out));
+        assert!(!plot.exists() && out.stdout.is_empty());
+    }
 }
 
 /// On a GPU: a sweep replays the driver's own pool beside every setting and ends each trace

@@ -139,7 +139,7 @@ impl SlotState {
             let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
             counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             if let Err(error) = account_release(counters, released) {
-                tracing::warn!(device, %error, "could not unmap a retired pool's pages; trying again at upkeep");
+                tracing::warn!(device, %error, "could not unmap a retired pool's pages; the pool keeps them for another try");
                 return;
             }
             if let Some(arena) = self.arena.take() {
