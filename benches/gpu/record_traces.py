@@ -40,8 +40,11 @@ def record(name, workload):
                 device=torch.cuda.get_device_name(), torch=torch.__version__,
                 torch_peak_allocated=stats["allocated_bytes.all.peak"],
                 torch_peak_reserved=stats["reserved_bytes.all.peak"])
-    with gzip.open(f"{OUT}/{name}.trace.gz", "wt") as out:
+    # Written beside, then renamed: a full disk or a killed run leaves no truncated trace.
+    path = f"{OUT}/{name}.trace.gz"
+    with gzip.open(path + ".part", "wt") as out:
         out.write("# " + json.dumps(meta) + "\n" + "\n".join(lines) + "\n")
+    os.replace(path + ".part", path)
     print(json.dumps(meta))
     sys.stdout.flush()
     torch.cuda.empty_cache()
