@@ -1,6 +1,7 @@
 //! `gpumem estimate` as a user runs it: the breakdown, fits and does-not-fit on simulated
 //! devices, JSON, `GPUMEM_*` variables, and one-line errors with exit code 2 for bad input.
 
+use crate::support::{stderr, stdout};
 use std::process::Output;
 
 /// An estimate that does not fit: Llama 2 70B on a 24 GiB simulated device.
@@ -24,14 +25,6 @@ fn gpumem_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 fn gpumem(args: &[&str]) -> Output {
     gpumem_with_env(args, &[])
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 fn json(output: &Output) -> serde_json::Value {

@@ -5,7 +5,7 @@ mod binary;
 mod chromium;
 mod promtool;
 
-pub(crate) use binary::{gpumem, gpumem_as_user, Running};
+pub(crate) use binary::{gpumem, gpumem_as_user, stderr, stdout, Running};
 pub(crate) use chromium::Chromium;
 pub(crate) use promtool::promtool_check_metrics;
 

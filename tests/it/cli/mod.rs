@@ -8,16 +8,13 @@ mod flags;
 mod replay;
 mod sweep;
 
+use crate::support::stderr;
 use std::process::Output;
 
 fn gpumem(args: &[&str]) -> Output {
     crate::support::gpumem(args)
         .output()
         .expect("the gpumem binary runs")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 fn tempdir() -> std::path::PathBuf {

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,16 @@ pub(crate) fn gpumem(args: &[&str]) -> Command {
     let mut command = gpumem_as_user();
     command.args(args).env("GPUMEM_LOG", "warn");
     command
+}
+
+/// What a finished command printed on stdout, as text.
+pub(crate) fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// What a finished command printed on stderr, as text.
+pub(crate) fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// A serving gpumem command (`demo`, `serve`); killed if the test ends first.

@@ -144,7 +144,7 @@ impl MemoryManager {
         align: u64,
         live: LiveInfo,
     ) -> Result<(u64, Backing), AllocError> {
-        let pool = self.pool_for(managed, stream, super::current_thread_slot());
+        let pool = self.pool_for(managed, stream, super::thread_ids::current_thread_slot());
         self.alloc_pooled(managed, pool, size, align, live)
     }
 
