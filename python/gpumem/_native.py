@@ -39,7 +39,7 @@ def library_path() -> str:
         raise GpumemError(
             f"{path} is missing: this copy of the package has no gpumem library (installed from "
             "the source tree?); install the wheel (`pip install gpumem-allocator`), or point "
-            "GPUMEM_LIBRARY at a libgpumem.so built with `cargo build --release -p gpumem-capi`"
+            "GPUMEM_LIBRARY at a libgpumem.so built with `cargo build --release -p gpumem-cdylib`"
         )
     return path
 
