@@ -465,6 +465,102 @@ def bert_mlm_dynpad():
         scaled_step(loss, optimizer, scaler)
 
 
+def lstm_seq2seq():
+    """A two-layer LSTM encoder-decoder trained with Adam on sequences whose batch and length are
+    drawn per step: cuDNN's recurrent kernels and their workspaces, which nothing else in the
+    corpus uses."""
+    class Seq2Seq(torch.nn.Module):
+        def __init__(self, vocab=8000, width=1024):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, width)
+            self.encoder = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
+            self.decoder = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
+            self.out = torch.nn.Linear(width, vocab)
+
+        def forward(self, source, target):
+            _, state = self.encoder(self.embed(source))
+            hidden, _ = self.decoder(self.embed(target), state)
+            return self.out(hidden)
+
+    model = Seq2Seq().to(DEV).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(24):
+        batch, length = random.choice([(64, 40), (32, 96), (128, 24), (16, 200), (48, 64)])
+        source = torch.randint(0, 8000, (batch, length), device=DEV)
+        target = torch.randint(0, 8000, (batch, length + random.randint(-8, 8)), device=DEV)
+        logits = model(source, target[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def whisper_generate():
+    """A Whisper-style speech encoder-decoder (from its configuration, small) transcribing batches
+    of 30 s log-mel spectrograms greedily: a fixed-size audio encoder feeding a text decoder
+    whose cache grows token by token."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    config = WhisperConfig(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
+                           decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)
+    model = WhisperForConditionalGeneration(config).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(10):
+            batch = random.choice([1, 4, 8, 16])
+            features = torch.randn(batch, config.num_mel_bins, 3000, device=DEV, dtype=torch.half)
+            model.generate(input_features=features, max_new_tokens=random.choice([32, 64, 96]),
+                           min_new_tokens=16, do_sample=False)
+
+
+def efficientnet_multires_train():
+    """EfficientNet-B0 (timm) trained with RMSprop and bf16 autocast at a batch and resolution drawn
+    per step (progressive-resizing style): depthwise convolutions and squeeze-excite blocks, many
+    small activations whose sizes move with the image's area."""
+    import timm
+    model = timm.create_model("efficientnet_b0", pretrained=False).to(DEV).to(memory_format=torch.channels_last).train()
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    for _ in range(20):
+        batch, side = random.choice([(96, 128), (64, 160), (48, 192), (32, 224), (16, 288)])
+        images = torch.randn(batch, 3, side, side, device=DEV).to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def vae_decode():
+    """A latent-diffusion VAE's decoder (written out: ResNet blocks with GroupNorm and three 2x
+    upsamplings to 8x the latent's side) decoding batches of latents of varying size in fp16:
+    few, very large activations at the highest resolution."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, channels_in, channels_out):
+            super().__init__()
+            self.norm1, self.conv1 = nn.GroupNorm(32, channels_in), nn.Conv2d(channels_in, channels_out, 3, padding=1)
+            self.norm2, self.conv2 = nn.GroupNorm(32, channels_out), nn.Conv2d(channels_out, channels_out, 3, padding=1)
+            self.skip = nn.Conv2d(channels_in, channels_out, 1) if channels_in != channels_out else nn.Identity()
+
+        def forward(self, x):
+            h = self.conv1(nn.functional.silu(self.norm1(x)))
+            return self.skip(x) + self.conv2(nn.functional.silu(self.norm2(h)))
+
+    widths = [512, 512, 256, 128]
+    layers = [nn.Conv2d(4, widths[0], 3, padding=1)]
+    for level, width in enumerate(widths):
+        previous = widths[max(level - 1, 0)]
+        layers += [Block(previous, width), Block(width, width)]
+        if level < len(widths) - 1:
+            layers += [nn.Upsample(scale_factor=2.0), nn.Conv2d(width, width, 3, padding=1)]
+    layers += [nn.GroupNorm(32, widths[-1]), nn.SiLU(), nn.Conv2d(widths[-1], 3, 3, padding=1)]
+    decoder = nn.Sequential(*layers).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(24):
+            batch, side = random.choice([(1, 128), (2, 96), (4, 64), (8, 48), (1, 96), (6, 64)])
+            decoder(torch.randn(batch, 4, side, side, device=DEV, dtype=torch.half))
+
+
 WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve=cnn_serve,
                  encoder_varlen=encoder_varlen, vit_train=vit_train, t5_generate=t5_generate,
                  moe_generate=moe_generate, longctx_generate=longctx_generate,
@@ -473,7 +569,9 @@ WORKLOADS = dict(llama_generate=llama_generate, bert_serve=bert_serve, cnn_serve
                  detect_multiscale=detect_multiscale, segment_multiscale=segment_multiscale,
                  unet_diffusion=unet_diffusion, moe_train=moe_train, encoder_packed=encoder_packed,
                  resnet_train=resnet_train, convnext_multires=convnext_multires,
-                 llama_train_ckpt=llama_train_ckpt, bert_mlm_dynpad=bert_mlm_dynpad)
+                 llama_train_ckpt=llama_train_ckpt, bert_mlm_dynpad=bert_mlm_dynpad,
+                 lstm_seq2seq=lstm_seq2seq, whisper_generate=whisper_generate,
+                 efficientnet_multires_train=efficientnet_multires_train, vae_decode=vae_decode)
 
 names = sys.argv[1:] or list(WORKLOADS)
 unknown = [name for name in names if name not in WORKLOADS]

@@ -108,6 +108,12 @@ impl PageReserve {
         })
     }
 
+    /// The largest chunk an ordinary miss creates, in pages: larger ones are a long miss's
+    /// inside chunks.
+    pub(crate) fn ordinary_chunk_pages(&self) -> u32 {
+        self.max_chunk_pages
+    }
+
     pub fn backend(&self) -> &dyn DeviceBackend {
         &*self.backend
     }

@@ -87,6 +87,8 @@ pub(crate) struct Arena {
     /// the page table are exact where it matters: before a placement, a release, or a
     /// measurement. (Between, the page counts the pool publishes count its pages as live.)
     parked: Option<u32>,
+    /// The most pages this arena has had mapped (see `pinning.rs`).
+    mapped_high: usize,
     released_while_allocating: Released,
     /// Pages a failed allocation mapped and could not unmap again (see `map_runs`).
     kept_after_failed_map: Released,
@@ -122,6 +124,7 @@ impl Arena {
             pages: PageTable::default(),
             runs: Vec::new(),
             parked: None,
+            mapped_high: 0,
             released_while_allocating: Released::default(),
             kept_after_failed_map: Released::default(),
             fences: FenceTrail::default(),
@@ -198,6 +201,9 @@ impl Arena {
         let (first, last) = self.page_span(offset, size);
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
+        if !self.runs.is_empty() && self.would_set_a_new_high() {
+            self.give_back_chunks_it_would_pin(reserve, first, last);
+        }
         let mut mapped = Released::default();
         let mut miss_ns = 0;
         if !self.runs.is_empty() {
@@ -215,13 +221,12 @@ impl Arena {
                     // other pools.
                     let spare = |chunk: PageRun| chunk.overlaps(first, last);
                     let released = self.release_idle_sparing(reserve, excess, spare);
-                    self.released_while_allocating = released.unwrap_or_else(|e| e.released);
-                    if self.released_while_allocating.bytes >= excess {
+                    let released = released.unwrap_or_else(|e| e.released);
+                    self.count_released_while_allocating(released);
+                    if released.bytes >= excess {
                         self.map_runs(reserve)
                     } else {
-                        Err(ArenaError::NeedsRoom(
-                            excess - self.released_while_allocating.bytes,
-                        ))
+                        Err(ArenaError::NeedsRoom(excess - released.bytes))
                     }
                 }
             };
@@ -235,6 +240,7 @@ impl Arena {
             miss_ns = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         }
         self.pages.acquire(first, last);
+        self.mapped_high = self.mapped_high.max(self.pages.mapped_pages());
         Ok(Placed {
             block,
             miss_ns,
@@ -487,5 +493,6 @@ impl Arena {
     }
 }
 
+mod pinning;
 #[cfg(test)]
 mod tests;

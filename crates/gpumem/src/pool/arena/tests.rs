@@ -102,3 +102,55 @@ fn releasing_pages_never_leaves_a_parked_block_on_unmapped_memory() {
     arena.free(again.block);
     arena.destroy(&backend).unwrap();
 }
+
+/// An arena over 256 MiB whose misses map 2 MiB chunks, and 8 MiB chunks inside runs of 18
+/// pages or more: small enough to lay out by hand which chunks a block would pin.
+fn setup_with_inside_chunks() -> (PageReserve, Arena) {
+    let backend = Arc::new(SimBackend::new(SimConfig::default()));
+    let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, 256 * MIB).unwrap();
+    let reserve = PageReserve::new(
+        backend,
+        0,
+        Arc::new(DeviceReserve::default()),
+        crate::pool::ChunkSizes::new(2 * MIB, 8 * MIB),
+    )
+    .unwrap();
+    (reserve, arena)
+}
+
+/// Leaves one wholly idle inside chunk, pages 13..17, with nothing mapped before it; then places
+/// a block on pages 0..=13, which needs 13 pages mapped and touches one page of that chunk.
+/// `grow_first` first maps 30 more pages elsewhere, so that the block's pages take the arena past
+/// the most it has had mapped. Returns (mapped, idle) pages after the block is placed.
+fn place_on_a_corner_of_an_idle_inside_chunk(grow_first: bool) -> (usize, usize) {
+    let (reserve, mut arena) = setup_with_inside_chunks();
+    // Pages 0..18 as chunks of 1, 4, 4, 4, 4 and 1 pages; a live page after them.
+    let long = alloc(&reserve, &mut arena, 36 * MIB, 1);
+    assert_eq!(long.map_calls, 1);
+    let _after = alloc(&reserve, &mut arena, MIB, 2);
+    arena.free(long.block);
+    let keep = |chunk: PageRun| chunk.first == 13;
+    arena
+        .release_pages(&reserve, |_, _| true, keep, BusyStreams::Wait)
+        .unwrap();
+    assert_eq!((arena.mapped_pages(), arena.idle_pages()), (5, 4));
+    if grow_first {
+        let _far = alloc(&reserve, &mut arena, 60 * MIB, 3);
+        assert_eq!(arena.mapped_pages(), 35);
+    }
+    let block = alloc(&reserve, &mut arena, 26 * MIB + 512, 4);
+    assert_eq!(block.ptr, arena.base, "the block starts at page 0");
+    (arena.mapped_pages(), arena.idle_pages())
+}
+
+#[test]
+fn a_block_setting_a_new_high_gives_back_the_idle_inside_chunk_it_would_pin() {
+    // 35 mapped, less the chunk's 4, plus the block's 14 pages: nothing idle.
+    assert_eq!(place_on_a_corner_of_an_idle_inside_chunk(true), (45, 0));
+}
+
+#[test]
+fn below_the_arena_s_high_a_block_keeps_the_chunk_it_lands_on() {
+    // 18 pages as before: the chunk's other three pages stay mapped, idle, ready for reuse.
+    assert_eq!(place_on_a_corner_of_an_idle_inside_chunk(false), (18, 3));
+}

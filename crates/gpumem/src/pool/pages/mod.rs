@@ -261,6 +261,35 @@ impl PageTable {
             .unwrap_or(0)
     }
 
+    /// Appends to `found` the wholly idle chunks of more than `larger_than` pages at either end
+    /// of `first..=last` that a block there would cover less than half of: chunks it would keep
+    /// mapped, mostly idle, for as long as it lives (a chunk is unmapped whole or not at all).
+    pub(crate) fn chunks_a_block_would_pin(
+        &self,
+        first: u32,
+        last: u32,
+        larger_than: u32,
+        found: &mut Vec<PageRun>,
+    ) {
+        for page in [first, last] {
+            let Some(chunk) = self.chunks.containing(page) else {
+                continue;
+            };
+            let chunk = PageRun {
+                first: chunk.first,
+                count: chunk.end - chunk.first,
+            };
+            let covered = chunk.end().min(last + 1) - chunk.first.max(first);
+            if chunk.count > larger_than
+                && covered * 2 < chunk.count
+                && !found.contains(&chunk)
+                && self.newest_if_all_idle(chunk).is_some()
+            {
+                found.push(chunk);
+            }
+        }
+    }
+
     /// Takes chunks whose pages are all idle, the longest idle first (a chunk is as recent as
     /// its most recently idled page), while `keep_going(pages_taken, idle_since)` says so and
     /// the chunk went idle before idle order `before_order`, passing over chunks for which
