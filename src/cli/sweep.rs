@@ -17,10 +17,12 @@ use gpumem_replay::trace::Trace;
 use std::sync::Arc;
 
 /// The cache settings tried: idle pages kept, idle pages per 1024 of the peak, and the largest
-/// chunk a miss creates. 256 idle pages (512 MiB) is the end that buys time with memory.
+/// chunk a miss creates. 256 idle pages (512 MiB) is the end that buys time with memory; 128 MiB
+/// chunks are for processes whose blocks are hundreds of MiB and change size every request (a
+/// VAE decoder's activations), where the driver charges a miss per chunk (docs/performance.md).
 const IDLE_PAGES: [usize; 5] = [0, 4, 16, 64, 256];
 const IDLE_PER_MILLE: [usize; 2] = [0, 8];
-const CHUNK_BYTES: [u64; 3] = [2 * MIB, 6 * MIB, 32 * MIB];
+const CHUNK_BYTES: [u64; 4] = [2 * MIB, 6 * MIB, 32 * MIB, 128 * MIB];
 
 /// What one sweep replays on.
 pub(super) struct Sweep<'a> {
