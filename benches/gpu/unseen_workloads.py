@@ -1,0 +1,355 @@
+# The unseen sets that record_traces.py records: workloads unlike the corpus, recorded after the
+# choices they test (benches/traces/README.md says which set came after which choice). Needs
+# PyTorch, transformers, timm and torchvision.
+import random
+
+import torch
+
+from corpus_workloads import DEV, llama
+
+
+def detect_multiscale():
+    """Faster R-CNN (ResNet-50 FPN) detecting in batches of images whose sizes differ within the
+    batch and between batches (multi-scale inference): proposals, ROI pooling and the padded
+    batch tensor change shape with every request. fp32, as detectors are usually served."""
+    import torchvision
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None, min_size=480, max_size=1024).to(DEV).eval()
+    with torch.no_grad():
+        for _ in range(30):
+            images = [torch.rand(3, random.randint(320, 900), random.randint(320, 1200), device=DEV)
+                      for _ in range(random.randint(1, 6))]
+            model(images)
+
+
+def segment_multiscale():
+    """DeepLabV3 (ResNet-50) segmentation at a scale pyramid (0.5x to 1.75x of 512 px), batch 1 to
+    8, fp16: the test-time augmentation a segmentation service runs."""
+    import torchvision
+    model = torchvision.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, num_classes=21).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(12):
+            batch = random.choice([1, 2, 4, 8])
+            for scale in (0.5, 0.75, 1.0, 1.25, 1.5, 1.75):
+                side = int(512 * scale) // 8 * 8
+                model(torch.randn(batch, 3, side, side, device=DEV, dtype=torch.half))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, channels_in, channels_out, embedding):
+        super().__init__()
+        self.norm1 = torch.nn.GroupNorm(8, channels_in)
+        self.conv1 = torch.nn.Conv2d(channels_in, channels_out, 3, padding=1)
+        self.time = torch.nn.Linear(embedding, channels_out)
+        self.norm2 = torch.nn.GroupNorm(8, channels_out)
+        self.conv2 = torch.nn.Conv2d(channels_out, channels_out, 3, padding=1)
+        self.skip = torch.nn.Conv2d(channels_in, channels_out, 1) if channels_in != channels_out else torch.nn.Identity()
+
+    def forward(self, x, t):
+        h = self.conv1(torch.nn.functional.silu(self.norm1(x)))
+        h = h + self.time(t)[:, :, None, None]
+        h = self.conv2(torch.nn.functional.silu(self.norm2(h)))
+        return h + self.skip(x)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(8, channels)
+        self.qkv = torch.nn.Conv2d(channels, channels * 3, 1)
+        self.out = torch.nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, 4, c // 4, h * w).unbind(1)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2))
+        return x + self.out(y.transpose(-1, -2).reshape(b, c, h, w))
+
+
+class _UNet(torch.nn.Module):
+    """A diffusion UNet (ResNet blocks with a timestep embedding, self-attention at the two lowest
+    resolutions, skip connections), small enough to need no download and shaped like Stable
+    Diffusion's denoiser."""
+
+    def __init__(self, widths=(128, 256, 384, 512), embedding=512):
+        super().__init__()
+        self.embedding = embedding
+        self.time = torch.nn.Sequential(torch.nn.Linear(embedding, embedding), torch.nn.SiLU(),
+                                        torch.nn.Linear(embedding, embedding))
+        self.stem = torch.nn.Conv2d(4, widths[0], 3, padding=1)
+        self.down, self.up, self.attend_down, self.attend_up = (torch.nn.ModuleList() for _ in range(4))
+        channels = widths[0]
+        for level, width in enumerate(widths):
+            self.down.append(_Block(channels, width, embedding))
+            self.attend_down.append(_Attention(width) if level >= 2 else torch.nn.Identity())
+            channels = width
+        self.middle = _Block(channels, channels, embedding)
+        for level, width in reversed(list(enumerate(widths))):
+            self.up.append(_Block(channels + width, width, embedding))
+            self.attend_up.append(_Attention(width) if level >= 2 else torch.nn.Identity())
+            channels = width
+        self.head = torch.nn.Conv2d(channels, 4, 3, padding=1)
+
+    def forward(self, x, steps):
+        half = self.embedding // 2
+        frequencies = torch.exp(-torch.arange(half, device=x.device) * (9.2 / half))
+        angles = steps[:, None].float() * frequencies[None]
+        t = self.time(torch.cat([angles.sin(), angles.cos()], dim=1).to(x.dtype))
+        h, skips = self.stem(x), []
+        for index, (block, attend) in enumerate(zip(self.down, self.attend_down)):
+            h = attend(block(h, t))
+            skips.append(h)
+            if index < len(self.down) - 1:
+                h = torch.nn.functional.avg_pool2d(h, 2)
+        h = self.middle(h, t)
+        for index, (block, attend) in enumerate(zip(self.up, self.attend_up)):
+            skip = skips.pop()
+            if h.shape[-2:] != skip.shape[-2:]:
+                h = torch.nn.functional.interpolate(h, size=skip.shape[-2:], mode="nearest")
+            h = attend(block(torch.cat([h, skip], dim=1), t))
+        return self.head(h)
+
+
+def unet_diffusion():
+    """A diffusion UNet trained (AdamW, bf16 autocast) on latents of varying resolution and batch,
+    then sampling: 20 denoising steps with classifier-free guidance (the batch doubled) at three
+    resolutions — the training and serving halves of an image generator."""
+    model = _UNet().to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(16):
+        batch, side = random.choice([(8, 32), (4, 64), (16, 32), (2, 96), (6, 48)])
+        latents = torch.randn(batch, 4, side, side, device=DEV)
+        steps = torch.randint(0, 1000, (batch,), device=DEV)
+        noise = torch.randn_like(latents)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(latents + noise, steps), noise)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for batch, side in [(4, 64), (1, 128), (8, 48)]:
+            latents = torch.randn(batch, 4, side, side, device=DEV)
+            for step in range(20):
+                steps = torch.full((batch * 2,), 999 - step * 50, device=DEV)
+                both = model(torch.cat([latents, latents]), steps)
+                conditional, unconditional = both.chunk(2)
+                latents = latents - 0.05 * (unconditional + 7.5 * (conditional - unconditional))
+
+
+def train_causal_lm(model, shapes, steps=16):
+    """`steps` training steps of a causal language model on random tokens (AdamW, bf16 autocast),
+    each at a (batch, length) drawn from `shapes`."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        batch, length = random.choice(shapes)
+        ids = torch.randint(0, 32000, (batch, length), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def scaled_step(loss, optimizer, scaler):
+    """One fp16 optimizer step through a loss scaler, gradients released after."""
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def moe_train():
+    """A Mixtral-style mixture-of-experts model (8 experts, top-2) trained with AdamW and bf16
+    autocast at a batch and sequence length drawn per step: the experts' token counts, and so
+    their activations, differ from step to step."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = MixtralConfig(hidden_size=768, intermediate_size=1536, num_hidden_layers=6,
+                           num_attention_heads=12, num_key_value_heads=4, num_local_experts=8,
+                           num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=2048,
+                           output_router_logits=True, router_aux_loss_coef=0.01)
+    model = MixtralForCausalLM(config).to(DEV).train()
+    train_causal_lm(model, [(8, 256), (4, 512), (16, 128), (2, 1024), (6, 384)])
+
+
+def encoder_packed():
+    """A BERT-base encoder serving padding-free: each batch packs requests of long-tailed lengths
+    into one row with a block-diagonal attention mask, so the row's length — and every
+    activation — is the sum of the requests', never a padded maximum."""
+    from transformers import BertConfig, BertModel
+    config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        max_position_embeddings=4096)
+    model = BertModel(config, add_pooling_layer=False).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(60):
+            lengths = [min(512, int(random.paretovariate(1.2) * 16)) for _ in range(random.randint(1, 24))]
+            total = sum(lengths)
+            if total > 4096:
+                lengths, total = lengths[:1], lengths[0]
+            ids = torch.randint(3, 30000, (1, total), device=DEV)
+            positions = torch.cat([torch.arange(n, device=DEV) for n in lengths])[None]
+            owner = torch.repeat_interleave(torch.arange(len(lengths), device=DEV),
+                                            torch.tensor(lengths, device=DEV))
+            blocks = owner[:, None] == owner[None, :]
+            mask = torch.zeros(1, 1, total, total, device=DEV, dtype=torch.half)
+            mask.masked_fill_(~blocks, torch.finfo(torch.half).min)
+            model(input_ids=ids, position_ids=positions, attention_mask=mask)
+
+
+def resnet_train():
+    """A ResNet-50 trained with SGD, momentum and fp16 autocast with a loss scaler, at a batch
+    size drawn per step: a CNN's training step (weights, gradients, momentum and every
+    activation kept for the backward pass), where the corpus's CNNs only serve."""
+    import torchvision
+    model = torchvision.models.resnet50(num_classes=1000).to(DEV).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for _ in range(20):
+        batch = random.choice([24, 32, 48, 64, 96, 128])
+        images = torch.randn(batch, 3, 224, 224, device=DEV).to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device=DEV)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        scaled_step(loss, optimizer, scaler)
+
+
+def convnext_multires():
+    """A ConvNeXt-Tiny served in fp16 at pairs of batch and image side drawn per request (160 to
+    512 px): every activation's size moves with the square of the side."""
+    import timm
+    model = timm.create_model("convnext_tiny", pretrained=False).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(60):
+            batch, side = random.choice([(64, 160), (32, 224), (16, 288), (8, 384), (4, 448), (2, 512), (48, 192)])
+            model(torch.randn(batch, 3, side, side, device=DEV, dtype=torch.half))
+
+
+def llama_train_ckpt():
+    """A small Llama trained with activation checkpointing (each layer's activations recomputed in
+    the backward pass), AdamW and bf16 autocast, at a batch and sequence length drawn per step:
+    short-lived recomputed activations instead of a whole forward pass held."""
+    model = llama(hidden=768, layers=8, heads=12, kv_heads=4).float().train()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    train_causal_lm(model, [(8, 512), (4, 1024), (16, 256), (2, 2048), (12, 384)])
+
+
+def bert_mlm_dynpad():
+    """BERT-base pre-trained with masked-language modelling, AdamW and fp16 autocast with a loss
+    scaler, each batch padded to its own longest sequence (dynamic padding): training whose
+    shapes change with every batch."""
+    from transformers import BertConfig, BertForMaskedLM
+    config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
+    model = BertForMaskedLM(config).to(DEV).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for _ in range(24):
+        batch = random.choice([16, 24, 32, 48])
+        lengths = [min(512, 16 + int(random.expovariate(1 / 120))) for _ in range(batch)]
+        longest = max(lengths)
+        ids = torch.randint(1000, 30000, (batch, longest), device=DEV)
+        mask = torch.zeros(batch, longest, dtype=torch.long, device=DEV)
+        for row, n in enumerate(lengths):
+            mask[row, :n] = 1
+        labels = ids.masked_fill((torch.rand(batch, longest, device=DEV) > 0.15) | (mask == 0), -100)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        scaled_step(loss, optimizer, scaler)
+
+
+def lstm_seq2seq():
+    """A two-layer LSTM encoder-decoder trained with Adam on sequences whose batch and length are
+    drawn per step: cuDNN's recurrent kernels and their workspaces, which nothing else in the
+    corpus uses."""
+    class Seq2Seq(torch.nn.Module):
+        def __init__(self, vocab=8000, width=1024):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, width)
+            self.encoder = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
+            self.decoder = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
+            self.out = torch.nn.Linear(width, vocab)
+
+        def forward(self, source, target):
+            _, state = self.encoder(self.embed(source))
+            hidden, _ = self.decoder(self.embed(target), state)
+            return self.out(hidden)
+
+    model = Seq2Seq().to(DEV).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(24):
+        batch, length = random.choice([(64, 40), (32, 96), (128, 24), (16, 200), (48, 64)])
+        source = torch.randint(0, 8000, (batch, length), device=DEV)
+        target = torch.randint(0, 8000, (batch, length + random.randint(-8, 8)), device=DEV)
+        logits = model(source, target[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def whisper_generate():
+    """A Whisper-style speech encoder-decoder (from its configuration, small) transcribing batches
+    of 30 s log-mel spectrograms greedily: a fixed-size audio encoder feeding a text decoder
+    whose cache grows token by token."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    config = WhisperConfig(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
+                           decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)
+    model = WhisperForConditionalGeneration(config).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(10):
+            batch = random.choice([1, 4, 8, 16])
+            features = torch.randn(batch, config.num_mel_bins, 3000, device=DEV, dtype=torch.half)
+            model.generate(input_features=features, max_new_tokens=random.choice([32, 64, 96]),
+                           min_new_tokens=16, do_sample=False)
+
+
+def efficientnet_multires_train():
+    """EfficientNet-B0 (timm) trained with RMSprop and bf16 autocast at a batch and resolution drawn
+    per step (progressive-resizing style): depthwise convolutions and squeeze-excite blocks, many
+    small activations whose sizes move with the image's area."""
+    import timm
+    model = timm.create_model("efficientnet_b0", pretrained=False).to(DEV).to(memory_format=torch.channels_last).train()
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    for _ in range(20):
+        batch, side = random.choice([(96, 128), (64, 160), (48, 192), (32, 224), (16, 288)])
+        images = torch.randn(batch, 3, side, side, device=DEV).to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def vae_decode():
+    """A latent-diffusion VAE's decoder (written out: ResNet blocks with GroupNorm and three 2x
+    upsamplings to 8x the latent's side) decoding batches of latents of varying size in fp16:
+    few, very large activations at the highest resolution."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, channels_in, channels_out):
+            super().__init__()
+            self.norm1, self.conv1 = nn.GroupNorm(32, channels_in), nn.Conv2d(channels_in, channels_out, 3, padding=1)
+            self.norm2, self.conv2 = nn.GroupNorm(32, channels_out), nn.Conv2d(channels_out, channels_out, 3, padding=1)
+            self.skip = nn.Conv2d(channels_in, channels_out, 1) if channels_in != channels_out else nn.Identity()
+
+        def forward(self, x):
+            h = self.conv1(nn.functional.silu(self.norm1(x)))
+            return self.skip(x) + self.conv2(nn.functional.silu(self.norm2(h)))
+
+    widths = [512, 512, 256, 128]
+    layers = [nn.Conv2d(4, widths[0], 3, padding=1)]
+    for level, width in enumerate(widths):
+        previous = widths[max(level - 1, 0)]
+        layers += [Block(previous, width), Block(width, width)]
+        if level < len(widths) - 1:
+            layers += [nn.Upsample(scale_factor=2.0), nn.Conv2d(width, width, 3, padding=1)]
+    layers += [nn.GroupNorm(32, widths[-1]), nn.SiLU(), nn.Conv2d(widths[-1], 3, 3, padding=1)]
+    decoder = nn.Sequential(*layers).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(24):
+            batch, side = random.choice([(1, 128), (2, 96), (4, 64), (8, 48), (1, 96), (6, 64)])
+            decoder(torch.randn(batch, 4, side, side, device=DEV, dtype=torch.half))
