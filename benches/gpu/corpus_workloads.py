@@ -71,13 +71,18 @@ def vit_train():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(24):
         batch = random.choice([16, 24, 32, 48, 64, 96])
-        images = torch.randn(batch, 3, 224, 224, device=DEV)
-        labels = torch.randint(0, 1000, (batch,), device=DEV)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        classifier_step(model, optimizer, torch.randn(batch, 3, 224, 224, device=DEV))
+
+
+def classifier_step(model, optimizer, images):
+    """One bf16-autocast training step of an image classifier on random labels, gradients
+    released after."""
+    labels = torch.randint(0, 1000, (images.shape[0],), device=DEV)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def t5_generate():

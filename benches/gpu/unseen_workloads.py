@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from corpus_workloads import DEV, llama
+from corpus_workloads import DEV, classifier_step, llama
 
 
 def detect_multiscale():
@@ -315,12 +315,7 @@ def efficientnet_multires_train():
     for _ in range(20):
         batch, side = random.choice([(96, 128), (64, 160), (48, 192), (32, 224), (16, 288)])
         images = torch.randn(batch, 3, side, side, device=DEV).to(memory_format=torch.channels_last)
-        labels = torch.randint(0, 1000, (batch,), device=DEV)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        classifier_step(model, optimizer, images)
 
 
 def vae_decode():

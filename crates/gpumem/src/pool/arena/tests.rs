@@ -7,15 +7,14 @@ use crate::units::MIB;
 use std::sync::Arc;
 
 fn setup() -> (PageReserve, Arena) {
+    setup_with(64 * MIB, crate::pool::ChunkSizes::new(64 * MIB, 0))
+}
+
+/// An arena over `span` bytes of a simulated device, whose misses cut pages as `chunks` says.
+fn setup_with(span: u64, chunks: crate::pool::ChunkSizes) -> (PageReserve, Arena) {
     let backend = Arc::new(SimBackend::new(SimConfig::default()));
-    let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, 64 * MIB).unwrap();
-    let reserve = PageReserve::new(
-        backend,
-        0,
-        Arc::new(DeviceReserve::default()),
-        crate::pool::ChunkSizes::new(64 * MIB, 0),
-    )
-    .unwrap();
+    let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, span).unwrap();
+    let reserve = PageReserve::new(backend, 0, Arc::new(DeviceReserve::default()), chunks).unwrap();
     (reserve, arena)
 }
 
@@ -106,16 +105,7 @@ fn releasing_pages_never_leaves_a_parked_block_on_unmapped_memory() {
 /// An arena over 256 MiB whose misses map 2 MiB chunks, and 8 MiB chunks inside runs of 18
 /// pages or more: small enough to lay out by hand which chunks a block would pin.
 fn setup_with_inside_chunks() -> (PageReserve, Arena) {
-    let backend = Arc::new(SimBackend::new(SimConfig::default()));
-    let arena = Arena::new(&*backend, 0, StreamId::DEFAULT, 256 * MIB).unwrap();
-    let reserve = PageReserve::new(
-        backend,
-        0,
-        Arc::new(DeviceReserve::default()),
-        crate::pool::ChunkSizes::new(2 * MIB, 8 * MIB),
-    )
-    .unwrap();
-    (reserve, arena)
+    setup_with(256 * MIB, crate::pool::ChunkSizes::new(2 * MIB, 8 * MIB))
 }
 
 /// Leaves one wholly idle inside chunk, pages 13..17, with nothing mapped before it; then places
