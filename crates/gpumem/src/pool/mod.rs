@@ -270,7 +270,9 @@ impl Pool {
             counters.set_pages(pages.mapped, pages.live);
             may_map(bytes)
         };
-        let outcome = arena.alloc(reserve, size, align, live, may_map);
+        // Read under the slot's lock, which a capture takes only after pinning the pool.
+        let may_unmap = !self.is_pinned();
+        let outcome = arena.alloc(reserve, size, align, live, may_unmap, may_map);
         // The pool's own counters follow its mapped pages; the device's held bytes follow
         // the driver's creations and releases, which the reserve counts.
         let released = arena.take_released_while_allocating();

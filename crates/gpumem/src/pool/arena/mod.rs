@@ -165,7 +165,8 @@ impl Arena {
     /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
     /// `may_map(bytes, pages)` is asked before any page is mapped, to enforce the pool's cap and
     /// the cache budget; `pages` are this arena's pages as they stand then, which this call may
-    /// already have changed (a parked block's free completed).
+    /// already have changed (a parked block's free completed). `may_unmap` is false in a CUDA
+    /// graph's pool, all of whose pages a captured graph may use (see `pinning.rs`).
     #[inline(always)]
     pub(crate) fn alloc(
         &mut self,
@@ -173,6 +174,7 @@ impl Arena {
         size: u64,
         align: u64,
         live: &LiveInfo,
+        may_unmap: bool,
         may_map: impl FnOnce(u64, PageCounts) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         if let Some(block) = self.parked {
@@ -201,7 +203,7 @@ impl Arena {
         let (first, last) = self.page_span(offset, size);
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
-        if !self.runs.is_empty() && self.would_set_a_new_high() {
+        if may_unmap && !self.runs.is_empty() && self.would_set_a_new_high() {
             self.give_back_chunks_it_would_pin(reserve, first, last);
         }
         let mut mapped = Released::default();

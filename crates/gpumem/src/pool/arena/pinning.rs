@@ -9,7 +9,8 @@
 //! that the block would cover less than half of goes back to the reserve first, and the block
 //! maps only its own pages. Measured on the simulated H100 (docs/performance.md): detect_multiscale
 //! 1.0316 -> 1.0235 and vae_decode 1.0132 -> 1.0100 of their peaks, misses unchanged across the
-//! corpus; applied at every placement instead, it cost 1.6x the misses.
+//! corpus; applied at every placement instead, it cost 1.6x the misses. A CUDA graph's pool never
+//! does this: a captured graph may still use the idle chunk's addresses.
 
 use super::{Arena, Released};
 use crate::pool::reserve::PageReserve;

@@ -27,8 +27,21 @@ fn live(id: u64) -> LiveInfo {
 }
 
 fn alloc(backend: &PageReserve, arena: &mut Arena, size: u64, id: u64) -> Placed {
+    alloc_in(backend, arena, size, id, true)
+}
+
+/// [`alloc`] in a pool whose idle pages may (or, a graph's, may not) be unmapped.
+fn alloc_in(
+    backend: &PageReserve,
+    arena: &mut Arena,
+    size: u64,
+    id: u64,
+    may_unmap: bool,
+) -> Placed {
     arena
-        .alloc(backend, size, 256, &live(id), |_, _| MapDecision::Allow)
+        .alloc(backend, size, 256, &live(id), may_unmap, |_, _| {
+            MapDecision::Allow
+        })
         .unwrap()
 }
 
@@ -111,8 +124,9 @@ fn setup_with_inside_chunks() -> (PageReserve, Arena) {
 /// Leaves one wholly idle inside chunk, pages 13..17, with nothing mapped before it; then places
 /// a block on pages 0..=13, which needs 13 pages mapped and touches one page of that chunk.
 /// `grow_first` first maps 30 more pages elsewhere, so that the block's pages take the arena past
-/// the most it has had mapped. Returns (mapped, idle) pages after the block is placed.
-fn place_on_a_corner_of_an_idle_inside_chunk(grow_first: bool) -> (usize, usize) {
+/// the most it has had mapped; `may_unmap` is false in a graph's pool. Returns (mapped, idle)
+/// pages after the block is placed.
+fn place_on_a_corner_of_an_idle_inside_chunk(grow_first: bool, may_unmap: bool) -> (usize, usize) {
     let (reserve, mut arena) = setup_with_inside_chunks();
     // Pages 0..18 as chunks of 1, 4, 4, 4, 4 and 1 pages; a live page after them.
     let long = alloc(&reserve, &mut arena, 36 * MIB, 1);
@@ -128,7 +142,7 @@ fn place_on_a_corner_of_an_idle_inside_chunk(grow_first: bool) -> (usize, usize)
         let _far = alloc(&reserve, &mut arena, 60 * MIB, 3);
         assert_eq!(arena.mapped_pages(), 35);
     }
-    let block = alloc(&reserve, &mut arena, 26 * MIB + 512, 4);
+    let block = alloc_in(&reserve, &mut arena, 26 * MIB + 512, 4, may_unmap);
     assert_eq!(block.ptr, arena.base, "the block starts at page 0");
     (arena.mapped_pages(), arena.idle_pages())
 }
@@ -136,11 +150,26 @@ fn place_on_a_corner_of_an_idle_inside_chunk(grow_first: bool) -> (usize, usize)
 #[test]
 fn a_block_setting_a_new_high_gives_back_the_idle_inside_chunk_it_would_pin() {
     // 35 mapped, less the chunk's 4, plus the block's 14 pages: nothing idle.
-    assert_eq!(place_on_a_corner_of_an_idle_inside_chunk(true), (45, 0));
+    assert_eq!(
+        place_on_a_corner_of_an_idle_inside_chunk(true, true),
+        (45, 0)
+    );
+}
+
+#[test]
+fn a_graph_pool_keeps_the_chunk_even_at_a_new_high() {
+    // A captured graph may still use the chunk's addresses: nothing is unmapped.
+    assert_eq!(
+        place_on_a_corner_of_an_idle_inside_chunk(true, false),
+        (48, 3)
+    );
 }
 
 #[test]
 fn below_the_arena_s_high_a_block_keeps_the_chunk_it_lands_on() {
     // 18 pages as before: the chunk's other three pages stay mapped, idle, ready for reuse.
-    assert_eq!(place_on_a_corner_of_an_idle_inside_chunk(false), (18, 3));
+    assert_eq!(
+        place_on_a_corner_of_an_idle_inside_chunk(false, true),
+        (18, 3)
+    );
 }
