@@ -94,6 +94,13 @@ pub struct MemoryConfig {
     /// where the cache's slack is larger (peaks from 2 GiB up), they grow to it, and to a
     /// quarter of the run at most.
     pub inside_chunk_bytes: u64,
+    /// Whether a miss that takes an arena past the most pages it has held maps its block's own
+    /// pages as one chunk (off by default). A cold miss then costs the driver one chunk
+    /// whatever its size, as the driver's own pool does, and a smaller block that later lands
+    /// on such a chunk cuts it again as an ordinary miss would have. Measured on the trace
+    /// corpus it holds more memory on some traces (docs/performance.md): the setting for a
+    /// process whose first allocations (a model loading) must be fast.
+    pub whole_chunks_when_growing: bool,
 }
 
 /// The same settings under the name the embedding examples use (`ManagerConfig` next to
@@ -124,6 +131,7 @@ impl Default for MemoryConfig {
             idle_per_mille: 8,
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,
+            whole_chunks_when_growing: false,
         }
     }
 }

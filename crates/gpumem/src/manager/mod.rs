@@ -229,7 +229,8 @@ impl MemoryManager {
             Arc::clone(backend),
             index,
             Arc::clone(&reserve),
-            ChunkSizes::new(config.max_chunk_bytes, config.inside_chunk_bytes),
+            ChunkSizes::new(config.max_chunk_bytes, config.inside_chunk_bytes)
+                .whole_when_growing(config.whole_chunks_when_growing),
         )?);
         let mut device = ManagedDevice {
             index,

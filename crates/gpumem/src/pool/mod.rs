@@ -19,7 +19,7 @@ pub(crate) mod tlsf;
 pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
 pub use device_totals::DeviceReserve;
 pub use direct::DirectPool;
-pub use reserve::{ChunkSizes, PageReserve};
+pub use reserve::{ChunkSizes, Cut, PageReserve};
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
 

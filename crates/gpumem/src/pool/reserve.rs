@@ -23,6 +23,7 @@ pub struct PageReserve {
     max_chunk_pages: u32,
     /// ...and the smallest chunks inside a long one, in pages (none unless larger).
     inside_chunk_pages: u32,
+    whole_when_growing: bool,
     /// The cache's slack, in pages, as the cache budget last saw it: inside chunks grow with it
     /// (see [`PageReserve::new_chunks`]).
     slack_pages: AtomicU64,
@@ -46,6 +47,9 @@ pub struct ChunkSizes {
     pub max_bytes: u64,
     /// Chunks inside a long miss (0, or no more than `max_bytes`: none).
     pub inside_bytes: u64,
+    /// Whether a miss at a new high of an arena's pages cuts its block's pages whole
+    /// ([`Cut::Whole`], `whole_chunks_when_growing` of the configuration).
+    pub whole_when_growing: bool,
 }
 
 impl ChunkSizes {
@@ -53,6 +57,14 @@ impl ChunkSizes {
         ChunkSizes {
             max_bytes,
             inside_bytes,
+            whole_when_growing: false,
+        }
+    }
+
+    pub fn whole_when_growing(self, whole_when_growing: bool) -> Self {
+        ChunkSizes {
+            whole_when_growing,
+            ..self
         }
     }
 }
@@ -72,6 +84,21 @@ const INSIDE_CHUNK_SLACKS: u64 = 2;
 /// 1.0325 of its peak).
 const MIN_INSIDE_CHUNKS: u64 = 4;
 
+/// How [`PageReserve::map`] cuts the pages it creates for one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Ordinary chunks, with inside chunks in a long run (see [`PageReserve::map`]).
+    Ordinary,
+    /// As few chunks as the block's ends allow, for an arena growing past the most it has held:
+    /// one chunk for the pages under the block alone, and a chunk of one page for each end page
+    /// it may share with a neighbour (`lone_first`, `lone_last`: the block does not begin or end
+    /// on a page boundary there). A neighbour keeps only its own page's chunk mapped after the
+    /// block is freed; a smaller block landing on the large chunk gives it back first
+    /// (`arena/pinning.rs`). Used only where it makes fewer chunks than the ordinary cut, and
+    /// only for pages created, not kept chunks mapped again.
+    Whole { lone_first: bool, lone_last: bool },
+}
+
 /// What one [`PageReserve::map`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mapped {
@@ -79,6 +106,8 @@ pub struct Mapped {
     pub reused_pages: u64,
     /// The chunks now behind the range, in pages, in address order.
     pub chunks: Vec<u32>,
+    /// Which of `chunks` was cut whole for the block ([`Cut::Whole`]), if one was.
+    pub whole: Option<usize>,
 }
 
 impl PageReserve {
@@ -97,6 +126,7 @@ impl PageReserve {
             held,
             max_chunk_pages: (chunks.max_bytes / page_size).clamp(1, u32::MAX as u64) as u32,
             inside_chunk_pages: (chunks.inside_bytes / page_size).min(u32::MAX as u64) as u32,
+            whole_when_growing: chunks.whole_when_growing,
             slack_pages: AtomicU64::new(0),
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
@@ -112,6 +142,11 @@ impl PageReserve {
     /// inside chunks.
     pub(crate) fn ordinary_chunk_pages(&self) -> u32 {
         self.max_chunk_pages
+    }
+
+    /// Whether a block at a new high of its arena's pages gets [`Cut::Whole`].
+    pub(crate) fn cuts_whole_when_growing(&self) -> bool {
+        self.whole_when_growing
     }
 
     pub fn backend(&self) -> &dyn DeviceBackend {
@@ -149,7 +184,7 @@ impl PageReserve {
     /// driver charges it (and a later unmap) per chunk: one chunk for a whole run is what makes
     /// a miss cheap; the cap keeps a chunk from pinning much more than the block that made it,
     /// since only a chunk with no live block on any of its pages can be unmapped.
-    pub fn map(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
+    pub fn map(&self, addr: DevicePtr, size: u64, cut: Cut) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
         // What this run takes from the reserve is taken under its lock; the driver is called
         // without it, so that misses on other threads wait for the driver (which serialises
@@ -182,7 +217,13 @@ impl PageReserve {
                 tracing::warn!(device = self.device, %error, "could not return kept chunks to the driver");
             }
         }
-        let new_chunks = self.new_chunks(pages - reused_pages);
+        let (new_chunks, whole) = match cut {
+            Cut::Whole {
+                lone_first,
+                lone_last,
+            } if reused_pages == 0 => self.whole_chunks(pages, lone_first, lone_last),
+            _ => (self.new_chunks(pages - reused_pages), None),
+        };
         let mut chunks: Vec<u32> = reuse.iter().map(|c| c.pages).collect();
         chunks.extend(&new_chunks);
         let result = self
@@ -205,6 +246,7 @@ impl PageReserve {
             created_pages: created,
             reused_pages,
             chunks,
+            whole,
         })
     }
 
@@ -230,6 +272,47 @@ impl PageReserve {
         chunks.extend(crate::backend::new_chunks(inner, inside));
         chunks.push(self.max_chunk_pages);
         chunks
+    }
+
+    /// Maps `[addr, addr + size)` again, cut as an ordinary miss would, after the one large
+    /// chunk behind it was unmapped into the reserve: a kept chunk of that size (chunks of one
+    /// size are alike) goes back to the driver first, so the device never holds more than
+    /// before (see `arena/pinning.rs`).
+    pub fn recut(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
+        let pages = size / self.page_size;
+        {
+            let mut spare = self.spare.lock();
+            if let Some(at) = spare.iter().position(|c| c.pages as u64 == pages) {
+                let going = vec![spare.swap_remove(at)];
+                let released = self.release(going, &mut spare);
+                self.store_spare(&spare);
+                released?;
+            }
+        }
+        self.map(addr, size, Cut::Ordinary)
+    }
+
+    /// [`Cut::Whole`] of `pages` new pages, or the ordinary cut where that has no more chunks.
+    fn whole_chunks(
+        &self,
+        pages: u64,
+        lone_first: bool,
+        lone_last: bool,
+    ) -> (Vec<u32>, Option<usize>) {
+        let ends = u64::from(lone_first) + u64::from(lone_last);
+        let ordinary = self.new_chunks(pages);
+        if pages <= ends || pages - ends > u32::MAX as u64 || ordinary.len() as u64 <= ends + 1 {
+            return (ordinary, None);
+        }
+        let mut chunks = Vec::with_capacity(3);
+        if lone_first {
+            chunks.push(1);
+        }
+        chunks.push((pages - ends) as u32);
+        if lone_last {
+            chunks.push(1);
+        }
+        (chunks, Some(usize::from(lone_first)))
     }
 
     /// The inside chunks of a run of `pages` new pages, if it is long enough to have any.

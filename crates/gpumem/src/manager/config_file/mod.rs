@@ -237,6 +237,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("inside_chunk_bytes", |c, raw, key| {
         raw.bytes(key).map(|v| c.inside_chunk_bytes = v)
     }),
+    ("whole_chunks_when_growing", |c, raw, key| {
+        raw.boolean(key).map(|v| c.whole_chunks_when_growing = v)
+    }),
     ("pressure.medium", |c, raw, key| {
         raw.number(key).map(|v| c.pressure.medium = v)
     }),

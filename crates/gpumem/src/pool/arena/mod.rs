@@ -9,6 +9,7 @@ use super::tlsf::{BlockState, LiveInfo, Tlsf};
 use super::BusyStreams;
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
+use pinning::{BlockCut, Recut};
 
 /// Why an arena could not place a block.
 #[derive(Debug)]
@@ -87,7 +88,7 @@ pub(crate) struct Arena {
     /// the page table are exact where it matters: before a placement, a release, or a
     /// measurement. (Between, the page counts the pool publishes count its pages as live.)
     parked: Option<u32>,
-    /// The most pages this arena has had mapped (see `pinning.rs`).
+    /// The most pages this arena has had mapped since it last had none (see `pinning.rs`).
     mapped_high: usize,
     released_while_allocating: Released,
     /// Pages a failed allocation mapped and could not unmap again (see `map_runs`).
@@ -203,17 +204,24 @@ impl Arena {
         let (first, last) = self.page_span(offset, size);
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
-        if may_unmap && !self.runs.is_empty() && self.would_set_a_new_high() {
-            self.give_back_chunks_it_would_pin(reserve, first, last);
+        let (mut cut, mut recut) = (BlockCut::Ordinary, Recut::default());
+        if may_unmap {
+            recut = self.recut_large_chunks_it_would_pin(reserve, first, last);
+            if !self.runs.is_empty() && self.would_set_a_new_high() {
+                self.give_back_chunks_it_would_pin(reserve, first, last);
+                if reserve.cuts_whole_when_growing() {
+                    cut = self.growth_cut(offset, size);
+                }
+            }
         }
-        let mut mapped = Released::default();
-        let mut miss_ns = 0;
+        // A recut's mapping is this allocation's, reported with its own.
+        let (mut mapped, mut miss_ns) = (recut.mapped, recut.ns);
         if !self.runs.is_empty() {
             let started = std::time::Instant::now();
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
             let outcome = match may_map(wanted, self.page_counts()) {
-                MapDecision::Allow => self.map_runs(reserve),
+                MapDecision::Allow => self.map_runs(reserve, cut),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
                 MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
                 MapDecision::NeedsRoom(excess) => {
@@ -226,20 +234,27 @@ impl Arena {
                     let released = released.unwrap_or_else(|e| e.released);
                     self.count_released_while_allocating(released);
                     if released.bytes >= excess {
-                        self.map_runs(reserve)
+                        self.map_runs(reserve, cut)
                     } else {
                         Err(ArenaError::NeedsRoom(excess - released.bytes))
                     }
                 }
             };
             match outcome {
-                Ok(done) => mapped = done,
+                Ok(done) => {
+                    mapped.bytes += done.bytes;
+                    mapped.calls += done.calls;
+                }
                 Err(error) => {
                     self.tlsf.free(block);
+                    // The recut pages stay mapped, idle: counted like a failed map's leftovers.
+                    self.kept_after_failed_map.bytes += recut.mapped.bytes;
+                    self.kept_after_failed_map.calls += recut.mapped.calls;
                     return Err(error);
                 }
             }
-            miss_ns = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+            let elapsed = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+            miss_ns = miss_ns.saturating_add(elapsed);
         }
         self.pages.acquire(first, last);
         self.mapped_high = self.mapped_high.max(self.pages.mapped_pages());
@@ -252,25 +267,26 @@ impl Arena {
         })
     }
 
-    /// Maps every run in `self.runs` (kept chunks first); on failure unmaps what this call
-    /// mapped, back into the reserve.
-    fn map_runs(&mut self, reserve: &PageReserve) -> Result<Released, ArenaError> {
+    /// Maps every run in `self.runs` (kept chunks first), cutting new pages as `cut` says for
+    /// the block's first and last pages (see [`Arena::growth_cut`]); on failure unmaps what this
+    /// call mapped, back into the reserve.
+    fn map_runs(&mut self, reserve: &PageReserve, cut: BlockCut) -> Result<Released, ArenaError> {
         let now = crate::clock::now();
         let mut done = Released::default();
         let mut layouts = Vec::with_capacity(self.runs.len());
         for index in 0..self.runs.len() {
             let run = self.runs[index];
             let (addr, bytes) = self.run_range(run);
-            match reserve.map(addr, bytes) {
-                Ok(mapped) => layouts.push(mapped.chunks),
+            match reserve.map(addr, bytes, cut.for_run(run)) {
+                Ok(mapped) => layouts.push(mapped),
                 Err(error) => {
-                    for (earlier, chunks) in self.runs[..index].iter().zip(&layouts) {
+                    for (earlier, mapped) in self.runs[..index].iter().zip(&layouts) {
                         let (addr, bytes) = self.run_range(*earlier);
                         // The pages were mapped a moment ago and nothing uses them; if the
                         // driver cannot unmap them now, they stay mapped (idle, released later
                         // like any cached page) and must be counted as mapped by this arena.
                         if reserve.unmap(addr, bytes).is_err() {
-                            self.pages.mark_mapped(*earlier, chunks, now);
+                            self.pages.mark_mapped(*earlier, &mapped.chunks, now);
                             self.kept_after_failed_map.bytes += bytes;
                             self.kept_after_failed_map.calls += 1;
                         }
@@ -281,8 +297,12 @@ impl Arena {
             done.bytes += bytes;
             done.calls += 1;
         }
-        for (run, chunks) in self.runs.iter().zip(&layouts) {
-            self.pages.mark_mapped(*run, chunks, now);
+        for (run, mapped) in self.runs.iter().zip(&layouts) {
+            self.pages.mark_mapped(*run, &mapped.chunks, now);
+            if let Some(whole) = mapped.whole {
+                let before: u32 = mapped.chunks[..whole].iter().sum();
+                self.pages.mark_whole(run.first + before);
+            }
         }
         Ok(done)
     }
@@ -437,6 +457,10 @@ impl Arena {
             }
             released.bytes += bytes;
             released.calls += 1;
+        }
+        if self.pages.mapped_pages() == 0 {
+            // Holding nothing, the arena is as new: growing again is growth (`pinning.rs`).
+            self.mapped_high = 0;
         }
         Ok(released)
     }

@@ -13,8 +13,47 @@
 //! does this: a captured graph may still use the idle chunk's addresses.
 
 use super::{Arena, Released};
-use crate::pool::reserve::PageReserve;
+use crate::pool::pages::{PageRun, Pinned};
+use crate::pool::reserve::{Cut, PageReserve};
 use crate::pool::BusyStreams;
+
+/// What [`Arena::recut_large_chunks_it_would_pin`] mapped again, and how long it took.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Recut {
+    pub(super) mapped: Released,
+    pub(super) ns: u32,
+}
+
+/// How a placement cuts the pages it creates: [`Cut::Whole`] for a block on `first..=last`,
+/// with a lone chunk for each end page the block may share with a neighbour.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BlockCut {
+    Ordinary,
+    Whole {
+        first: u32,
+        last: u32,
+        shared_first: bool,
+        shared_last: bool,
+    },
+}
+
+impl BlockCut {
+    /// The cut of one of the block's unmapped runs: only the block's own end pages are lone.
+    pub(super) fn for_run(self, run: PageRun) -> Cut {
+        match self {
+            BlockCut::Ordinary => Cut::Ordinary,
+            BlockCut::Whole {
+                first,
+                last,
+                shared_first,
+                shared_last,
+            } => Cut::Whole {
+                lone_first: shared_first && run.first == first,
+                lone_last: shared_last && run.end() - 1 == last,
+            },
+        }
+    }
+}
 
 impl Arena {
     /// Whether mapping `self.runs` (the pages a placement lacks) would take the arena past the
@@ -24,9 +63,26 @@ impl Arena {
         self.pages.mapped_pages() + wanted > self.mapped_high
     }
 
-    /// Unmaps into the reserve the idle inside chunks a block on `first..=last` would pin, and
-    /// recomputes the pages it lacks (`self.runs`). What the driver refuses to unmap stays mapped
-    /// and pinned: a lost saving, not an error.
+    /// How a block at `offset` of `size` bytes, placed at a new high, cuts the pages it
+    /// creates: as few chunks as its ends allow. A growing arena (a model loading, a first
+    /// step) pays the driver per chunk, not per byte, and its blocks have no smaller blocks
+    /// beside them yet to pin anything; when one lands on such a chunk later, the chunk goes
+    /// back first ([`give_back_oversized_chunks_it_would_pin`](Self::give_back_oversized_chunks_it_would_pin)).
+    pub(super) fn growth_cut(&self, offset: u64, size: u64) -> BlockCut {
+        let (first, last) = self.page_span(offset, size);
+        let in_page = self.page_size - 1;
+        BlockCut::Whole {
+            first,
+            last,
+            shared_first: offset & in_page != 0,
+            shared_last: (offset + size) & in_page != 0,
+        }
+    }
+
+    /// Unmaps into the reserve the idle inside chunks a block on `first..=last` would pin (at a
+    /// new high: see the module's documentation), and recomputes the pages it lacks
+    /// (`self.runs`). What the driver refuses to unmap stays mapped and pinned: a lost saving,
+    /// not an error.
     pub(super) fn give_back_chunks_it_would_pin(
         &mut self,
         reserve: &PageReserve,
@@ -34,12 +90,73 @@ impl Arena {
         last: u32,
     ) {
         let mut victims = Vec::new();
-        let ordinary = reserve.ordinary_chunk_pages();
+        let inside = Pinned::UnderHalfOfLargerThan(reserve.ordinary_chunk_pages());
         self.pages
-            .chunks_a_block_would_pin(first, last, ordinary, &mut victims);
+            .chunks_a_block_would_pin(first, last, inside, &mut victims);
         if victims.is_empty() {
             return;
         }
+        self.release_chunks(reserve, &victims);
+        self.runs.clear();
+        self.pages.unmapped_runs(first, last, &mut self.runs);
+    }
+
+    /// Cuts again, as an ordinary miss would have, any wholly idle [`Cut::Whole`] chunk (sized
+    /// for the one block that made it) that a block on `first..=last` would cover in part, at any placement: the chunk is
+    /// unmapped and released, and its pages mapped again in ordinary chunks, still idle. The
+    /// block and those after it then pin what they would have pinned had the pages been cut
+    /// ordinarily from the start; a growing arena paid for one chunk, and pays for the
+    /// ordinary ones only if smaller blocks come to use its pages. What the driver refuses
+    /// leaves the pages unmapped (the block maps its own) or the chunk mapped and pinned: a
+    /// lost saving, not an error. Recomputes the pages the block lacks (`self.runs`).
+    pub(super) fn recut_large_chunks_it_would_pin(
+        &mut self,
+        reserve: &PageReserve,
+        first: u32,
+        last: u32,
+    ) -> Recut {
+        if self.pages.idle_pages() == 0 {
+            return Recut::default();
+        }
+        let mut victims = Vec::new();
+        self.pages
+            .chunks_a_block_would_pin(first, last, Pinned::WholeInPart, &mut victims);
+        if victims.is_empty() {
+            return Recut::default();
+        }
+        let started = std::time::Instant::now();
+        self.release_chunks(reserve, &victims);
+        let mut recut = Recut::default();
+        for victim in victims {
+            if self
+                .pages
+                .mapped_runs(victim.first, victim.first)
+                .next()
+                .is_some()
+            {
+                continue; // the driver would not unmap it
+            }
+            let (addr, bytes) = self.run_range(victim);
+            match reserve.recut(addr, bytes) {
+                Ok(mapped) => {
+                    self.pages
+                        .mark_mapped(victim, &mapped.chunks, crate::clock::now());
+                    recut.mapped.bytes += bytes;
+                    recut.mapped.calls += 1;
+                }
+                Err(error) => {
+                    tracing::debug!(device = self.device, %error, "could not map a recut chunk's pages again");
+                }
+            }
+        }
+        self.runs.clear();
+        self.pages.unmapped_runs(first, last, &mut self.runs);
+        recut.ns = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+        recut
+    }
+
+    /// Unmaps `victims` (wholly idle chunks) into the reserve, counted as this allocation's.
+    fn release_chunks(&mut self, reserve: &PageReserve, victims: &[PageRun]) {
         let released = self.release_pages(
             reserve,
             |_, _| true,
@@ -47,8 +164,6 @@ impl Arena {
             BusyStreams::Wait,
         );
         self.count_released_while_allocating(released.unwrap_or_else(|e| e.released));
-        self.runs.clear();
-        self.pages.unmapped_runs(first, last, &mut self.runs);
     }
 
     /// Adds to what this allocation unmapped, reported once it ends

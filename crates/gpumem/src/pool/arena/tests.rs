@@ -173,3 +173,81 @@ fn below_the_arena_s_high_a_block_keeps_the_chunk_it_lands_on() {
         (18, 3)
     );
 }
+
+/// An arena over 256 MiB whose misses map 2 MiB chunks, and cut a growing block's pages whole.
+fn setup_cutting_whole_when_growing() -> (PageReserve, Arena) {
+    let chunks = crate::pool::ChunkSizes::new(2 * MIB, 8 * MIB).whole_when_growing(true);
+    setup_with(256 * MIB, chunks)
+}
+
+/// Frees every idle page; returns how many chunks went (the driver unmaps one per call).
+fn release_all_idle(reserve: &PageReserve, arena: &mut Arena) -> u64 {
+    let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
+    released.unwrap().calls
+}
+
+#[test]
+fn a_growing_block_is_mapped_as_one_chunk_only_when_asked() {
+    for (whole, chunks) in [(true, 1), (false, 8)] {
+        let chunk_sizes = crate::pool::ChunkSizes::new(2 * MIB, 8 * MIB).whole_when_growing(whole);
+        let (reserve, mut arena) = setup_with(256 * MIB, chunk_sizes);
+        let block = alloc(&reserve, &mut arena, 16 * MIB, 1);
+        arena.free(block.block);
+        assert_eq!(
+            release_all_idle(&reserve, &mut arena),
+            chunks,
+            "whole: {whole}"
+        );
+    }
+}
+
+#[test]
+fn a_growing_block_keeps_the_end_page_it_may_share_in_a_chunk_of_its_own() {
+    let (reserve, mut arena) = setup_cutting_whole_when_growing();
+    let _before = alloc(&reserve, &mut arena, MIB, 1);
+    // Pages 0..=8: page 0 is the first block's already, page 8 is shared with whatever comes
+    // next (the block ends 1 MiB into it), pages 1..=7 are the block's alone.
+    let block = alloc(&reserve, &mut arena, 16 * MIB, 2);
+    assert_eq!(arena.mapped_pages(), 9);
+    arena.free(block.block);
+    assert_eq!(
+        release_all_idle(&reserve, &mut arena),
+        2,
+        "pages 1..=7, then page 8"
+    );
+    assert_eq!(arena.mapped_pages(), 1);
+}
+
+#[test]
+fn a_smaller_block_landing_on_a_whole_chunk_cuts_it_as_an_ordinary_miss_would() {
+    let (reserve, mut arena) = setup_cutting_whole_when_growing();
+    let grown = alloc(&reserve, &mut arena, 16 * MIB, 1);
+    arena.free(grown.block);
+    // Two of the chunk's eight pages: kept whole, the chunk would stay mapped while this lives.
+    let small = alloc(&reserve, &mut arena, 4 * MIB, 2);
+    assert_eq!(small.ptr, arena.base);
+    assert!(small.map_calls > 0, "cutting again calls the driver");
+    assert_eq!((arena.mapped_pages(), arena.idle_pages()), (8, 6));
+    assert_eq!(
+        release_all_idle(&reserve, &mut arena),
+        6,
+        "six 2 MiB chunks"
+    );
+    assert_eq!(arena.mapped_pages(), 2);
+    assert_eq!(
+        reserve
+            .held()
+            .reserved_bytes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        16 * MIB,
+        "nothing created beyond the chunk's pages"
+    );
+}
+
+#[test]
+fn a_graph_pool_never_cuts_whole() {
+    let (reserve, mut arena) = setup_cutting_whole_when_growing();
+    let block = alloc_in(&reserve, &mut arena, 16 * MIB, 1, false);
+    arena.free(block.block);
+    assert_eq!(release_all_idle(&reserve, &mut arena), 8);
+}

@@ -23,8 +23,11 @@ impl RunValue for Mapped {
 }
 
 /// A chunk the driver mapped as one and unmaps as one: never joined with its neighbours.
+/// `whole`: cut for the one block that made it (`Cut::Whole`), not as an ordinary miss cuts.
 #[derive(Clone, Copy, Debug, Default)]
-struct Chunk;
+struct Chunk {
+    whole: bool,
+}
 
 impl RunValue for Chunk {
     fn advanced(self, _offset: u32) -> Self {
@@ -75,6 +78,15 @@ pub(crate) struct PageTable {
     next_order: u64,
     idle_pages: usize,
     mapped_pages: usize,
+}
+
+/// Which chunks [`PageTable::chunks_a_block_would_pin`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pinned {
+    /// Chunks of more than this many pages that the block would cover less than half of.
+    UnderHalfOfLargerThan(u32),
+    /// Chunks cut whole for another block that the block would cover in part.
+    WholeInPart,
 }
 
 /// A run of consecutive pages `[first, first + count)`.
@@ -160,7 +172,7 @@ impl PageTable {
         self.grow_to(run.end() - 1);
         let mut first = run.first;
         for &pages in chunks {
-            self.chunks.insert(first, first + pages, Chunk);
+            self.chunks.insert(first, first + pages, Chunk::default());
             first += pages;
         }
         self.map_idle(run, now);
@@ -261,30 +273,33 @@ impl PageTable {
             .unwrap_or(0)
     }
 
-    /// Appends to `found` the wholly idle chunks of more than `larger_than` pages at either end
-    /// of `first..=last` that a block there would cover less than half of: chunks it would keep
-    /// mapped, mostly idle, for as long as it lives (a chunk is unmapped whole or not at all).
+    /// Appends to `found` the wholly idle chunks at either end of `first..=last` that
+    /// `pinned` names: chunks a block there would keep mapped, partly idle, for as long as it
+    /// lives (a chunk is unmapped whole or not at all).
     pub(crate) fn chunks_a_block_would_pin(
         &self,
         first: u32,
         last: u32,
-        larger_than: u32,
+        pinned: Pinned,
         found: &mut Vec<PageRun>,
     ) {
         for page in [first, last] {
             let Some(chunk) = self.chunks.containing(page) else {
                 continue;
             };
+            let whole = chunk.value.whole;
             let chunk = PageRun {
                 first: chunk.first,
                 count: chunk.end - chunk.first,
             };
             let covered = chunk.end().min(last + 1) - chunk.first.max(first);
-            if chunk.count > larger_than
-                && covered * 2 < chunk.count
-                && !found.contains(&chunk)
-                && self.newest_if_all_idle(chunk).is_some()
-            {
+            let named = match pinned {
+                Pinned::UnderHalfOfLargerThan(pages) => {
+                    chunk.count > pages && covered * 2 < chunk.count
+                }
+                Pinned::WholeInPart => whole && covered < chunk.count,
+            };
+            if named && !found.contains(&chunk) && self.newest_if_all_idle(chunk).is_some() {
                 found.push(chunk);
             }
         }
@@ -375,9 +390,19 @@ impl PageTable {
         (idle_to >= pages.end()).then_some((order, since))
     }
 
-    /// Puts back a chunk from `take_idle` that the driver failed to unmap.
+    /// Marks the chunk beginning at page `first` as cut whole for one block (`Cut::Whole`).
+    pub(crate) fn mark_whole(&mut self, first: u32) {
+        if let Some(chunk) = self.chunks.containing(first).filter(|c| c.first == first) {
+            self.chunks.remove(chunk.first, chunk.end, |_| {});
+            self.chunks
+                .insert(chunk.first, chunk.end, Chunk { whole: true });
+        }
+    }
+
+    /// Puts back a chunk from `take_idle` that the driver failed to unmap (as an ordinary one).
     pub(crate) fn restore_idle(&mut self, chunk: PageRun, now: u64) {
-        self.chunks.insert(chunk.first, chunk.end(), Chunk);
+        self.chunks
+            .insert(chunk.first, chunk.end(), Chunk::default());
         self.map_idle(chunk, now);
     }
 }
