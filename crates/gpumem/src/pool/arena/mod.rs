@@ -206,7 +206,7 @@ impl Arena {
         self.pages.unmapped_runs(first, last, &mut self.runs);
         let (mut cut, mut recut) = (BlockCut::Ordinary, Recut::default());
         if may_unmap {
-            recut = self.recut_large_chunks_it_would_pin(reserve, first, last);
+            recut = self.recut_whole_chunks_it_would_pin(reserve, first, last);
             if !self.runs.is_empty() && self.would_set_a_new_high() {
                 self.give_back_chunks_it_would_pin(reserve, first, last);
                 if reserve.cuts_whole_when_growing() {

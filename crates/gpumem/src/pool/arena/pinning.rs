@@ -11,13 +11,18 @@
 //! 1.0316 -> 1.0235 and vae_decode 1.0132 -> 1.0100 of their peaks, misses unchanged across the
 //! corpus; applied at every placement instead, it cost 1.6x the misses. A CUDA graph's pool never
 //! does this: a captured graph may still use the idle chunk's addresses.
+//!
+//! With `whole_chunks_when_growing` on, a miss at a new high maps its block's own pages as one
+//! chunk (the driver charges per chunk), and a smaller block that later lands on such a chunk
+//! cuts it again as an ordinary miss would have. Off by default: on some traces it still holds
+//! more than the default (docs/performance.md).
 
 use super::{Arena, Released};
 use crate::pool::pages::{PageRun, Pinned};
 use crate::pool::reserve::{Cut, PageReserve};
 use crate::pool::BusyStreams;
 
-/// What [`Arena::recut_large_chunks_it_would_pin`] mapped again, and how long it took.
+/// What [`Arena::recut_whole_chunks_it_would_pin`] mapped again, and how long it took.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Recut {
     pub(super) mapped: Released,
@@ -66,8 +71,8 @@ impl Arena {
     /// How a block at `offset` of `size` bytes, placed at a new high, cuts the pages it
     /// creates: as few chunks as its ends allow. A growing arena (a model loading, a first
     /// step) pays the driver per chunk, not per byte, and its blocks have no smaller blocks
-    /// beside them yet to pin anything; when one lands on such a chunk later, the chunk goes
-    /// back first ([`give_back_oversized_chunks_it_would_pin`](Self::give_back_oversized_chunks_it_would_pin)).
+    /// beside them yet to pin anything; when one lands on such a chunk later, the chunk is cut
+    /// again first ([`recut_whole_chunks_it_would_pin`](Self::recut_whole_chunks_it_would_pin)).
     pub(super) fn growth_cut(&self, offset: u64, size: u64) -> BlockCut {
         let (first, last) = self.page_span(offset, size);
         let in_page = self.page_size - 1;
@@ -102,20 +107,22 @@ impl Arena {
     }
 
     /// Cuts again, as an ordinary miss would have, any wholly idle [`Cut::Whole`] chunk (sized
-    /// for the one block that made it) that a block on `first..=last` would cover in part, at any placement: the chunk is
-    /// unmapped and released, and its pages mapped again in ordinary chunks, still idle. The
-    /// block and those after it then pin what they would have pinned had the pages been cut
-    /// ordinarily from the start; a growing arena paid for one chunk, and pays for the
-    /// ordinary ones only if smaller blocks come to use its pages. What the driver refuses
-    /// leaves the pages unmapped (the block maps its own) or the chunk mapped and pinned: a
-    /// lost saving, not an error. Recomputes the pages the block lacks (`self.runs`).
-    pub(super) fn recut_large_chunks_it_would_pin(
+    /// for the one block that made it) that a block on `first..=last` would cover in part, at
+    /// any placement: the chunk is unmapped and released, and its pages mapped again in
+    /// ordinary chunks, still idle. The block and those after it then pin what they would have
+    /// pinned had the pages been cut ordinarily from the start; a growing arena paid for one
+    /// chunk, and pays for the ordinary ones only if smaller blocks come to use its pages. What
+    /// the driver refuses leaves the pages unmapped (the block maps its own) or the chunk
+    /// mapped and pinned: a lost saving, not an error. Recomputes the pages the block lacks
+    /// (`self.runs`).
+    pub(super) fn recut_whole_chunks_it_would_pin(
         &mut self,
         reserve: &PageReserve,
         first: u32,
         last: u32,
     ) -> Recut {
-        if self.pages.idle_pages() == 0 {
+        // Whole chunks exist only where the setting is on.
+        if !reserve.cuts_whole_when_growing() || self.pages.idle_pages() == 0 {
             return Recut::default();
         }
         let mut victims = Vec::new();
