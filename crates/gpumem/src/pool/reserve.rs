@@ -93,9 +93,9 @@ pub enum Cut {
     /// one chunk for the pages under the block alone, and a chunk of one page for each end page
     /// it may share with a neighbour (`lone_first`, `lone_last`: the block does not begin or end
     /// on a page boundary there). A neighbour keeps only its own page's chunk mapped after the
-    /// block is freed; a smaller block landing on the large chunk gives it back first
-    /// (`arena/pinning.rs`). Used only where it makes fewer chunks than the ordinary cut, and
-    /// only for pages created, not kept chunks mapped again.
+    /// block is freed; a smaller block landing on the large chunk first cuts it again as an
+    /// ordinary miss would have (`arena/pinning.rs`). Used only where it makes fewer chunks
+    /// than the ordinary cut, and only for pages created, not kept chunks mapped again.
     Whole { lone_first: bool, lone_last: bool },
 }
 
@@ -106,8 +106,9 @@ pub struct Mapped {
     pub reused_pages: u64,
     /// The chunks now behind the range, in pages, in address order.
     pub chunks: Vec<u32>,
-    /// Which of `chunks` was cut whole for the block ([`Cut::Whole`]), if one was.
-    pub whole: Option<usize>,
+    /// Where the chunk cut whole for the block ([`Cut::Whole`]) begins, in pages into the
+    /// range, if one was.
+    pub whole_from: Option<u32>,
 }
 
 impl PageReserve {
@@ -217,7 +218,7 @@ impl PageReserve {
                 tracing::warn!(device = self.device, %error, "could not return kept chunks to the driver");
             }
         }
-        let (new_chunks, whole) = match cut {
+        let (new_chunks, whole_from) = match cut {
             Cut::Whole {
                 lone_first,
                 lone_last,
@@ -246,7 +247,7 @@ impl PageReserve {
             created_pages: created,
             reused_pages,
             chunks,
-            whole,
+            whole_from,
         })
     }
 
@@ -277,19 +278,22 @@ impl PageReserve {
     /// Maps `[addr, addr + size)` again, cut as an ordinary miss would, after the one large
     /// chunk behind it was unmapped into the reserve: a kept chunk of that size (chunks of one
     /// size are alike) goes back to the driver first, so the device never holds more than
-    /// before (see `arena/pinning.rs`).
-    pub fn recut(&self, addr: DevicePtr, size: u64) -> Result<Mapped, BackendError> {
+    /// before (see `arena/pinning.rs`). `None` if no such chunk is kept any more (a miss on
+    /// another pool of the device took it meanwhile): mapping then would hold more than the
+    /// cache budget allowed, so the range stays unmapped.
+    pub fn recut(&self, addr: DevicePtr, size: u64) -> Result<Option<Mapped>, BackendError> {
         let pages = size / self.page_size;
         {
             let mut spare = self.spare.lock();
-            if let Some(at) = spare.iter().position(|c| c.pages as u64 == pages) {
-                let going = vec![spare.swap_remove(at)];
-                let released = self.release(going, &mut spare);
-                self.store_spare(&spare);
-                released?;
-            }
+            let Some(at) = spare.iter().position(|c| c.pages as u64 == pages) else {
+                return Ok(None);
+            };
+            let going = vec![spare.swap_remove(at)];
+            let released = self.release(going, &mut spare);
+            self.store_spare(&spare);
+            released?;
         }
-        self.map(addr, size, Cut::Ordinary)
+        self.map(addr, size, Cut::Ordinary).map(Some)
     }
 
     /// [`Cut::Whole`] of `pages` new pages, or the ordinary cut where that has no more chunks.
@@ -298,7 +302,7 @@ impl PageReserve {
         pages: u64,
         lone_first: bool,
         lone_last: bool,
-    ) -> (Vec<u32>, Option<usize>) {
+    ) -> (Vec<u32>, Option<u32>) {
         let ends = u64::from(lone_first) + u64::from(lone_last);
         let ordinary = self.new_chunks(pages);
         if pages <= ends || pages - ends > u32::MAX as u64 || ordinary.len() as u64 <= ends + 1 {
@@ -312,7 +316,7 @@ impl PageReserve {
         if lone_last {
             chunks.push(1);
         }
-        (chunks, Some(usize::from(lone_first)))
+        (chunks, Some(u32::from(lone_first)))
     }
 
     /// The inside chunks of a run of `pages` new pages, if it is long enough to have any.

@@ -299,9 +299,8 @@ impl Arena {
         }
         for (run, mapped) in self.runs.iter().zip(&layouts) {
             self.pages.mark_mapped(*run, &mapped.chunks, now);
-            if let Some(whole) = mapped.whole {
-                let before: u32 = mapped.chunks[..whole].iter().sum();
-                self.pages.mark_whole(run.first + before);
+            if let Some(from) = mapped.whole_from {
+                self.pages.mark_whole(run.first + from);
             }
         }
         Ok(done)

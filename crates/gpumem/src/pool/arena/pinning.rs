@@ -101,7 +101,7 @@ impl Arena {
         if victims.is_empty() {
             return;
         }
-        self.release_chunks(reserve, &victims);
+        self.unmap_into_reserve(reserve, &victims);
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
     }
@@ -113,8 +113,9 @@ impl Arena {
     /// pinned had the pages been cut ordinarily from the start; a growing arena paid for one
     /// chunk, and pays for the ordinary ones only if smaller blocks come to use its pages. What
     /// the driver refuses leaves the pages unmapped (the block maps its own) or the chunk
-    /// mapped and pinned: a lost saving, not an error. Recomputes the pages the block lacks
-    /// (`self.runs`).
+    /// mapped and pinned: a lost saving, not an error. So does a chunk another pool's miss took
+    /// from the reserve meanwhile (its pages stay unmapped). Recomputes the pages the block
+    /// lacks (`self.runs`).
     pub(super) fn recut_whole_chunks_it_would_pin(
         &mut self,
         reserve: &PageReserve,
@@ -132,7 +133,7 @@ impl Arena {
             return Recut::default();
         }
         let started = std::time::Instant::now();
-        self.release_chunks(reserve, &victims);
+        self.unmap_into_reserve(reserve, &victims);
         let mut recut = Recut::default();
         for victim in victims {
             if self
@@ -145,7 +146,8 @@ impl Arena {
             }
             let (addr, bytes) = self.run_range(victim);
             match reserve.recut(addr, bytes) {
-                Ok(mapped) => {
+                Ok(None) => {} // taken meanwhile: the block maps its own pages
+                Ok(Some(mapped)) => {
                     self.pages
                         .mark_mapped(victim, &mapped.chunks, crate::clock::now());
                     recut.mapped.bytes += bytes;
@@ -163,7 +165,7 @@ impl Arena {
     }
 
     /// Unmaps `victims` (wholly idle chunks) into the reserve, counted as this allocation's.
-    fn release_chunks(&mut self, reserve: &PageReserve, victims: &[PageRun]) {
+    fn unmap_into_reserve(&mut self, reserve: &PageReserve, victims: &[PageRun]) {
         let released = self.release_pages(
             reserve,
             |_, _| true,

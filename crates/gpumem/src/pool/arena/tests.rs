@@ -251,3 +251,15 @@ fn a_graph_pool_never_cuts_whole() {
     arena.free(block.block);
     assert_eq!(release_all_idle(&reserve, &mut arena), 8);
 }
+
+#[test]
+fn a_recut_whose_chunk_another_pool_took_meanwhile_maps_nothing() {
+    // No kept chunk of the range's size: mapping now would hold more than the budget allowed.
+    let (reserve, arena) = setup_cutting_whole_when_growing();
+    assert!(reserve.recut(arena.base, 16 * MIB).unwrap().is_none());
+    let held = reserve
+        .held()
+        .reserved_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(held, 0);
+}
