@@ -16,13 +16,40 @@ use gpumem_replay::replay::{replay_driver_pool, ReplayReport, TimelinePoint};
 use gpumem_replay::trace::Trace;
 use std::sync::Arc;
 
-/// The cache settings tried: idle pages kept, idle pages per 1024 of the peak, and the largest
-/// chunk a miss creates. 256 idle pages (512 MiB) is the end that buys time with memory; 128 MiB
-/// chunks are for processes whose blocks are hundreds of MiB and change size every request (a
-/// VAE decoder's activations), where the driver charges a miss per chunk (docs/performance.md).
+/// The cache settings tried: idle pages kept, idle pages per 1024 of the peak, and how a miss
+/// cuts its pages (the largest chunk, and whether a growing arena maps a block's pages as one
+/// chunk). 256 idle pages (512 MiB) is the end that buys time with memory; 128 MiB chunks are
+/// for processes whose blocks are hundreds of MiB and change size every request (a VAE
+/// decoder's activations), where the driver charges a miss per chunk; whole chunks when growing
+/// make a process's first large misses cheap (docs/performance.md).
 const IDLE_PAGES: [usize; 5] = [0, 4, 16, 64, 256];
 const IDLE_PER_MILLE: [usize; 2] = [0, 8];
-const CHUNK_BYTES: [u64; 4] = [2 * MIB, 6 * MIB, 32 * MIB, 128 * MIB];
+const CUTS: [Cut; 5] = [
+    Cut::chunks(2 * MIB),
+    Cut::chunks(6 * MIB),
+    Cut {
+        max_chunk_bytes: 6 * MIB,
+        whole_when_growing: true,
+    },
+    Cut::chunks(32 * MIB),
+    Cut::chunks(128 * MIB),
+];
+
+/// How the sweep has a miss cut its pages into chunks.
+#[derive(Clone, Copy)]
+struct Cut {
+    max_chunk_bytes: u64,
+    whole_when_growing: bool,
+}
+
+impl Cut {
+    const fn chunks(max_chunk_bytes: u64) -> Cut {
+        Cut {
+            max_chunk_bytes,
+            whole_when_growing: false,
+        }
+    }
+}
 
 /// What one sweep replays on.
 pub(super) struct Sweep<'a> {
@@ -58,16 +85,16 @@ impl Sweep<'_> {
         if !self.grid {
             return vec![self.base.clone()];
         }
-        CHUNK_BYTES
-            .iter()
-            .flat_map(|&max_chunk_bytes| {
+        CUTS.iter()
+            .flat_map(|&cut| {
                 IDLE_PAGES.iter().flat_map(move |&idle_pages_kept| {
                     IDLE_PER_MILLE
                         .iter()
                         .map(move |&idle_per_mille| MemoryConfig {
                             idle_pages_kept,
                             idle_per_mille,
-                            max_chunk_bytes,
+                            max_chunk_bytes: cut.max_chunk_bytes,
+                            whole_chunks_when_growing: cut.whole_when_growing,
                             ..self.base.clone()
                         })
                 })
@@ -86,9 +113,14 @@ impl Sweep<'_> {
         for round in 1..=self.repeat {
             for (config, runs) in settings.iter().zip(runs.iter_mut()) {
                 let label = format!(
-                    "{} ({}/{}/{}, {round}/{})",
+                    "{} ({}{}/{}/{}, {round}/{})",
                     trace.name,
                     Bytes(config.max_chunk_bytes),
+                    if config.whole_chunks_when_growing {
+                        " whole"
+                    } else {
+                        ""
+                    },
                     config.idle_pages_kept,
                     config.idle_per_mille,
                     self.repeat
@@ -128,8 +160,9 @@ impl Sweep<'_> {
             self.backend.kind()
         );
         println!(
-            "  {:>9} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
+            "  {:>10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
             "CHUNK",
+            "WHOLE",
             "IDLE PAGES",
             "PER MILLE",
             "RES/PEAK",
@@ -142,11 +175,17 @@ impl Sweep<'_> {
         for report in reports {
             let is_default = report.idle_pages_kept == defaults.idle_pages_kept
                 && report.idle_per_mille == defaults.idle_per_mille
-                && report.max_chunk_bytes == defaults.max_chunk_bytes;
+                && report.max_chunk_bytes == defaults.max_chunk_bytes
+                && report.whole_chunks_when_growing == defaults.whole_chunks_when_growing;
             println!(
-                "{} {:>9} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
+                "{} {:>10} {:>5} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
                 if dominated(report, reports) { " " } else { "*" },
                 Bytes(report.max_chunk_bytes).to_string(),
+                if report.whole_chunks_when_growing {
+                    "yes"
+                } else {
+                    "no"
+                },
                 report.idle_pages_kept,
                 report.idle_per_mille,
                 report.reserved_over_peak,
@@ -198,8 +237,13 @@ fn beating_the_pool<'a>(reports: &'a [ReplayReport], pool: &ReplayReport) -> Vec
 
 /// The variables that select a report's setting, ready to prefix a command with.
 fn setting(report: &ReplayReport) -> String {
+    let whole = if report.whole_chunks_when_growing {
+        " GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true"
+    } else {
+        ""
+    };
     format!(
-        "GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}",
+        "GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}",
         Bytes(report.max_chunk_bytes).to_string().replace(' ', ""),
         report.idle_pages_kept,
         report.idle_per_mille
@@ -264,6 +308,22 @@ mod tests {
         let text = verdict(&reports, &pool);
         assert!(text.contains("GPUMEM_IDLE_PAGES_KEPT=16 "), "{text}");
         assert!(text.contains("(1.0400, 1300 ns/op)"), "{text}");
+    }
+
+    #[test]
+    fn a_setting_with_whole_chunks_is_named_with_its_variable() {
+        let pool = report(1.09, 1400.0, 0);
+        let whole = ReplayReport {
+            whole_chunks_when_growing: true,
+            ..report(1.02, 1000.0, 4)
+        };
+        let text = verdict(&[report(1.03, 2000.0, 4), whole], &pool);
+        assert!(
+            text.contains("GPUMEM_IDLE_PER_MILLE=0 GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true ("),
+            "{text}"
+        );
+        let plain = verdict(&[report(1.02, 1000.0, 4)], &pool);
+        assert!(!plain.contains("WHOLE"), "{plain}");
     }
 
     #[test]

@@ -109,6 +109,7 @@ pub fn replay_driver_pool(
         idle_per_mille: 0,
         max_chunk_bytes: 0,
         inside_chunk_bytes: 0,
+        whole_chunks_when_growing: false,
         misses: 0,
         miss_p50_ns: 0,
         miss_p99_ns: 0,

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::backend::sim::{SimBackend, SimConfig};
-use crate::pool::DeviceReserve;
+use crate::pool::{BusyStreams, DeviceReserve};
 use crate::units::MIB;
 use std::sync::Arc;
 
