@@ -97,6 +97,9 @@ pub enum Cut {
     /// ordinary miss would have (`arena/pinning.rs`). Used only where it makes fewer chunks
     /// than the ordinary cut, and only for pages created, not kept chunks mapped again.
     Whole { lone_first: bool, lone_last: bool },
+    /// Chunks of the ordinary size only, no inside chunks: for idle pages no block is over yet
+    /// (the pages beside a block that landed on a whole chunk), which smaller blocks will share.
+    Small,
 }
 
 /// What one [`PageReserve::map`] did.
@@ -106,9 +109,10 @@ pub struct Mapped {
     pub reused_pages: u64,
     /// The chunks now behind the range, in pages, in address order.
     pub chunks: Vec<u32>,
-    /// Where the chunk cut whole for the block ([`Cut::Whole`]) begins, in pages into the
-    /// range, if one was.
-    pub whole_from: Option<u32>,
+    /// Where each chunk sized for the one block over it begins, in pages into the range: the
+    /// chunk cut whole for it ([`Cut::Whole`]) and, where whole chunks are cut at all, kept
+    /// chunks larger than an ordinary cut of the range would make.
+    pub whole_at: Vec<u32>,
 }
 
 impl PageReserve {
@@ -223,9 +227,15 @@ impl PageReserve {
                 lone_first,
                 lone_last,
             } if reused_pages == 0 => self.whole_chunks(pages, lone_first, lone_last),
+            Cut::Small => (
+                crate::backend::new_chunks(pages - reused_pages, self.max_chunk_pages).collect(),
+                None,
+            ),
             _ => (self.new_chunks(pages - reused_pages), None),
         };
         let mut chunks: Vec<u32> = reuse.iter().map(|c| c.pages).collect();
+        let mut whole_at = self.kept_whole(&chunks, pages);
+        whole_at.extend(whole_from.map(|from| from + reused_pages as u32));
         chunks.extend(&new_chunks);
         let result = self
             .backend
@@ -247,7 +257,7 @@ impl PageReserve {
             created_pages: created,
             reused_pages,
             chunks,
-            whole_from,
+            whole_at,
         })
     }
 
@@ -275,25 +285,42 @@ impl PageReserve {
         chunks
     }
 
-    /// Maps `[addr, addr + size)` again, cut as an ordinary miss would, after the one large
-    /// chunk behind it was unmapped into the reserve: a kept chunk of that size (chunks of one
-    /// size are alike) goes back to the driver first, so the device never holds more than
-    /// before (see `arena/pinning.rs`). `None` if no such chunk is kept any more (a miss on
-    /// another pool of the device took it meanwhile): mapping then would hold more than the
-    /// cache budget allowed, so the range stays unmapped.
-    pub fn recut(&self, addr: DevicePtr, size: u64) -> Result<Option<Mapped>, BackendError> {
-        let pages = size / self.page_size;
-        {
-            let mut spare = self.spare.lock();
-            let Some(at) = spare.iter().position(|c| c.pages as u64 == pages) else {
-                return Ok(None);
-            };
-            let going = vec![spare.swap_remove(at)];
-            let released = self.release(going, &mut spare);
-            self.store_spare(&spare);
-            released?;
+    /// Gives back to the driver one kept chunk of `pages` pages, the one large chunk an arena
+    /// has just unmapped to cut its pages again (chunks of one size are alike): the device then
+    /// never holds more than before when the arena maps those pages again in smaller chunks
+    /// (see `arena/pinning.rs`). False if no such chunk is kept any more (a miss on another
+    /// pool of the device took it meanwhile): mapping then would hold more than the cache
+    /// budget allowed, so the arena leaves the pages unmapped.
+    pub fn release_one_kept(&self, pages: u32) -> Result<bool, BackendError> {
+        let mut spare = self.spare.lock();
+        let Some(at) = spare.iter().position(|c| c.pages == pages) else {
+            return Ok(false);
+        };
+        let going = vec![spare.swap_remove(at)];
+        let released = self.release(going, &mut spare);
+        self.store_spare(&spare);
+        released.map(|_| true)
+    }
+
+    /// Where whole chunks are cut, the kept chunks among `reused` (mapped again for a run of
+    /// `pages`, from its start) that are larger than an ordinary cut of the run would make:
+    /// once whole chunks, or inside chunks of a longer run, each now under one block alone.
+    /// Marked whole, they are cut again when a smaller block lands on them, as a whole chunk
+    /// is, instead of staying mapped whole under it.
+    fn kept_whole(&self, reused: &[u32], pages: u64) -> Vec<u32> {
+        if !self.whole_when_growing || reused.is_empty() {
+            return Vec::new();
         }
-        self.map(addr, size, Cut::Ordinary).map(Some)
+        let ordinary = self.new_chunks(pages).into_iter().max().unwrap_or(0);
+        let mut at = 0;
+        let mut whole = Vec::new();
+        for &chunk in reused {
+            if chunk > ordinary {
+                whole.push(at);
+            }
+            at += chunk;
+        }
+        whole
     }
 
     /// [`Cut::Whole`] of `pages` new pages, or the ordinary cut where that has no more chunks.

@@ -298,8 +298,8 @@ impl Arena {
         }
         for (run, mapped) in self.runs.iter().zip(&layouts) {
             self.pages.mark_mapped(*run, &mapped.chunks, now);
-            if let Some(from) = mapped.whole_from {
-                self.pages.mark_whole(run.first + from);
+            for &at in &mapped.whole_at {
+                self.pages.mark_whole(run.first + at);
             }
         }
         Ok(done)

@@ -14,13 +14,34 @@
 //!
 //! With `whole_chunks_when_growing` on, a miss at a new high maps its block's own pages as one
 //! chunk (the driver charges per chunk), and a smaller block that later lands on such a chunk
-//! cuts it again as an ordinary miss would have. Off by default: on some traces it still holds
-//! more than the default (docs/performance.md).
+//! cuts it again around itself: its own pages as an ordinary miss would cut them, the rest in
+//! chunks of the ordinary size. Off by default: it costs misses and time on traces whose
+//! layout changes every step (docs/performance.md).
 
 use super::{Arena, Released};
 use crate::pool::pages::{PageRun, Pinned};
 use crate::pool::reserve::{Cut, PageReserve};
 use crate::pool::BusyStreams;
+
+/// The pieces of `chunk` before, under and after a block on `first..=last`, cut apart so that
+/// each is cut again on its own: the block's pages in chunks of their own, as a miss for the
+/// block alone would have made them, and the rest in chunks whose ends meet the block's, so
+/// that neither the block nor a later neighbour keeps the other's pages mapped.
+fn around(chunk: PageRun, first: u32, last: u32) -> impl Iterator<Item = PageRun> {
+    let under_from = first.clamp(chunk.first, chunk.end());
+    let under_to = (last + 1).clamp(chunk.first, chunk.end());
+    [
+        (chunk.first, under_from),
+        (under_from, under_to),
+        (under_to, chunk.end()),
+    ]
+    .into_iter()
+    .filter(|(from, to)| from < to)
+    .map(|(from, to)| PageRun {
+        first: from,
+        count: to - from,
+    })
+}
 
 /// What [`Arena::recut_whole_chunks_it_would_pin`] mapped again, and how long it took.
 #[derive(Clone, Copy, Debug, Default)]
@@ -106,16 +127,16 @@ impl Arena {
         self.pages.unmapped_runs(first, last, &mut self.runs);
     }
 
-    /// Cuts again, as an ordinary miss would have, any wholly idle [`Cut::Whole`] chunk (sized
-    /// for the one block that made it) that a block on `first..=last` would cover in part, at
-    /// any placement: the chunk is unmapped and released, and its pages mapped again in
-    /// ordinary chunks, still idle. The block and those after it then pin what they would have
-    /// pinned had the pages been cut ordinarily from the start; a growing arena paid for one
-    /// chunk, and pays for the ordinary ones only if smaller blocks come to use its pages. What
-    /// the driver refuses leaves the pages unmapped (the block maps its own) or the chunk
-    /// mapped and pinned: a lost saving, not an error. So does a chunk another pool's miss took
-    /// from the reserve meanwhile (its pages stay unmapped). Recomputes the pages the block
-    /// lacks (`self.runs`).
+    /// Cuts again any wholly idle whole chunk (sized for the one block that made it, or mapped
+    /// again from the reserve under a block of its size) that a block on `first..=last` would
+    /// cover in part, at any placement: the chunk is unmapped and released, and its pages
+    /// mapped again, still idle, cut [`around`] the block, so that the block keeps only its own
+    /// pages mapped and the smaller blocks that come after it pin at most an ordinary chunk.
+    /// A growing arena paid for one chunk, and pays for the smaller ones only if smaller blocks
+    /// come to use its pages. What the driver refuses leaves the pages unmapped (the block maps
+    /// its own) or the chunk mapped and pinned: a lost saving, not an error. So does a chunk
+    /// another pool's miss took from the reserve meanwhile (its pages stay unmapped).
+    /// Recomputes the pages the block lacks (`self.runs`).
     pub(super) fn recut_whole_chunks_it_would_pin(
         &mut self,
         reserve: &PageReserve,
@@ -144,17 +165,32 @@ impl Arena {
             {
                 continue; // the driver would not unmap it
             }
-            let (addr, bytes) = self.run_range(victim);
-            match reserve.recut(addr, bytes) {
-                Ok(None) => {} // taken meanwhile: the block maps its own pages
-                Ok(Some(mapped)) => {
-                    self.pages
-                        .mark_mapped(victim, &mapped.chunks, crate::clock::now());
-                    recut.mapped.bytes += bytes;
-                    recut.mapped.calls += 1;
-                }
+            match reserve.release_one_kept(victim.count) {
+                Ok(true) => {}
+                Ok(false) => continue, // taken meanwhile: the block maps its own pages
                 Err(error) => {
-                    tracing::debug!(device = self.device, %error, "could not map a recut chunk's pages again");
+                    tracing::debug!(device = self.device, %error, "could not release a whole chunk to cut it again");
+                    continue;
+                }
+            }
+            for piece in around(victim, first, last) {
+                let (addr, bytes) = self.run_range(piece);
+                let under_block = piece.overlaps(first, last);
+                let cut = if under_block {
+                    Cut::Ordinary
+                } else {
+                    Cut::Small
+                };
+                match reserve.map(addr, bytes, cut) {
+                    Ok(mapped) => {
+                        self.pages
+                            .mark_mapped(piece, &mapped.chunks, crate::clock::now());
+                        recut.mapped.bytes += bytes;
+                        recut.mapped.calls += 1;
+                    }
+                    Err(error) => {
+                        tracing::debug!(device = self.device, %error, "could not map a recut chunk's pages again");
+                    }
                 }
             }
         }

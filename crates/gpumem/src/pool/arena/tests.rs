@@ -255,11 +255,61 @@ fn a_graph_pool_never_cuts_whole() {
 #[test]
 fn a_recut_whose_chunk_another_pool_took_meanwhile_maps_nothing() {
     // No kept chunk of the range's size: mapping now would hold more than the budget allowed.
-    let (reserve, arena) = setup_cutting_whole_when_growing();
-    assert!(reserve.recut(arena.base, 16 * MIB).unwrap().is_none());
+    let (reserve, _arena) = setup_cutting_whole_when_growing();
+    assert!(!reserve.release_one_kept(8).unwrap());
     let held = reserve
         .held()
         .reserved_bytes
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(held, 0);
+}
+
+/// An arena over 256 MiB whose ordinary misses cut 6 MiB ends and 16 MiB inside chunks, and cut
+/// a growing block's pages whole.
+fn setup_with_inside_chunks_cutting_whole() -> (PageReserve, Arena) {
+    let chunks = crate::pool::ChunkSizes::new(6 * MIB, 16 * MIB).whole_when_growing(true);
+    setup_with(256 * MIB, chunks)
+}
+
+#[test]
+fn a_recut_gives_the_landing_block_its_own_chunks_and_the_rest_small_ones() {
+    let (reserve, mut arena) = setup_with_inside_chunks_cutting_whole();
+    let grown = alloc(&reserve, &mut arena, 128 * MIB, 1);
+    arena.free(grown.block);
+    let small = alloc(&reserve, &mut arena, 4 * MIB, 2);
+    assert_eq!(small.ptr, arena.base);
+    // Pages 0..=1 are the block's, in a chunk of their own; pages 2..64 go in 3-page chunks
+    // (twenty, and one of two), not the 16 MiB inside chunks of an ordinary run, which the
+    // smaller blocks landing there next would keep mapped. Cut as one ordinary run, the block
+    // would keep a 6 MiB end chunk mapped.
+    assert_eq!(release_all_idle(&reserve, &mut arena), 21);
+    assert_eq!(
+        arena.mapped_pages(),
+        2,
+        "only the block's own pages stay mapped"
+    );
+}
+
+#[test]
+fn a_whole_chunk_mapped_again_from_the_reserve_is_still_cut_again_under_a_smaller_block() {
+    let (reserve, mut first) = setup_with_inside_chunks_cutting_whole();
+    let grown = alloc(&reserve, &mut first, 64 * MIB, 1);
+    first.free(grown.block);
+    assert_eq!(
+        release_all_idle(&reserve, &mut first),
+        1,
+        "one whole chunk kept"
+    );
+    // Another pool of the device maps the kept chunk for a block of its size.
+    let mut second = Arena::new(reserve.backend(), 0, StreamId::DEFAULT, 256 * MIB).unwrap();
+    let reused = alloc(&reserve, &mut second, 64 * MIB, 2);
+    second.free(reused.block);
+    let small = alloc(&reserve, &mut second, 4 * MIB, 3);
+    assert!(small.map_calls > 0, "the chunk is cut again");
+    release_all_idle(&reserve, &mut second);
+    assert_eq!(
+        second.mapped_pages(),
+        2,
+        "the small block keeps only its pages"
+    );
 }
