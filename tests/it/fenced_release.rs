@@ -110,3 +110,66 @@ fn fences_stay_few_while_the_gpu_lags_and_none_outlive_the_manager() {
     drop(m);
     assert_eq!(sim.outstanding_fences(), 0, "every fence was waited for");
 }
+
+/// A miss that must make room within the cache budget while the GPU has not reached the
+/// fence behind the idle pages: `(waits for queued work, bytes reserved after)`, with the
+/// pressure `others_use` of the device puts on it.
+fn make_room_while_the_gpu_lags(without_waiting: bool, others_use: f64) -> ((u64, u64), u64) {
+    let sim = sim_backend();
+    let config = gpumem::ManagerConfig {
+        make_room_without_waiting: without_waiting,
+        trim_on_high_pressure: false,
+        ..crate::support::tight_config(0)
+    };
+    let m = MemoryManager::new(sim.clone(), config).unwrap();
+    let total = m.backend().properties(0).unwrap().total_memory_bytes;
+    sim.set_used_by_others(0, (total as f64 * others_use) as u64)
+        .unwrap();
+    m.update_pressure();
+    sim.hold_fences(true);
+    let freed = m.alloc(0, 8 * MIB, &on_stream()).unwrap();
+    let kept = m.alloc(0, 2 * MIB, &on_stream()).unwrap();
+    drop(freed); // parked: the next request of another size completes its free
+    let before = waits(&sim);
+    // Too large for the 8 MiB hole: five pages beyond the live block, against a budget of
+    // six pages in all, so the four idle ones must go first.
+    let grown = m.alloc(0, 10 * MIB, &on_stream()).unwrap();
+    let waited = (sim.syncs() - before.0, sim.fence_waits() - before.1);
+    let reserved = m.reserved_bytes();
+    sim.hold_fences(false);
+    drop((kept, grown));
+    (waited, reserved)
+}
+
+#[test]
+fn making_room_waits_for_the_gpu_by_default() {
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, 0.0);
+    assert_eq!(
+        syncs + fence_waits,
+        1,
+        "one wait, for the fence behind the idle pages"
+    );
+    assert_eq!(
+        reserved,
+        12 * MIB,
+        "the idle pages were mapped again under the new block"
+    );
+}
+
+#[test]
+fn making_room_without_waiting_creates_pages_instead() {
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 0.0);
+    assert_eq!((syncs, fence_waits), (0, 0), "nothing waited for the GPU");
+    assert_eq!(
+        reserved,
+        20 * MIB,
+        "the idle pages stay, and five are created"
+    );
+}
+
+#[test]
+fn making_room_waits_again_at_high_pressure_whatever_the_setting() {
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 0.85);
+    assert_eq!(syncs + fence_waits, 1);
+    assert_eq!(reserved, 12 * MIB);
+}

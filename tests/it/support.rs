@@ -21,7 +21,12 @@ pub(crate) fn tight_manager(
     backend: Arc<dyn DeviceBackend>,
     idle_pages_kept: usize,
 ) -> MemoryManager {
-    let config = ManagerConfig {
+    MemoryManager::new(backend, tight_config(idle_pages_kept)).unwrap()
+}
+
+/// [`tight_manager`]'s configuration, to change further.
+pub(crate) fn tight_config(idle_pages_kept: usize) -> ManagerConfig {
+    ManagerConfig {
         devices: Some(vec![0]),
         idle_pages_kept,
         idle_per_mille: 0,
@@ -29,11 +34,9 @@ pub(crate) fn tight_manager(
         cleanup_interval: None,
         release_idle_after: None,
         ..ManagerConfig::default()
-    };
-    MemoryManager::new(backend, config).unwrap()
+    }
 }
 
-/// target/ (or wherever Cargo builds), for artefacts a person looks at after the run.
 pub(crate) fn target_dir() -> std::path::PathBuf {
     let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     tmp.parent().unwrap_or(tmp).to_path_buf()

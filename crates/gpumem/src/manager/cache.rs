@@ -1,7 +1,7 @@
 //! What the pools keep cached and when it goes back to the driver: the cache budget checked
 //! before every mapping, trimming, emptying, age-based release, and peaks.
 
-use super::{ManagedDevice, MemoryManager};
+use super::{ManagedDevice, MemoryManager, PressureLevel};
 use crate::pool::{BusyStreams, MapDecision};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -52,7 +52,23 @@ impl MemoryManager {
         // Idle pages unmapped into the reserve are what the mapping then takes: each one
         // unmapped is one page fewer to create.
         let excess_pages = (held + creating - budget).min(idle).min(creating);
-        MapDecision::NeedsRoom(excess_pages * page)
+        MapDecision::NeedsRoom(excess_pages * page, self.making_room(managed))
+    }
+
+    /// What making room within the cache budget does about a stream whose queued work may still
+    /// touch the idle pages it would unmap. By default it waits for that work: the memory comes
+    /// back, and a host running ahead of its GPU stalls until the GPU catches up. With
+    /// `make_room_without_waiting`, below high pressure, it takes only the pages the GPU is done
+    /// with, and the mapping creates pages for the rest: the process holds more, and the host
+    /// does not wait (docs/performance.md, "Making room without waiting for the GPU").
+    pub(super) fn making_room(&self, managed: &ManagedDevice) -> BusyStreams {
+        let may_grow = self.config().make_room_without_waiting
+            && managed.pressure.level() < PressureLevel::High;
+        if may_grow {
+            BusyStreams::Skip
+        } else {
+            BusyStreams::Wait
+        }
     }
 
     /// Unmaps idle pages on one device, oldest first, while `keep_going(bytes_so_far,

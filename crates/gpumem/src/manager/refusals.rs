@@ -31,12 +31,12 @@ impl MemoryManager {
             // The arena's own idle pages were not enough: other pools unmap their oldest into
             // the reserve, where this mapping takes them, so mapping never lifts the device
             // above its recent peak plus slack and creates no page. Busy streams are waited
-            // for: skipping them kept GPT-2 training 6 % higher in device memory for no
-            // step time that could be told from noise (docs/gpu-results.md).
+            // for unless `make_room_without_waiting` says otherwise (`making_room`); the retry
+            // below then creates what could not be unmapped.
             self.release_cached_on(
                 managed,
                 cache::Unmapped::Kept,
-                BusyStreams::Wait,
+                self.making_room(managed),
                 |bytes, _| bytes < excess,
             );
             outcome = pool.alloc(kind, size, align, &live, may_map);

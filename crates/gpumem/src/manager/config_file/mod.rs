@@ -240,6 +240,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("whole_chunks_when_growing", |c, raw, key| {
         raw.boolean(key).map(|v| c.whole_chunks_when_growing = v)
     }),
+    ("make_room_without_waiting", |c, raw, key| {
+        raw.boolean(key).map(|v| c.make_room_without_waiting = v)
+    }),
     ("pressure.medium", |c, raw, key| {
         raw.number(key).map(|v| c.pressure.medium = v)
     }),

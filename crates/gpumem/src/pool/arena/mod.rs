@@ -6,6 +6,7 @@ use super::fences::FenceTrail;
 use super::pages::{PageRun, PageTable};
 use super::reserve::PageReserve;
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
+use super::BusyStreams;
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
 use pinning::{BlockCut, Recut};
@@ -32,7 +33,9 @@ pub enum ArenaError {
 pub enum MapDecision {
     Allow,
     OverLimit,
-    NeedsRoom(u64),
+    /// Over the cache budget by this many bytes: unmap idle pages first, waiting for their
+    /// stream's queued work or only taking those it is done with, as `BusyStreams` says.
+    NeedsRoom(u64, BusyStreams),
     BelowMinFree,
 }
 
@@ -223,13 +226,13 @@ impl Arena {
                 MapDecision::Allow => self.map_runs(reserve, cut),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
                 MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
-                MapDecision::NeedsRoom(excess) => {
+                MapDecision::NeedsRoom(excess, busy) => {
                     // Make room from this arena's own idle pages first, sparing those the new
                     // block is about to reuse: unmapped into the reserve, they are what the
                     // mapping below takes, so no page is created. The rest must come from
                     // other pools.
                     let spare = |chunk: PageRun| chunk.overlaps(first, last);
-                    let released = self.release_idle_sparing(reserve, excess, spare);
+                    let released = self.release_idle_sparing(reserve, excess, spare, busy);
                     let released = released.unwrap_or_else(|e| e.released);
                     self.count_released_while_allocating(released);
                     if released.bytes >= excess {

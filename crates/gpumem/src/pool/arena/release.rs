@@ -35,9 +35,10 @@ impl Arena {
         reserve: &PageReserve,
         bytes: u64,
         spare: impl Fn(PageRun) -> bool,
+        busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
-        self.release_pages(reserve, |taken, _| taken < pages, spare, BusyStreams::Wait)
+        self.release_pages(reserve, |taken, _| taken < pages, spare, busy)
     }
 
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
