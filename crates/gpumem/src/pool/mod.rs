@@ -80,9 +80,10 @@ struct SlotState {
 pub enum BusyStreams {
     /// Wait for the stream (`cuStreamSynchronize`): the memory must come back.
     Wait,
-    /// Leave that pool's pages alone, for a later try: the upkeep thread's rounds, which would
+    /// Take only the pages the stream's queued work is done with (all of them if the stream is
+    /// idle) and leave the rest for a later try: the upkeep thread's rounds, which would
     /// otherwise hold the pool's lock, and so its allocating threads, for as long as the
-    /// stream's queued work takes.
+    /// stream's queued work takes; and a miss making room with `make_room_without_waiting`.
     Skip,
 }
 

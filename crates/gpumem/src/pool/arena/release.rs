@@ -30,6 +30,8 @@ impl Arena {
         std::mem::take(&mut self.kept_after_failed_map)
     }
 
+    /// Unmaps at least `bytes` of idle pages, oldest first, passing over the chunks `spare`
+    /// names (those a block is about to reuse): room within the cache budget for a miss.
     pub(super) fn release_idle_sparing(
         &mut self,
         reserve: &PageReserve,
@@ -44,7 +46,7 @@ impl Arena {
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,
     /// into the device's page reserve (held until the reserve is trimmed). The arena's stream
     /// may still have work queued that touches them: `busy` says whether to wait for it or to
-    /// release nothing.
+    /// release only the pages that work is done with.
     pub(crate) fn release_idle(
         &mut self,
         reserve: &PageReserve,
