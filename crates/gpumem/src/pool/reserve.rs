@@ -93,8 +93,8 @@ pub enum Cut {
     /// one chunk for the pages under the block alone, and a chunk of one page for each end page
     /// it may share with a neighbour (`lone_first`, `lone_last`: the block does not begin or end
     /// on a page boundary there). A neighbour keeps only its own page's chunk mapped after the
-    /// block is freed; a smaller block landing on the large chunk first cuts it again as an
-    /// ordinary miss would have (`arena/pinning.rs`). Used only where it makes fewer chunks
+    /// block is freed; a smaller block landing on the large chunk first cuts it again around
+    /// itself (`arena/pinning.rs`). Used only where it makes fewer chunks
     /// than the ordinary cut, and only for pages created, not kept chunks mapped again.
     Whole { lone_first: bool, lone_last: bool },
     /// Chunks of the ordinary size only, no inside chunks: for idle pages no block is over yet

@@ -218,14 +218,33 @@ fn a_growing_block_keeps_the_end_page_it_may_share_in_a_chunk_of_its_own() {
     assert_eq!(arena.mapped_pages(), 1);
 }
 
-#[test]
-fn a_smaller_block_landing_on_a_whole_chunk_cuts_it_as_an_ordinary_miss_would() {
-    let (reserve, mut arena) = setup_cutting_whole_when_growing();
-    let grown = alloc(&reserve, &mut arena, 16 * MIB, 1);
-    arena.free(grown.block);
-    // Two of the chunk's eight pages: kept whole, the chunk would stay mapped while this lives.
-    let small = alloc(&reserve, &mut arena, 4 * MIB, 2);
+/// Bytes the device holds from the driver, mapped or kept.
+fn held_bytes(reserve: &PageReserve) -> u64 {
+    reserve
+        .held()
+        .reserved_bytes
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Grows `arena` by a block of `grown` bytes (one whole chunk), frees it, and places a 4 MiB
+/// block at the start of its pages.
+fn land_a_small_block_on_a_whole_chunk(
+    reserve: &PageReserve,
+    arena: &mut Arena,
+    grown: u64,
+) -> Placed {
+    let block = alloc(reserve, arena, grown, 1);
+    arena.free(block.block);
+    let small = alloc(reserve, arena, 4 * MIB, 2);
     assert_eq!(small.ptr, arena.base);
+    small
+}
+
+#[test]
+fn a_smaller_block_landing_on_a_whole_chunk_cuts_it_again() {
+    let (reserve, mut arena) = setup_cutting_whole_when_growing();
+    // Two of the chunk's eight pages: kept whole, the chunk would stay mapped while this lives.
+    let small = land_a_small_block_on_a_whole_chunk(&reserve, &mut arena, 16 * MIB);
     assert!(small.map_calls > 0, "cutting again calls the driver");
     assert_eq!((arena.mapped_pages(), arena.idle_pages()), (8, 6));
     assert_eq!(
@@ -235,10 +254,7 @@ fn a_smaller_block_landing_on_a_whole_chunk_cuts_it_as_an_ordinary_miss_would() 
     );
     assert_eq!(arena.mapped_pages(), 2);
     assert_eq!(
-        reserve
-            .held()
-            .reserved_bytes
-            .load(std::sync::atomic::Ordering::Relaxed),
+        held_bytes(&reserve),
         16 * MIB,
         "nothing created beyond the chunk's pages"
     );
@@ -257,11 +273,7 @@ fn a_recut_whose_chunk_another_pool_took_meanwhile_maps_nothing() {
     // No kept chunk of the range's size: mapping now would hold more than the budget allowed.
     let (reserve, _arena) = setup_cutting_whole_when_growing();
     assert!(!reserve.release_one_kept(8).unwrap());
-    let held = reserve
-        .held()
-        .reserved_bytes
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(held, 0);
+    assert_eq!(held_bytes(&reserve), 0);
 }
 
 /// An arena over 256 MiB whose ordinary misses cut 6 MiB ends and 16 MiB inside chunks, and cut
@@ -274,10 +286,7 @@ fn setup_with_inside_chunks_cutting_whole() -> (PageReserve, Arena) {
 #[test]
 fn a_recut_gives_the_landing_block_its_own_chunks_and_the_rest_small_ones() {
     let (reserve, mut arena) = setup_with_inside_chunks_cutting_whole();
-    let grown = alloc(&reserve, &mut arena, 128 * MIB, 1);
-    arena.free(grown.block);
-    let small = alloc(&reserve, &mut arena, 4 * MIB, 2);
-    assert_eq!(small.ptr, arena.base);
+    land_a_small_block_on_a_whole_chunk(&reserve, &mut arena, 128 * MIB);
     // Pages 0..=1 are the block's, in a chunk of their own; pages 2..64 go in 3-page chunks
     // (twenty, and one of two), not the 16 MiB inside chunks of an ordinary run, which the
     // smaller blocks landing there next would keep mapped. Cut as one ordinary run, the block

@@ -23,7 +23,8 @@ impl RunValue for Mapped {
 }
 
 /// A chunk the driver mapped as one and unmaps as one: never joined with its neighbours.
-/// `whole`: cut for the one block that made it (`Cut::Whole`), not as an ordinary miss cuts.
+/// `whole`: sized for the one block over it (cut whole for it, or a kept chunk larger than an
+/// ordinary cut mapped again under it; `Mapped::whole_at`): cut again when a smaller block lands.
 #[derive(Clone, Copy, Debug, Default)]
 struct Chunk {
     whole: bool,
