@@ -37,9 +37,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # without the exporter the gpumem training run serves /metrics from (its sampler thread reads
 # NVML and the pools every second).
 # "gpumem_nowait" is gpumem with make_room_without_waiting: its misses never wait for the GPU.
+# "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
 # "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
 # built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
-MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_nowait", "floor")
+MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_nowait", "gpumem_placed",
+         "floor")
 # "alloc_loop" times tensor creation alone (a window of live tensors, the oldest dropped as each
 # new one is made) at three sizes: the per-allocation cost of each allocator as PyTorch sees it.
 WORKLOADS = ("gpt2_train", "hf_generate", "cnn_serve")
@@ -472,10 +474,13 @@ def run_child(workload, mode, args):
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("GPUMEM_TORCH", None)
     env.pop("GPUMEM_MAKE_ROOM_WITHOUT_WAITING", None)
+    env.pop("GPUMEM_PLACE_ON_MAPPED_PAGES", None)
     if mode == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if mode == "gpumem_nowait":
         env["GPUMEM_MAKE_ROOM_WITHOUT_WAITING"] = "true"
+    if mode == "gpumem_placed":
+        env["GPUMEM_PLACE_ON_MAPPED_PAGES"] = "true"
     if args.library:
         env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
     # --python-dir installed: the gpumem package installed in this interpreter (a wheel), not

@@ -16,37 +16,51 @@ use gpumem_replay::replay::{replay_driver_pool, ReplayReport, TimelinePoint};
 use gpumem_replay::trace::Trace;
 use std::sync::Arc;
 
-/// The cache settings tried: idle pages kept, idle pages per 1024 of the peak, and how a miss
-/// cuts its pages (the largest chunk, and whether a growing arena maps a block's pages as one
-/// chunk). 256 idle pages (512 MiB) is the end that buys time with memory; 128 MiB chunks are
-/// for processes whose blocks are hundreds of MiB and change size every request (a VAE
-/// decoder's activations), where the driver charges a miss per chunk; whole chunks when growing
-/// make a process's first large misses cheap (docs/performance.md).
+/// The cache settings tried: idle pages kept, idle pages per 1024 of the peak, how a miss cuts
+/// its pages (the largest chunk, and whether a growing arena maps a block's pages as one
+/// chunk), and whether blocks go to free mapped pages first. 256 idle pages (512 MiB) is the
+/// end that buys time with memory; 128 MiB chunks are for processes whose blocks are hundreds
+/// of MiB and change size every request (a VAE decoder's activations), where the driver
+/// charges a miss per chunk; whole chunks when growing make a process's first large misses
+/// cheap; placing on mapped pages turns misses that only move idle pages into hits
+/// (docs/performance.md).
 const IDLE_PAGES: [usize; 5] = [0, 4, 16, 64, 256];
 const IDLE_PER_MILLE: [usize; 2] = [0, 8];
-const CUTS: [Cut; 5] = [
-    Cut::chunks(2 * MIB),
-    Cut::chunks(6 * MIB),
-    Cut {
-        max_chunk_bytes: 6 * MIB,
+const LAYOUTS: [Layout; 8] = [
+    Layout::chunks(2 * MIB),
+    Layout::chunks(6 * MIB),
+    Layout {
         whole_when_growing: true,
+        ..Layout::chunks(6 * MIB)
     },
-    Cut::chunks(32 * MIB),
-    Cut::chunks(128 * MIB),
+    Layout::chunks(32 * MIB),
+    Layout::chunks(128 * MIB),
+    Layout::chunks(6 * MIB).on_mapped_pages(),
+    Layout::chunks(32 * MIB).on_mapped_pages(),
+    Layout::chunks(128 * MIB).on_mapped_pages(),
 ];
 
-/// How the sweep has a miss cut its pages into chunks.
+/// How the sweep has a miss cut its pages into chunks, and where it places blocks.
 #[derive(Clone, Copy)]
-struct Cut {
+struct Layout {
     max_chunk_bytes: u64,
     whole_when_growing: bool,
+    on_mapped_pages: bool,
 }
 
-impl Cut {
-    const fn chunks(max_chunk_bytes: u64) -> Cut {
-        Cut {
+impl Layout {
+    const fn chunks(max_chunk_bytes: u64) -> Layout {
+        Layout {
             max_chunk_bytes,
             whole_when_growing: false,
+            on_mapped_pages: false,
+        }
+    }
+
+    const fn on_mapped_pages(self) -> Layout {
+        Layout {
+            on_mapped_pages: true,
+            ..self
         }
     }
 }
@@ -85,16 +99,18 @@ impl Sweep<'_> {
         if !self.grid {
             return vec![self.base.clone()];
         }
-        CUTS.iter()
-            .flat_map(|&cut| {
+        LAYOUTS
+            .iter()
+            .flat_map(|&layout| {
                 IDLE_PAGES.iter().flat_map(move |&idle_pages_kept| {
                     IDLE_PER_MILLE
                         .iter()
                         .map(move |&idle_per_mille| MemoryConfig {
                             idle_pages_kept,
                             idle_per_mille,
-                            max_chunk_bytes: cut.max_chunk_bytes,
-                            whole_chunks_when_growing: cut.whole_when_growing,
+                            max_chunk_bytes: layout.max_chunk_bytes,
+                            whole_chunks_when_growing: layout.whole_when_growing,
+                            place_on_mapped_pages: layout.on_mapped_pages,
                             ..self.base.clone()
                         })
                 })
@@ -113,11 +129,16 @@ impl Sweep<'_> {
         for round in 1..=self.repeat {
             for (config, runs) in settings.iter().zip(runs.iter_mut()) {
                 let label = format!(
-                    "{} ({}{}/{}/{}, {round}/{})",
+                    "{} ({}{}{}/{}/{}, {round}/{})",
                     trace.name,
                     Bytes(config.max_chunk_bytes),
                     if config.whole_chunks_when_growing {
                         " whole"
+                    } else {
+                        ""
+                    },
+                    if config.place_on_mapped_pages {
+                        " placed"
                     } else {
                         ""
                     },
@@ -160,9 +181,10 @@ impl Sweep<'_> {
             self.backend.kind()
         );
         println!(
-            "  {:>10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
+            "  {:>10} {:>5} {:>6} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8}",
             "CHUNK",
             "WHOLE",
+            "MAPPED",
             "IDLE PAGES",
             "PER MILLE",
             "RES/PEAK",
@@ -176,16 +198,15 @@ impl Sweep<'_> {
             let is_default = report.idle_pages_kept == defaults.idle_pages_kept
                 && report.idle_per_mille == defaults.idle_per_mille
                 && report.max_chunk_bytes == defaults.max_chunk_bytes
-                && report.whole_chunks_when_growing == defaults.whole_chunks_when_growing;
+                && report.whole_chunks_when_growing == defaults.whole_chunks_when_growing
+                && report.place_on_mapped_pages == defaults.place_on_mapped_pages;
+            let yes_no = |on: bool| if on { "yes" } else { "no" };
             println!(
-                "{} {:>10} {:>5} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
+                "{} {:>10} {:>5} {:>6} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
                 if dominated(report, reports) { " " } else { "*" },
                 Bytes(report.max_chunk_bytes).to_string(),
-                if report.whole_chunks_when_growing {
-                    "yes"
-                } else {
-                    "no"
-                },
+                yes_no(report.whole_chunks_when_growing),
+                yes_no(report.place_on_mapped_pages),
                 report.idle_pages_kept,
                 report.idle_per_mille,
                 report.reserved_over_peak,
@@ -242,8 +263,13 @@ fn setting(report: &ReplayReport) -> String {
     } else {
         ""
     };
+    let placed = if report.place_on_mapped_pages {
+        " GPUMEM_PLACE_ON_MAPPED_PAGES=true"
+    } else {
+        ""
+    };
     format!(
-        "GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}",
+        "GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}{placed}",
         Bytes(report.max_chunk_bytes).to_string().replace(' ', ""),
         report.idle_pages_kept,
         report.idle_per_mille
@@ -324,6 +350,21 @@ mod tests {
         );
         let plain = verdict(&[report(1.02, 1000.0, 4)], &pool);
         assert!(!plain.contains("WHOLE"), "{plain}");
+        assert!(!plain.contains("PLACE"), "{plain}");
+    }
+
+    #[test]
+    fn a_setting_placing_on_mapped_pages_is_named_with_its_variable() {
+        let pool = report(1.09, 1400.0, 0);
+        let placed = ReplayReport {
+            place_on_mapped_pages: true,
+            ..report(1.02, 1000.0, 4)
+        };
+        let text = verdict(&[report(1.03, 2000.0, 4), placed], &pool);
+        assert!(
+            text.contains("GPUMEM_IDLE_PER_MILLE=0 GPUMEM_PLACE_ON_MAPPED_PAGES=true ("),
+            "{text}"
+        );
     }
 
     #[test]

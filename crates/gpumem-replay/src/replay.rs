@@ -44,12 +44,13 @@ pub struct ReplayReport {
     /// size means the pools' accounting matches the driver's.
     pub max_device_vs_reserved_gap_bytes: u64,
     /// The cache settings of the run (`--idle-pages`, `--idle-per-mille`, `max_chunk_bytes`,
-    /// `inside_chunk_bytes`, `whole_chunks_when_growing`).
+    /// `inside_chunk_bytes`, `whole_chunks_when_growing`, `place_on_mapped_pages`).
     pub idle_pages_kept: usize,
     pub idle_per_mille: usize,
     pub max_chunk_bytes: u64,
     pub inside_chunk_bytes: u64,
     pub whole_chunks_when_growing: bool,
+    pub place_on_mapped_pages: bool,
     /// Allocations that called the driver to map pages, and how long those allocations took
     /// (median and 99th percentile, within 12.5%); 0 for the baselines, which do not say.
     pub misses: u64,
@@ -371,6 +372,7 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         max_chunk_bytes: config.max_chunk_bytes,
         inside_chunk_bytes: config.inside_chunk_bytes,
         whole_chunks_when_growing: config.whole_chunks_when_growing,
+        place_on_mapped_pages: config.place_on_mapped_pages,
         misses: at_end.as_ref().map_or(0, |s| s.misses),
         miss_p50_ns: at_end.as_ref().map_or(0, |s| s.miss_p50_ns),
         miss_p99_ns: at_end.as_ref().map_or(0, |s| s.miss_p99_ns),

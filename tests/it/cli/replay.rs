@@ -226,3 +226,37 @@ fn replay_repeat_reports_the_median_replay_and_every_figure() {
         assert!(stderr(&out).contains("--repeat"), "{}", stderr(&out));
     }
 }
+
+/// `GPUMEM_PLACE_ON_MAPPED_PAGES` reaches the pools: on a CNN serving trace whose layout
+/// changes every batch, misses that only moved idle pages become hits, and the report says
+/// which placement ran.
+#[test]
+fn placing_on_mapped_pages_turns_misses_into_hits_and_is_reported() {
+    let trace =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/traces/cnn_serve.trace.gz");
+    let replay = |placed: &str| {
+        let out = crate::support::gpumem(&[
+            "replay",
+            "--backend",
+            "sim",
+            "--json",
+            trace.to_str().unwrap(),
+        ])
+        .env("GPUMEM_PLACE_ON_MAPPED_PAGES", placed)
+        .output()
+        .expect("gpumem runs");
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (fit, placed) = (replay("false"), replay("true"));
+    assert_eq!(fit["place_on_mapped_pages"], false);
+    assert_eq!(placed["place_on_mapped_pages"], true);
+    let misses = |v: &serde_json::Value| v["misses"].as_u64().unwrap();
+    assert!(
+        misses(&placed) * 3 < misses(&fit) * 2,
+        "{} -> {}",
+        misses(&fit),
+        misses(&placed)
+    );
+    assert_eq!(placed["ooms"], 0);
+}

@@ -23,8 +23,9 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         .collect();
     assert_eq!(
         rows.len(),
-        50,
-        "5 cuts (4 chunk sizes, one also whole when growing) x 5 x 2 cache settings"
+        80,
+        "8 layouts (4 chunk sizes, one also whole when growing, three placing on mapped \
+         pages) x 5 x 2 cache settings"
     );
     assert!(rows
         .iter()
@@ -37,16 +38,14 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
                 r["idle_per_mille"].as_u64(),
                 r["max_chunk_bytes"].as_u64(),
                 r["whole_chunks_when_growing"].as_bool(),
+                r["place_on_mapped_pages"].as_bool(),
             )
         })
         .collect();
-    assert_eq!(settings.len(), 50);
-    assert_eq!(
-        rows.iter()
-            .filter(|r| r["whole_chunks_when_growing"] == true)
-            .count(),
-        10
-    );
+    assert_eq!(settings.len(), 80);
+    let count = |key: &str| rows.iter().filter(|r| r[key] == true).count();
+    assert_eq!(count("whole_chunks_when_growing"), 10);
+    assert_eq!(count("place_on_mapped_pages"), 30);
     // Repeated, the rounds alternate the settings and the table says it shows medians; the
     // simulated device has no driver pool, and the table says so instead of naming a winner.
     let table = gpumem(&[
@@ -159,7 +158,7 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["strategy"].to_string())
         .collect();
-    assert_eq!(strategies.len(), 51, "50 settings and the driver pool");
+    assert_eq!(strategies.len(), 81, "80 settings and the driver pool");
     assert!(
         strategies.iter().any(|s| s.contains("driver")),
         "{strategies:?}"

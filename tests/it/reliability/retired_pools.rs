@@ -21,6 +21,7 @@ fn a_retired_pool_keeps_the_pages_the_driver_would_not_unmap_until_it_can() {
     let settings = PoolSettings {
         small_max: 64 * KIB,
         span: 1 << 32,
+        place_on_mapped_pages: false,
     };
     let pool = Pool::new(reserve, StreamId(1), settings);
     let kind = pool.kind_for(4 * MIB);

@@ -110,6 +110,7 @@ pub fn replay_driver_pool(
         max_chunk_bytes: 0,
         inside_chunk_bytes: 0,
         whole_chunks_when_growing: false,
+        place_on_mapped_pages: false,
         misses: 0,
         miss_p50_ns: 0,
         miss_p99_ns: 0,

@@ -60,6 +60,9 @@ pub struct PoolSettings {
     pub small_max: u64,
     /// Address space each arena reserves.
     pub span: u64,
+    /// Whether arenas place a block on free mapped pages before unmapped ones
+    /// (`place_on_mapped_pages` of the configuration; `arena/placement.rs`).
+    pub place_on_mapped_pages: bool,
 }
 
 /// What an arena's lock guards: the arena, created on first use, and the device's page
@@ -259,7 +262,8 @@ impl Pool {
                     self.stream,
                     self.settings.span,
                 )
-                .map_err(ArenaError::Backend)?,
+                .map_err(ArenaError::Backend)?
+                .placing_on_mapped_pages(self.settings.place_on_mapped_pages),
             ),
         };
         let counters = &slot.counters;

@@ -105,6 +105,15 @@ impl Tlsf {
         self.blocks.iter().filter(|b| b.state != BlockState::Vacant)
     }
 
+    /// Every free block with its index, in slab order.
+    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = (u32, &Block)> {
+        self.blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.state == BlockState::Free)
+            .map(|(index, b)| (index as u32, b))
+    }
+
     /// Finds and takes a block of exactly `size` bytes at an offset aligned to `align`.
     /// `size` is a multiple of [`MIN_BLOCK`]; `align` a power of two. Returns the block's index.
     #[inline]
@@ -129,6 +138,23 @@ impl Tlsf {
         self.free_bytes -= size;
         self.used_blocks += 1;
         Some(index)
+    }
+
+    /// Takes `size` bytes at `offset` out of the free block `index`, which must hold them;
+    /// what lies before and after stays free. Returns the new used block's index.
+    pub(crate) fn alloc_at(&mut self, index: u32, offset: u64, size: u64, live: &LiveInfo) -> u32 {
+        let block = &self.blocks[index as usize];
+        debug_assert_eq!(block.state, BlockState::Free);
+        debug_assert!(block.offset <= offset && offset + size <= block.offset + block.size);
+        self.remove_free(index);
+        let index = self.split_front(index, offset - self.blocks[index as usize].offset);
+        self.split_tail(index, size);
+        let block = &mut self.blocks[index as usize];
+        block.state = BlockState::Used;
+        block.live = *live;
+        self.free_bytes -= size;
+        self.used_blocks += 1;
+        index
     }
 
     /// Frees a used block and merges it with free neighbours; returns the merged free block.
@@ -208,6 +234,12 @@ impl Tlsf {
     fn split_front_for_alignment(&mut self, index: u32, align: u64) -> u32 {
         let block = &self.blocks[index as usize];
         let pad = crate::units::align_up(block.offset, align) - block.offset;
+        self.split_front(index, pad)
+    }
+
+    /// Gives the first `pad` bytes of a (taken) block back as a free block.
+    fn split_front(&mut self, index: u32, pad: u64) -> u32 {
+        let block = &self.blocks[index as usize];
         if pad == 0 {
             return index;
         }
@@ -344,6 +376,22 @@ mod tests {
         assert_eq!(tlsf.block(merged).offset, 0);
         assert_eq!(tlsf.block(merged).size, 1 << 20);
         assert_eq!(tlsf.blocks().count(), 1);
+    }
+
+    #[test]
+    fn a_block_taken_at_an_offset_leaves_both_sides_free_and_merges_back() {
+        let mut t = Tlsf::new(1 << 20);
+        let (whole, _) = t.free_blocks().next().unwrap();
+        let taken = t.alloc_at(whole, 4096, 8192, &live());
+        assert_eq!((t.block(taken).offset, t.block(taken).size), (4096, 8192));
+        let free: Vec<_> = t.free_blocks().map(|(_, b)| (b.offset, b.size)).collect();
+        assert_eq!(free.len(), 2);
+        assert!(free.contains(&(0, 4096)) && free.contains(&(12288, (1 << 20) - 12288)));
+        assert_eq!(t.free_bytes(), (1 << 20) - 8192);
+        t.free(taken);
+        let free: Vec<_> = t.free_blocks().map(|(_, b)| (b.offset, b.size)).collect();
+        assert_eq!(free, vec![(0, 1 << 20)]);
+        assert_eq!(t.used_blocks(), 0);
     }
 
     #[test]

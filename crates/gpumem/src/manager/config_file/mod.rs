@@ -243,6 +243,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("make_room_without_waiting", |c, raw, key| {
         raw.boolean(key).map(|v| c.make_room_without_waiting = v)
     }),
+    ("place_on_mapped_pages", |c, raw, key| {
+        raw.boolean(key).map(|v| c.place_on_mapped_pages = v)
+    }),
     ("pressure.medium", |c, raw, key| {
         raw.number(key).map(|v| c.pressure.medium = v)
     }),

@@ -97,6 +97,9 @@ pub(crate) struct Arena {
     kept_after_failed_map: Released,
     /// Fences on the stream behind pages gone idle: what unmapping them must wait for.
     fences: FenceTrail,
+    /// Whether a block the index would put on unmapped pages goes to free mapped pages
+    /// instead where they hold it (`place_on_mapped_pages` of the configuration).
+    place_on_mapped_pages: bool,
 }
 
 impl Arena {
@@ -131,7 +134,14 @@ impl Arena {
             released_while_allocating: Released::default(),
             kept_after_failed_map: Released::default(),
             fences: FenceTrail::default(),
+            place_on_mapped_pages: false,
         })
+    }
+
+    /// The arena with [`place`](Self::place) preferring free mapped pages, or not.
+    pub(crate) fn placing_on_mapped_pages(mut self, on: bool) -> Self {
+        self.place_on_mapped_pages = on;
+        self
     }
 
     pub(crate) fn page_size(&self) -> u64 {
@@ -198,14 +208,9 @@ impl Arena {
             self.unpark();
             self.fence_idle_pages(reserve.backend());
         }
-        let block = self
-            .tlsf
-            .alloc(size, align, live)
-            .ok_or(ArenaError::AddressSpaceFull)?;
+        let block = self.place(size, align, live)?;
         let offset = self.tlsf.block(block).offset;
         let (first, last) = self.page_span(offset, size);
-        self.runs.clear();
-        self.pages.unmapped_runs(first, last, &mut self.runs);
         let (mut cut, mut recut) = (BlockCut::Ordinary, Recut::default());
         if may_unmap {
             recut = self.recut_whole_chunks_it_would_pin(reserve, first, last);
@@ -364,18 +369,10 @@ impl Arena {
     /// right now without asking the driver. Merges the parked block back first, as it is free.
     pub(crate) fn largest_cached_free_block(&mut self) -> u64 {
         self.unpark();
-        let mut largest = 0;
-        for block in self.tlsf.blocks().filter(|b| b.state == BlockState::Free) {
-            let end = block.offset + block.size;
-            let (first, last) = self.page_span(block.offset, block.size);
-            // Mapped runs are maximal, so each is one stretch of cached bytes, cut to the block.
-            for run in self.pages.mapped_runs(first, last) {
-                let run_start = ((run.first as u64) << self.page_shift).max(block.offset);
-                let run_end = ((run.end() as u64) << self.page_shift).min(end);
-                largest = largest.max(run_end - run_start);
-            }
-        }
-        largest
+        self.cached_free_stretches()
+            .map(|(_, start, end)| end - start)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Unmaps everything into the reserve and gives the address range back. Live blocks must
@@ -406,6 +403,7 @@ impl Arena {
 }
 
 mod pinning;
+mod placement;
 mod release;
 #[cfg(test)]
 mod tests;

@@ -322,3 +322,60 @@ fn a_whole_chunk_mapped_again_from_the_reserve_is_still_cut_again_under_a_smalle
         "the small block keeps only its pages"
     );
 }
+
+/// An arena with 2 MiB chunks holding, from its base: 4 MiB free on mapped pages (a freed
+/// block), 2 MiB live, 3 MiB free whose first page is unmapped and whose second is shared with
+/// the 2 MiB live block after it, then the rest of the range. Blocks are laid end to end from
+/// the base: [0, 4) [4, 6) [6, 9) [9, 11) MiB.
+fn holes_on_mapped_and_unmapped_pages(place_on_mapped_pages: bool) -> (PageReserve, Arena) {
+    let (reserve, arena) = setup_with(64 * MIB, crate::pool::ChunkSizes::new(2 * MIB, 0));
+    let mut arena = arena.placing_on_mapped_pages(place_on_mapped_pages);
+    let a = alloc(&reserve, &mut arena, 4 * MIB, 1);
+    alloc(&reserve, &mut arena, 2 * MIB, 2);
+    let h = alloc(&reserve, &mut arena, 3 * MIB, 3);
+    alloc(&reserve, &mut arena, 2 * MIB, 4);
+    arena.free(h.block);
+    // Its one wholly idle page (6..8 MiB) goes; 8..10 MiB stays under the last block.
+    let released = arena
+        .release_idle(&reserve, |_, _| true, BusyStreams::Wait)
+        .unwrap();
+    assert_eq!(released.bytes, 2 * MIB);
+    arena.free(a.block);
+    (reserve, arena)
+}
+
+#[test]
+fn a_block_the_fit_puts_on_unmapped_pages_goes_to_mapped_free_pages_when_asked() {
+    // The index's best fit for 3 MiB is the 3 MiB hole, half unmapped: a miss.
+    let (reserve, mut arena) = holes_on_mapped_and_unmapped_pages(false);
+    let fit = alloc(&reserve, &mut arena, 3 * MIB, 5);
+    assert_eq!((fit.ptr - arena.base, fit.map_calls), (6 * MIB, 1));
+
+    // Asked to, the arena takes the freed 4 MiB on mapped pages instead: a hit.
+    let (reserve, mut arena) = holes_on_mapped_and_unmapped_pages(true);
+    let mapped_before = arena.mapped_pages();
+    let placed = alloc(&reserve, &mut arena, 3 * MIB, 5);
+    assert_eq!((placed.ptr - arena.base, placed.map_calls), (0, 0));
+    assert_eq!(arena.mapped_pages(), mapped_before);
+    assert_eq!(arena.live_block_count(), 3);
+    arena.free(placed.block);
+    // Everything merges back: the whole 4 MiB is free and cached again.
+    assert_eq!(arena.largest_cached_free_block(), 4 * MIB);
+}
+
+#[test]
+fn a_mapped_stretch_in_what_the_fit_leaves_over_is_taken_after_the_fit_merges_back() {
+    // For 1 MiB the fit is the start of the 3 MiB hole (unmapped); the smallest mapped stretch
+    // is that hole's own last MiB, in the free block split off the fit.
+    let (reserve, mut arena) = holes_on_mapped_and_unmapped_pages(true);
+    let placed = alloc(&reserve, &mut arena, MIB, 5);
+    assert_eq!((placed.ptr - arena.base, placed.map_calls), (8 * MIB, 0));
+    let live: Vec<_> = arena
+        .live_blocks()
+        .map(|(ptr, size, _)| (ptr - arena.base, size))
+        .collect();
+    assert!(live.contains(&(8 * MIB, MIB)), "{live:?}");
+    arena.free(placed.block);
+    arena.unpark();
+    assert_eq!(arena.largest_cached_free_block(), 4 * MIB);
+}
