@@ -337,33 +337,30 @@ mod tests {
     }
 
     #[test]
-    fn a_setting_with_whole_chunks_is_named_with_its_variable() {
+    fn a_setting_with_whole_chunks_or_placed_on_mapped_pages_is_named_with_its_variable() {
         let pool = report(1.09, 1400.0, 0);
         let whole = ReplayReport {
             whole_chunks_when_growing: true,
             ..report(1.02, 1000.0, 4)
         };
-        let text = verdict(&[report(1.03, 2000.0, 4), whole], &pool);
-        assert!(
-            text.contains("GPUMEM_IDLE_PER_MILLE=0 GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true ("),
-            "{text}"
-        );
-        let plain = verdict(&[report(1.02, 1000.0, 4)], &pool);
-        assert!(!plain.contains("WHOLE"), "{plain}");
-        assert!(!plain.contains("PLACE"), "{plain}");
-    }
-
-    #[test]
-    fn a_setting_placing_on_mapped_pages_is_named_with_its_variable() {
-        let pool = report(1.09, 1400.0, 0);
         let placed = ReplayReport {
             place_on_mapped_pages: true,
             ..report(1.02, 1000.0, 4)
         };
-        let text = verdict(&[report(1.03, 2000.0, 4), placed], &pool);
+        for (winner, variable) in [
+            (whole, "GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true"),
+            (placed, "GPUMEM_PLACE_ON_MAPPED_PAGES=true"),
+        ] {
+            let text = verdict(&[report(1.03, 2000.0, 4), winner], &pool);
+            assert!(
+                text.contains(&format!("GPUMEM_IDLE_PER_MILLE=0 {variable} (")),
+                "{text}"
+            );
+        }
+        let plain = verdict(&[report(1.02, 1000.0, 4)], &pool);
         assert!(
-            text.contains("GPUMEM_IDLE_PER_MILLE=0 GPUMEM_PLACE_ON_MAPPED_PAGES=true ("),
-            "{text}"
+            !plain.contains("WHOLE") && !plain.contains("PLACE"),
+            "{plain}"
         );
     }
 

@@ -131,12 +131,7 @@ impl Tlsf {
         } else {
             self.split_front_for_alignment(index, align)
         };
-        self.split_tail(index, size);
-        let block = &mut self.blocks[index as usize];
-        block.state = BlockState::Used;
-        block.live = *live;
-        self.free_bytes -= size;
-        self.used_blocks += 1;
+        self.take(index, size, live);
         Some(index)
     }
 
@@ -148,13 +143,19 @@ impl Tlsf {
         debug_assert!(block.offset <= offset && offset + size <= block.offset + block.size);
         self.remove_free(index);
         let index = self.split_front(index, offset - self.blocks[index as usize].offset);
+        self.take(index, size, live);
+        index
+    }
+
+    /// Turns a block already out of the bins, beginning where the new one must, into the used
+    /// block of exactly `size` bytes; the rest becomes a free block after it.
+    fn take(&mut self, index: u32, size: u64, live: &LiveInfo) {
         self.split_tail(index, size);
         let block = &mut self.blocks[index as usize];
         block.state = BlockState::Used;
         block.live = *live;
         self.free_bytes -= size;
         self.used_blocks += 1;
-        index
     }
 
     /// Frees a used block and merges it with free neighbours; returns the merged free block.
