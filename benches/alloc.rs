@@ -1,8 +1,9 @@
 //! Allocator speed, every baseline measured in the same run: a gpumem pool hit (alloc + free),
 //! a pool miss (pages mapped and unmapped each time), the driver's `cuMemAlloc`/`cuMemFree` and,
 //! on CUDA, `cuMemAllocAsync`/`cuMemFreeAsync`; one and eight threads; 100 vs 100,000 live
-//! allocations; and a pool hit through the C ABI PyTorch calls (`gpumem_alloc`/`gpumem_free`)
-//! beside the same manager called from Rust. `GPUMEM_BENCH_BACKEND=cuda|sim|auto` (default
+//! allocations; a miss with and without the walk `place_on_mapped_pages` adds; and a pool hit
+//! through the C ABI PyTorch calls (`gpumem_alloc`/`gpumem_free`) beside the same manager called
+//! from Rust. `GPUMEM_BENCH_BACKEND=cuda|sim|auto` (default
 //! auto) picks the device.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -185,6 +186,47 @@ fn live_count(c: &mut Criterion) {
     group.finish();
 }
 
+/// A miss with `place_on_mapped_pages` off and on, beside 1,000 and 20,000 free holes on mapped
+/// pages too small for it: with the setting on, every would-be miss first walks the free blocks
+/// of its arena and their mapped runs for a stretch that holds it (`pool/arena/placement.rs`);
+/// this is what that walk costs when it finds none. The holes are 128 KiB blocks freed between
+/// live ones (the large pool's), the request 8 MiB; the cache is emptied after each free so
+/// that every request maps its pages.
+fn placement_scan(c: &mut Criterion) {
+    let backend = backend();
+    let options = AllocOptions::default();
+    let mut group = c.benchmark_group("placement_scan");
+    for holes in [1_000usize, 20_000] {
+        for placed in [false, true] {
+            let m = manager(
+                &backend,
+                ManagerConfig {
+                    place_on_mapped_pages: placed,
+                    ..ManagerConfig::default()
+                },
+            );
+            let mut blocks: Vec<_> = (0..2 * holes)
+                .map(|_| m.alloc(0, 128 * KIB, &options).unwrap())
+                .collect();
+            // Every other block freed: holes between live neighbours, their pages still mapped.
+            let mut index = 0;
+            blocks.retain(|_| {
+                index += 1;
+                index % 2 == 0
+            });
+            let name = if placed { "miss_placed" } else { "miss_fit" };
+            group.bench_function(BenchmarkId::new(name, holes), |b| {
+                b.iter(|| {
+                    drop(black_box(m.alloc(0, 8 * MIB, &options).unwrap()));
+                    m.empty_cache();
+                })
+            });
+            drop(blocks);
+        }
+    }
+    group.finish();
+}
+
 /// What the C ABI adds to a pool hit: the live-buffer table keyed by address, the graph-capture
 /// check (a driver call on CUDA), the host-context scope, and the check for frees waiting on
 /// other streams. The C ABI has one manager per process: this bench installs it.
@@ -250,6 +292,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = single_thread, threaded, live_count, c_abi
+    targets = single_thread, threaded, live_count, placement_scan, c_abi
 }
 criterion_main!(benches);

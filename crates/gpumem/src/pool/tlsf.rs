@@ -105,13 +105,26 @@ impl Tlsf {
         self.blocks.iter().filter(|b| b.state != BlockState::Vacant)
     }
 
-    /// Every free block with its index, in slab order.
-    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = (u32, &Block)> {
-        self.blocks
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.state == BlockState::Free)
-            .map(|(index, b)| (index as u32, b))
+    /// Every free block of at least `size` bytes with its index, from the bins that can hold
+    /// such blocks only: what it costs grows with those blocks, not with the blocks in use or
+    /// the smaller free ones.
+    pub(crate) fn free_blocks_at_least(&self, size: u64) -> impl Iterator<Item = (u32, &Block)> {
+        let (first_fl, first_sl) = bin_of(size.max(MIN_BLOCK));
+        (first_fl..FL_COUNT)
+            .flat_map(move |fl| {
+                let from = if fl == first_fl { first_sl } else { 0 };
+                (from..SL_COUNT).map(move |sl| (fl, sl))
+            })
+            .filter(move |&(fl, sl)| self.sl_bitmap[fl] & (1 << sl) != 0)
+            .flat_map(move |(fl, sl)| {
+                // A bin whose bit is set has a head; its list ends at NIL.
+                std::iter::successors(Some(self.heads[fl][sl]), move |&index| {
+                    let next = self.blocks[index as usize].next_free;
+                    (next != NIL).then_some(next)
+                })
+            })
+            .map(move |index| (index, &self.blocks[index as usize]))
+            .filter(move |(_, b)| b.size >= size)
     }
 
     /// Finds and takes a block of exactly `size` bytes at an offset aligned to `align`.
@@ -382,15 +395,26 @@ mod tests {
     #[test]
     fn a_block_taken_at_an_offset_leaves_both_sides_free_and_merges_back() {
         let mut t = Tlsf::new(1 << 20);
-        let (whole, _) = t.free_blocks().next().unwrap();
+        let (whole, _) = t.free_blocks_at_least(0).next().unwrap();
         let taken = t.alloc_at(whole, 4096, 8192, &live());
         assert_eq!((t.block(taken).offset, t.block(taken).size), (4096, 8192));
-        let free: Vec<_> = t.free_blocks().map(|(_, b)| (b.offset, b.size)).collect();
+        let free: Vec<_> = t
+            .free_blocks_at_least(0)
+            .map(|(_, b)| (b.offset, b.size))
+            .collect();
         assert_eq!(free.len(), 2);
+        assert_eq!(
+            t.free_blocks_at_least(4097).count(),
+            1,
+            "the front is too small"
+        );
         assert!(free.contains(&(0, 4096)) && free.contains(&(12288, (1 << 20) - 12288)));
         assert_eq!(t.free_bytes(), (1 << 20) - 8192);
         t.free(taken);
-        let free: Vec<_> = t.free_blocks().map(|(_, b)| (b.offset, b.size)).collect();
+        let free: Vec<_> = t
+            .free_blocks_at_least(0)
+            .map(|(_, b)| (b.offset, b.size))
+            .collect();
         assert_eq!(free, vec![(0, 1 << 20)]);
         assert_eq!(t.used_blocks(), 0);
     }

@@ -369,7 +369,7 @@ impl Arena {
     /// right now without asking the driver. Merges the parked block back first, as it is free.
     pub(crate) fn largest_cached_free_block(&mut self) -> u64 {
         self.unpark();
-        self.cached_free_stretches()
+        self.cached_free_stretches(0)
             .map(|(_, start, end)| end - start)
             .max()
             .unwrap_or(0)

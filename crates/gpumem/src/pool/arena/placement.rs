@@ -53,7 +53,7 @@ impl Arena {
     /// pages that holds `size` bytes at an `align`ed offset, if any does (the lowest on a tie).
     fn smallest_cached_stretch(&self, size: u64, align: u64) -> Option<(u32, u64)> {
         let mut best: Option<(u64, u32, u64)> = None;
-        for (block, start, end) in self.cached_free_stretches() {
+        for (block, start, end) in self.cached_free_stretches(size) {
             let at = crate::units::align_up(start, align);
             let len = end - start;
             let better = best.is_none_or(|(best_len, _, best_at)| {
@@ -66,18 +66,24 @@ impl Arena {
         best.map(|(_, block, at)| (block, at))
     }
 
-    /// Every stretch of free bytes lying wholly in mapped pages: (free block, start, end).
-    pub(super) fn cached_free_stretches(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
+    /// Every stretch of free bytes lying wholly in mapped pages, in free blocks of at least
+    /// `size` bytes: (free block, start, end).
+    pub(super) fn cached_free_stretches(
+        &self,
+        size: u64,
+    ) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
         let shift = self.page_shift;
-        self.tlsf.free_blocks().flat_map(move |(index, block)| {
-            let end = block.offset + block.size;
-            let (first, last) = self.page_span(block.offset, block.size);
-            // Mapped runs are maximal, so each is one stretch of cached bytes, cut to the block.
-            self.pages.mapped_runs(first, last).map(move |run| {
-                let start = ((run.first as u64) << shift).max(block.offset);
-                let stop = ((run.end() as u64) << shift).min(end);
-                (index, start, stop)
+        self.tlsf
+            .free_blocks_at_least(size)
+            .flat_map(move |(index, block)| {
+                let end = block.offset + block.size;
+                let (first, last) = self.page_span(block.offset, block.size);
+                // Mapped runs are maximal, so each is one stretch of cached bytes, cut to the block.
+                self.pages.mapped_runs(first, last).map(move |run| {
+                    let start = ((run.first as u64) << shift).max(block.offset);
+                    let stop = ((run.end() as u64) << shift).min(end);
+                    (index, start, stop)
+                })
             })
-        })
     }
 }
