@@ -82,6 +82,7 @@ type Replayed = (ReplayReport, Vec<TimelinePoint>);
 
 impl Sweep<'_> {
     pub(super) fn run(&self, traces: &[Trace]) -> Result<(), CliError> {
+        let mut against_pool = Vec::new();
         for trace in traces {
             let (reports, pool) = self.replay_all(trace)?;
             if self.json {
@@ -91,6 +92,12 @@ impl Sweep<'_> {
             } else {
                 self.print_table(trace, &reports, pool.as_ref());
             }
+            if let Some(pool) = pool {
+                against_pool.push((reports, pool));
+            }
+        }
+        if self.grid && !self.json && against_pool.len() > 1 {
+            println!("{}", one_setting_for_all(&against_pool));
         }
         Ok(())
     }
@@ -276,6 +283,46 @@ fn setting(report: &ReplayReport) -> String {
     )
 }
 
+/// The line under a sweep of several traces: the one setting that beats the driver pool on
+/// both axes on the most of them (on a tie, the least memory summed over all of them), so that
+/// a process running all of that work can pick one. Every trace's reports come in the same
+/// order of settings.
+fn one_setting_for_all(traces: &[(Vec<ReplayReport>, ReplayReport)]) -> String {
+    let settings = traces
+        .iter()
+        .map(|(reports, _)| reports.len())
+        .min()
+        .unwrap_or(0);
+    let score = |at: usize| {
+        let (mut wins, mut memory) = (0usize, 0.0f64);
+        for (reports, pool) in traces {
+            let report = &reports[at];
+            wins += usize::from(
+                report.reserved_over_peak <= pool.reserved_over_peak
+                    && report.ns_per_op <= pool.ns_per_op,
+            );
+            memory += report.reserved_over_peak;
+        }
+        (wins, memory)
+    };
+    let best = (0..settings).max_by(|&a, &b| {
+        let ((wins_a, memory_a), (wins_b, memory_b)) = (score(a), score(b));
+        wins_a.cmp(&wins_b).then(memory_b.total_cmp(&memory_a))
+    });
+    match best.map(|at| (at, score(at))) {
+        Some((at, (wins, _))) if wins > 0 => format!(
+            "One setting for all {} traces: {} beats the driver pool on both axes on {wins} of them; \
+             no setting does on more, and of those that do as well it holds the least memory",
+            traces.len(),
+            setting(&traces[0].0[at])
+        ),
+        _ => format!(
+            "No setting beats the driver pool on both axes on any of the {} traces",
+            traces.len()
+        ),
+    }
+}
+
 /// The lines under a table: the driver pool's figures and the setting that beats them on both
 /// axes, or, when none does, the fastest setting within the pool's memory and its gap.
 fn verdict(reports: &[ReplayReport], pool: &ReplayReport) -> String {
@@ -362,6 +409,23 @@ mod tests {
             !plain.contains("WHOLE") && !plain.contains("PLACE"),
             "{plain}"
         );
+    }
+
+    #[test]
+    fn the_setting_that_beats_the_pool_on_the_most_traces_is_named_for_all() {
+        let pool = report(1.05, 1000.0, 0);
+        let (lean, fast) = (report(1.01, 1500.0, 4), report(1.04, 900.0, 64));
+        // The fast setting wins on both traces, the lean one on neither.
+        let traces = vec![
+            (vec![lean.clone(), fast.clone()], pool.clone()),
+            (vec![lean.clone(), fast.clone()], pool.clone()),
+        ];
+        let text = one_setting_for_all(&traces);
+        assert!(text.contains("GPUMEM_IDLE_PAGES_KEPT=64 "), "{text}");
+        assert!(text.contains("on 2 of them"), "{text}");
+        let slow_pool = report(1.00, 100.0, 0);
+        let none = one_setting_for_all(&[(vec![lean, fast], slow_pool)]);
+        assert!(none.starts_with("No setting"), "{none}");
     }
 
     #[test]

@@ -68,6 +68,7 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         text.contains("has no driver pool to compare with"),
         "{text}"
     );
+    assert!(!text.contains("One setting for all"), "{text}");
 
     let out = gpumem(&[
         "replay",
@@ -130,11 +131,13 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
     }
     let dir = tempdir();
     let trace = steps_trace(&dir);
+    // Two traces (the same one twice): a verdict under each, and one setting named for both.
     let out = gpumem(&[
         "replay",
         "--backend",
         "cuda",
         "--sweep",
+        trace.to_str().unwrap(),
         trace.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -144,6 +147,11 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         text.contains("beats the driver pool on both: GPUMEM_MAX_CHUNK_BYTES=")
             || text.contains("no setting beats the driver pool on both")
             || text.contains("no setting holds as little memory"),
+        "{text}"
+    );
+    assert!(
+        text.contains("One setting for all 2 traces: GPUMEM_MAX_CHUNK_BYTES=")
+            || text.contains("No setting beats the driver pool on both axes on any of the 2"),
         "{text}"
     );
     let json = gpumem(&[
