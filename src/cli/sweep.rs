@@ -4,7 +4,8 @@
 //! on all of them; each setting's median replay is reported. On the CUDA backend the driver's
 //! own pool is replayed in every round beside them, and the setting that holds no more memory
 //! than the pool *and* takes no more time per operation is named, with the variables that
-//! select it. `--against-driver-pool` is the same for the one setting given.
+//! select it, and after several traces the one setting that does so on the most of them.
+//! `--against-driver-pool` is the same for the one setting given.
 
 use super::replay::{median_run, micros, print_report, progress_bar, replay_fresh};
 use super::CliError;

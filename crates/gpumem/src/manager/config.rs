@@ -112,7 +112,7 @@ pub struct MemoryConfig {
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by
     /// default). Misses that only moved idle pages from one place to another become hits: on
     /// the simulated H100 the corpus took 35 % fewer misses and a quarter less time, with
-    /// higher peaks (ten of twenty-seven traces over 1.03, all but one still under the
+    /// higher peaks (nine of twenty-seven traces over 1.03, all but one still under the
     /// driver's pool; docs/performance.md). The setting for a process that wants speed back
     /// from the memory-first default.
     pub place_on_mapped_pages: bool,
