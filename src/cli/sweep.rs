@@ -1,5 +1,6 @@
 //! `gpumem replay --sweep`: every trace under every cache setting (the largest chunk a miss
-//! creates, idle pages kept, idle pages per 1024 of the peak), replayed in rounds so that the
+//! creates, whether growth is cut whole, whether blocks go to mapped pages first, idle pages
+//! kept, idle pages per 1024 of the peak), replayed in rounds so that the
 //! `--repeat` replays of one setting alternate with the others' and drift on a busy host falls
 //! on all of them; each setting's median replay is reported. On the CUDA backend the driver's
 //! own pool is replayed in every round beside them, and the setting that holds no more memory
