@@ -348,3 +348,91 @@ def vae_decode():
         for _ in range(24):
             batch, side = random.choice([(1, 128), (2, 96), (4, 64), (8, 48), (1, 96), (6, 64)])
             decoder(torch.randn(batch, 4, side, side, device=DEV, dtype=torch.half))
+
+
+# The fourth unseen set, recorded after place_on_mapped_pages was chosen on the twenty-seven
+# traces before it: does the setting's trade (and the default's bound) hold on work it never saw?
+
+
+def graph_message_passing():
+    """A three-layer message-passing network trained on random graphs of 5,000-60,000 nodes and
+    four to twelve edges a node, Adam, fp32: gathers and scatter-adds whose sizes follow each
+    graph, unlike any layer of the corpus."""
+    width = 256
+    layers = torch.nn.ModuleList(torch.nn.Linear(2 * width, width) for _ in range(3)).to(DEV)
+    head = torch.nn.Linear(width, 1).to(DEV)
+    params = list(layers.parameters()) + list(head.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    for _ in range(24):
+        nodes = random.randint(5_000, 60_000)
+        edges = nodes * random.randint(4, 12)
+        x = torch.randn(nodes, width, device=DEV)
+        src = torch.randint(0, nodes, (edges,), device=DEV)
+        dst = torch.randint(0, nodes, (edges,), device=DEV)
+        for layer in layers:
+            messages = torch.zeros_like(x).index_add_(0, dst, x[src])
+            x = torch.relu(layer(torch.cat([x, messages], dim=1)))
+        loss = head(x).square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def recsys_embedding_train():
+    """A DLRM-style recommender: eight embedding bags (100k-1M rows, 64 wide) with bags of 1-60
+    ids, a dense tower and an interaction MLP, trained with Adagrad at a batch drawn per step
+    (512-8,192), bf16 autocast: large sparse-gradient tables and batch-sized activations."""
+    tables = torch.nn.ModuleList(
+        torch.nn.EmbeddingBag(rows, 64, mode="sum")
+        for rows in (100_000, 200_000, 300_000, 500_000, 1_000_000, 150_000, 250_000, 400_000)).to(DEV)
+    dense = torch.nn.Sequential(torch.nn.Linear(13, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).to(DEV)
+    top = torch.nn.Sequential(torch.nn.Linear(64 * 9, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                              torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(DEV)
+    params = list(tables.parameters()) + list(dense.parameters()) + list(top.parameters())
+    optimizer = torch.optim.Adagrad(params, lr=1e-2)
+    for _ in range(30):
+        batch = random.choice([512, 1024, 2048, 4096, 8192])
+        pooled = []
+        for table in tables:
+            lengths = torch.randint(1, 61, (batch,), device=DEV)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long, device=DEV), lengths.cumsum(0)[:-1]])
+            ids = torch.randint(0, table.num_embeddings, (int(lengths.sum()),), device=DEV)
+            pooled.append(table(ids, offsets))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            features = torch.cat([dense(torch.randn(batch, 13, device=DEV))] + pooled, dim=1)
+            loss = top(features).float().square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def contrastive_two_tower_train():
+    """CLIP-style contrastive training: a ResNet-18 (timm) image tower on 160-256 px images and a
+    six-layer transformer text tower on 16-77 tokens, batch drawn per step (32-256), AdamW, bf16
+    autocast, with the batch-by-batch similarity matrix of the contrastive loss."""
+    import timm
+    image = timm.create_model("resnet18", pretrained=False, num_classes=256).to(DEV)
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+    text = torch.nn.TransformerEncoder(layer, 6).to(DEV)
+    embed = torch.nn.Embedding(49_408, 512).to(DEV)
+    project = torch.nn.Linear(512, 256).to(DEV)
+    params = (list(image.parameters()) + list(text.parameters()) + list(embed.parameters())
+              + list(project.parameters()))
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    for _ in range(20):
+        batch = random.choice([32, 64, 128, 256])
+        side = random.choice([160, 192, 224, 256])
+        tokens = random.randint(16, 77)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            images = image(torch.randn(batch, 3, side, side, device=DEV))
+            words = text(embed(torch.randint(0, 49_408, (batch, tokens), device=DEV)))
+            captions = project(words.mean(dim=1))
+            images = torch.nn.functional.normalize(images.float(), dim=1)
+            captions = torch.nn.functional.normalize(captions.float(), dim=1)
+            logits = images @ captions.t() * 14.3
+            labels = torch.arange(batch, device=DEV)
+            loss = (torch.nn.functional.cross_entropy(logits, labels)
+                    + torch.nn.functional.cross_entropy(logits.t(), labels)) / 2
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()

@@ -37,6 +37,7 @@ pub(crate) fn tight_config(idle_pages_kept: usize) -> ManagerConfig {
     }
 }
 
+/// target/ (or wherever Cargo builds), for artefacts a person looks at after the run.
 pub(crate) fn target_dir() -> std::path::PathBuf {
     let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     tmp.parent().unwrap_or(tmp).to_path_buf()
