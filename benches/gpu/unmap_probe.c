@@ -1,6 +1,6 @@
-// What one cuMemUnmap over several handles mapped side by side costs against one call per handle,
-// and what a failed one leaves behind (whether the driver unmaps part of a range before it
-// refuses the rest), on device 0. Prints JSON lines.
+// What one cuMemUnmap over several handles mapped side by side costs against one call per handle
+// (back to back, and with pauses between the calls), and what the driver does with a range that
+// is not all mapped or that cuts a handle, on device 0. Prints JSON lines.
 // Build: nvcc -O2 -o unmap_probe unmap_probe.c -lcuda
 #include <cuda.h>
 #include <stdio.h>
@@ -51,8 +51,25 @@ int main(void) {
     printf("{\"handles\":%d,\"one_call_us\":%.1f,\"one_call_per_handle_us\":%.1f}\n", n, median(one_call, ROUNDS) / 1e3, median(per_handle, ROUNDS) / 1e3);
   }
 
-  // A range of four mapped handles and one unmapped page after them: the call must fail; are the
-  // four still mapped afterwards?
+  // Eight handles unmapped one call each, with a pause between calls: does a call after a pause
+  // pay again what the first of a burst pays?
+  double gaps_us[] = {10, 100, 1000};
+  for (int g = 0; g < 3; g++) {
+    static double spent[ROUNDS];
+    for (int k = 0; k < ROUNDS; k++) {
+      map_side_by_side(va, 8);
+      spent[k] = 0;
+      for (int i = 0; i < 8; i++) {
+        double until = now() + gaps_us[g] * 1e3;
+        while (now() < until) {}
+        double t = now(); CK(cuMemUnmap(va + i * page, page)); spent[k] += now() - t;
+      }
+    }
+    printf("{\"handles\":8,\"pause_us\":%.0f,\"in_calls_us\":%.1f}\n", gaps_us[g], median(spent, ROUNDS) / 1e3);
+  }
+
+  // A range of four mapped handles and one unmapped page after them: does the driver refuse it,
+  // and which of the four are still mapped afterwards?
   map_side_by_side(va, 4);
   CUresult r = cuMemUnmap(va, page * 5);
   const char *err = "CUDA_SUCCESS"; if (r != CUDA_SUCCESS) cuGetErrorName(r, &err);

@@ -58,8 +58,8 @@ pub(super) struct ReplayArgs {
     plot: Option<PathBuf>,
 
     /// Write one JSON line per miss into this file: the trace, which allocation, its size, the
-    /// address it got, pages mapped again and created for it, the unmap calls that made room
-    /// for it, bytes in use and reserved after it. Shows which requests miss and why; reading the
+    /// address it got, pages mapped again and created for it, chunks unmapped to make room,
+    /// bytes in use and reserved after it. Shows which requests miss and why; reading the
     /// statistics around every allocation slows the replay, so compare ns/op only between runs
     /// that both log or both do not. Pooled strategy only.
     #[arg(long, env = "GPUMEM_MISSES", value_name = "FILE.jsonl")]

@@ -138,7 +138,7 @@ fn replay_logs_each_miss_as_a_json_line() {
         .map(|l| l["pages_created"].as_u64().unwrap() + l["pages_reused"].as_u64().unwrap())
         .sum();
     assert_eq!(pages, report["pages_created"].as_u64().unwrap());
-    for field in ["ptr", "unmap_calls", "in_use_bytes", "reserved_bytes"] {
+    for field in ["ptr", "chunks_unmapped", "in_use_bytes", "reserved_bytes"] {
         assert!(lines[1].get(field).is_some(), "missing {field}");
     }
 }

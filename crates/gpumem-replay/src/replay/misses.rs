@@ -20,9 +20,8 @@ pub struct MissRecord {
     /// Pages mapped for it: kept ones mapped again, and new ones created.
     pub pages_reused: u64,
     pub pages_created: u64,
-    /// Unmap calls made while it was placed, to stay within the cache budget (chunks side by
-    /// side go in one call).
-    pub unmap_calls: u64,
+    /// Physical chunks unmapped while it was placed (to stay within the cache budget).
+    pub chunks_unmapped: u64,
     /// After it: bytes in live blocks, and bytes held from the driver.
     pub in_use_bytes: u64,
     pub reserved_bytes: u64,
@@ -99,7 +98,7 @@ impl Replayed for LoggingMisses<'_, '_> {
                     ptr: buffer.ptr(),
                     pages_reused: after.pages_reused - before.pages_reused,
                     pages_created: after.pages_created - before.pages_created,
-                    unmap_calls: after.counters.driver_frees - before.counters.driver_frees,
+                    chunks_unmapped: after.counters.driver_frees - before.counters.driver_frees,
                     in_use_bytes: after.counters.in_use_bytes,
                     reserved_bytes: after.counters.reserved_bytes,
                     idle_mapped_bytes: self.idle_mapped_bytes(),

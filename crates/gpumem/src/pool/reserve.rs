@@ -176,12 +176,6 @@ impl PageReserve {
         self.spare_pages.load(Relaxed) + self.in_flight_pages.load(Relaxed)
     }
 
-    /// How many chunks are kept unmapped, now.
-    #[cfg(test)]
-    pub(crate) fn kept_chunks(&self) -> usize {
-        self.spare.lock().len()
-    }
-
     /// The pages the cache budget allows beyond the recent live peak (its slack), which bound
     /// the chunks inside long misses from now on.
     pub fn note_slack(&self, pages: u64) {

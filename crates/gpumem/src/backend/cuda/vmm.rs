@@ -1,7 +1,6 @@
 //! Growing and shrinking in pages with the virtual memory API: reserve address space, back it with
 //! physical chunks (`cuMemMap` of chunks the caller kept, `cuMemCreate` of one new chunk for the
-//! rest; one `cuMemSetAccess` per call), unmap whole chunks keeping them (one `cuMemUnmap` per
-//! range), and release them.
+//! rest; one `cuMemSetAccess` per call), unmap whole chunks keeping them, and release them.
 
 use super::properties::{device_location, page_allocation_prop};
 use super::{check, to_usize, CudaBackend};
@@ -162,7 +161,6 @@ impl CudaBackend {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
         check_pages("unmap", addr, size, granularity)?;
-        let bytes = to_usize("unmap", size)?;
         // Take every chunk of the range at once, or none: a range that is partly unknown, or
         // cuts a chunk (the driver cannot unmap part of one), changes nothing.
         let taken: Vec<(u64, PhysicalChunk)> = {
@@ -191,50 +189,33 @@ impl CudaBackend {
             }
             found
         };
-        // One cuMemUnmap for the whole range: the driver charges per call as well as per chunk
-        // (21.7 µs for one chunk, 111 µs for eight in one call on an H100).
-        if let Err(err) = unmap_range(addr, bytes) {
-            self.restore_after_failed_unmap(device, granularity, &taken, into);
-            return Err(err);
+        for (i, &(at, chunk)) in taken.iter().enumerate() {
+            if let Err(err) = unmap_range(at, chunk_bytes(chunk, granularity)?) {
+                // Map back what this call unmapped, so that the range is as it was.
+                let mut restored = taken[i..].to_vec();
+                for &(at, chunk) in &taken[..i] {
+                    let bytes = chunk_bytes(chunk, granularity)?;
+                    match map_existing(at, bytes, chunk.handle)
+                        .and_then(|()| self.grant_access(device, at, bytes))
+                    {
+                        Ok(()) => restored.push((at, chunk)),
+                        Err(again) => {
+                            tracing::warn!(at = format_args!("{at:#x}"), %again, "remapping after a failed unmap failed; the chunk is kept unmapped");
+                            into.push(chunk);
+                        }
+                    }
+                }
+                let mut chunks = self.chunks.lock();
+                chunks.extend(
+                    restored
+                        .into_iter()
+                        .map(|(at, chunk)| ((device, at), chunk)),
+                );
+                return Err(err);
+            }
         }
         into.extend(taken.into_iter().map(|(_, chunk)| chunk));
         Ok(())
-    }
-
-    /// After a failed unmap of `taken`, puts the range back as it was: the driver may have
-    /// unmapped some of its chunks before failing, so each is looked up, and those it unmapped
-    /// are mapped again with access granted. A chunk that cannot be mapped again is no longer
-    /// behind its addresses: it goes to `into`, the caller's to keep or release.
-    fn restore_after_failed_unmap(
-        &self,
-        device: usize,
-        granularity: u64,
-        taken: &[(u64, PhysicalChunk)],
-        into: &mut Vec<PhysicalChunk>,
-    ) {
-        let mut restored = Vec::with_capacity(taken.len());
-        for &(at, chunk) in taken {
-            if still_mapped(at) {
-                restored.push((at, chunk));
-                continue;
-            }
-            let remapped = chunk_bytes(chunk, granularity).and_then(|bytes| {
-                map_existing(at, bytes, chunk.handle)?;
-                self.grant_access(device, at, bytes)
-            });
-            match remapped {
-                Ok(()) => restored.push((at, chunk)),
-                Err(again) => {
-                    tracing::warn!(at = format_args!("{at:#x}"), %again, "remapping after a failed unmap failed; the chunk is kept unmapped");
-                    into.push(chunk);
-                }
-            }
-        }
-        self.chunks.lock().extend(
-            restored
-                .into_iter()
-                .map(|(at, chunk)| ((device, at), chunk)),
-        );
     }
 
     /// [`DeviceBackend::release_chunks`](crate::backend::DeviceBackend::release_chunks).
@@ -282,25 +263,8 @@ fn map_existing(
 
 /// Unmaps whole mappings in `[at, at + bytes)`; their physical memory stays held by the handles.
 fn unmap_range(at: u64, bytes: usize) -> Result<(), BackendError> {
-    // SAFETY: `[at, at + bytes)` is covered exactly by whole chunks we mapped (the callers look
-    // them up); nothing of ours is used there once they are unmapped.
+    // SAFETY: `[at, at + bytes)` is exactly one chunk we mapped (the callers look it up).
     check("cuMemUnmap", unsafe { sys::cuMemUnmap(at, bytes) })
-}
-
-/// Whether a mapping starts at `at`, asked of the driver (the backend's books are what a failed
-/// call may have left untrue).
-fn still_mapped(at: u64) -> bool {
-    let mut handle: CUmemGenericAllocationHandle = 0;
-    // SAFETY: valid out-pointer; the driver looks `at` up and fails for an unmapped address.
-    let found =
-        unsafe { sys::cuMemRetainAllocationHandle(&mut handle, at as *mut std::ffi::c_void) };
-    if found != sys::CUresult::CUDA_SUCCESS {
-        return false;
-    }
-    // SAFETY: the lookup took a reference on the handle; this gives it back. The mapping holds
-    // its own, so the memory stays where it is.
-    let _ = unsafe { sys::cuMemRelease(handle) };
-    true
 }
 
 /// Releases a chunk created by this backend that is mapped nowhere, logging a failure.

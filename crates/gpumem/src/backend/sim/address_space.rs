@@ -75,10 +75,6 @@ impl Mappings {
     pub(super) fn remove(&mut self, start: DevicePtr) {
         self.by_start.remove(&start);
     }
-
-    pub(super) fn len(&self) -> usize {
-        self.by_start.len()
-    }
 }
 
 #[cfg(test)]

@@ -34,11 +34,14 @@ impl DriverCosts {
         }
     }
 
-    /// An unmap of `chunks` chunks (cuMemUnmap: 21.7 µs for one, 111 µs for eight).
+    /// An unmap of `chunks` chunks. The driver charges per chunk, not per call: on two H100s
+    /// (`benches/gpu/unmap_probe.c`), eight chunks took 111 and 143 µs in one call and 114 and
+    /// 144 µs in eight, thirty-two 566–586 µs either way, one alone 21–25 µs, and pauses of up to
+    /// a millisecond between the calls changed nothing beyond the spread.
     pub(super) fn unmap(self, chunks: u64) -> u64 {
         match self {
             DriverCosts::Free => 0,
-            DriverCosts::H100 => 8_000 + chunks * 13_000,
+            DriverCosts::H100 => chunks * 18_000,
         }
     }
 

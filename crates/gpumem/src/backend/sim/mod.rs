@@ -167,12 +167,6 @@ impl SimBackend {
         Ok(())
     }
 
-    /// How many physical chunks are mapped on `device` now, each one mapping as the driver
-    /// counts them: how the pools cut their misses, for tests.
-    pub fn mapped_chunks(&self, device: usize) -> Result<usize, BackendError> {
-        Ok(self.device(device)?.lock().mapped.len())
-    }
-
     fn device(&self, device: usize) -> Result<&Mutex<SimDevice>, BackendError> {
         self.devices.get(device).ok_or(BackendError::InvalidDevice {
             requested: device,

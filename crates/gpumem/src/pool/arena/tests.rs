@@ -180,29 +180,10 @@ fn setup_cutting_whole_when_growing() -> (PageReserve, Arena) {
     setup_with(256 * MIB, chunks)
 }
 
-/// Frees every idle page; returns how many chunks went into the reserve.
-fn release_all_idle(reserve: &PageReserve, arena: &mut Arena) -> usize {
-    let before = reserve.kept_chunks();
-    arena
-        .release_idle(reserve, |_, _| true, BusyStreams::Wait)
-        .unwrap();
-    reserve.kept_chunks() - before
-}
-
-#[test]
-fn idle_chunks_side_by_side_are_unmapped_in_one_driver_call() {
-    // Eight 2 MiB chunks under one freed block, and one more apart from them.
-    let (reserve, mut arena) = setup_with(256 * MIB, crate::pool::ChunkSizes::new(2 * MIB, 0));
-    let block = alloc(&reserve, &mut arena, 16 * MIB, 1);
-    let _between = alloc(&reserve, &mut arena, 2 * MIB, 2);
-    let apart = alloc(&reserve, &mut arena, 2 * MIB, 3);
-    arena.free(block.block);
-    arena.free(apart.block);
-    let released = arena
-        .release_idle(&reserve, |_, _| true, BusyStreams::Wait)
-        .unwrap();
-    assert_eq!((released.bytes, released.calls), (18 * MIB, 2));
-    assert_eq!(reserve.kept_chunks(), 9, "the chunks themselves stay whole");
+/// Frees every idle page; returns how many chunks went (the driver unmaps one per call).
+fn release_all_idle(reserve: &PageReserve, arena: &mut Arena) -> u64 {
+    let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
+    released.unwrap().calls
 }
 
 #[test]
