@@ -34,10 +34,10 @@ pub(super) struct ReplayArgs {
     #[arg(long, env = "GPUMEM_STRATEGY", value_enum, default_value = "pooled")]
     strategy: ReplayStrategy,
 
-    /// Replay each trace once per cache setting (largest chunk, with 6 MiB also cut whole when
-    /// growing and 6, 32 and 128 MiB also placing blocks on mapped pages first, x idle pages
-    /// kept x idle per mille: eighty settings; --repeat N alternates N
-    /// rounds and reports medians) and print waste against time
+    /// Replay each trace once per cache setting (largest chunk, with 2 and 6 MiB also cut whole
+    /// when growing and 6, 32 and 128 MiB also placing blocks on mapped pages first, x idle
+    /// pages kept x idle per mille: ninety settings; --repeat N alternates N rounds and reports
+    /// medians) and print waste against time
     /// per operation, so you can pick your point; rows marked * are on the frontier (no other
     /// setting is both less wasteful and faster). On the CUDA backend the driver's own pool is
     /// replayed in every round too, and the setting that beats it on both axes is named with

@@ -23,8 +23,8 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         .collect();
     assert_eq!(
         rows.len(),
-        80,
-        "8 layouts (4 chunk sizes, one also whole when growing, three placing on mapped \
+        90,
+        "9 layouts (4 chunk sizes, two also whole when growing, three placing on mapped \
          pages) x 5 x 2 cache settings"
     );
     assert!(rows
@@ -42,9 +42,9 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
             )
         })
         .collect();
-    assert_eq!(settings.len(), 80);
+    assert_eq!(settings.len(), 90);
     let count = |key: &str| rows.iter().filter(|r| r[key] == true).count();
-    assert_eq!(count("whole_chunks_when_growing"), 10);
+    assert_eq!(count("whole_chunks_when_growing"), 20);
     assert_eq!(count("place_on_mapped_pages"), 30);
     // Repeated, the rounds alternate the settings and the table says it shows medians; the
     // simulated device has no driver pool, and the table says so instead of naming a winner.
@@ -166,7 +166,7 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["strategy"].to_string())
         .collect();
-    assert_eq!(strategies.len(), 81, "80 settings and the driver pool");
+    assert_eq!(strategies.len(), 91, "90 settings and the driver pool");
     assert!(
         strategies.iter().any(|s| s.contains("driver")),
         "{strategies:?}"
