@@ -74,7 +74,7 @@ int main(void) {
   CUresult r = cuMemUnmap(va, page * 5);
   const char *err = "CUDA_SUCCESS"; if (r != CUDA_SUCCESS) cuGetErrorName(r, &err);
   int left = 0; for (int i = 0; i < 4; i++) left += still_mapped(va + i * page);
-  printf("{\"failed_unmap\":\"%s\",\"handles_still_mapped\":%d,\"of\":4}\n", err, left);
+  printf("{\"unmap_past_the_mapped_pages\":\"%s\",\"handles_still_mapped\":%d,\"of\":4}\n", err, left);
   // A range that cuts the last of four handles in two (granularity 2 MiB, a 4 MiB handle).
   for (int i = 0; i < 4; i++) if (still_mapped(va + i * page)) CK(cuMemUnmap(va + i * page, page));
   CUmemGenericAllocationHandle wide; CK(cuMemCreate(&wide, 2 * page, &prop, 0));

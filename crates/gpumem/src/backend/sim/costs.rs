@@ -34,10 +34,10 @@ impl DriverCosts {
         }
     }
 
-    /// An unmap of `chunks` chunks. The driver charges per chunk, not per call: on two H100s
-    /// (`benches/gpu/unmap_probe.c`), eight chunks took 111 and 143 µs in one call and 114 and
-    /// 144 µs in eight, thirty-two 566–586 µs either way, one alone 21–25 µs, and pauses of up to
-    /// a millisecond between the calls changed nothing beyond the spread.
+    /// An unmap of `chunks` chunks. The driver charges per chunk, not per call: on three H100s
+    /// (`benches/gpu/unmap_probe.c`), eight chunks took 111–143 µs in one call and 113–144 µs in
+    /// eight, thirty-two 432–586 µs either way, one alone 20–25 µs, and pauses of up to a
+    /// millisecond between the calls changed nothing beyond the spread.
     pub(super) fn unmap(self, chunks: u64) -> u64 {
         match self {
             DriverCosts::Free => 0,
