@@ -111,8 +111,8 @@ pub struct MemoryConfig {
     /// Whether a block the pool's index would place on unmapped pages goes instead to free
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by
     /// default). Misses that only moved idle pages from one place to another become hits: on
-    /// the simulated H100 the corpus took 35 % fewer misses and a quarter less time, with
-    /// higher peaks (nine of twenty-seven traces over 1.03, all but one still under the
+    /// the simulated H100 the thirty traces of the corpus took 36 % fewer misses and 0.83× the
+    /// time, with higher peaks (nine over 1.03, all but cnn_serve_large still under the
     /// driver's pool; docs/performance.md). The setting for a process that wants speed back
     /// from the memory-first default.
     pub place_on_mapped_pages: bool,
