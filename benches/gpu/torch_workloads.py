@@ -11,7 +11,7 @@
 #
 # usage: python3 benches/gpu/torch_workloads.py [--quick] [--size small|large] [--library PATH] [--python-dir DIR]
 #                                               [--workloads gpt2_train,hf_generate,cnn_serve]
-#                                               [--modes default,gpumem] [--repeat N] [--profile]
+#                                               [--modes default,gpumem] [--repeat N] [--rounds N] [--profile]
 # Prints one JSON line per run, then a short table. --repeat N runs the modes N times in turn
 # (default, gpumem, default, gpumem, ...): step times drift between processes on these hosts by
 # more than the allocators differ, and interleaving spreads the drift over both; the table then
@@ -38,6 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # NVML and the pools every second).
 # "gpumem_nowait" is gpumem with make_room_without_waiting: its misses never wait for the GPU.
 # "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
+# "gpumem_room<N>" (any whole N) is gpumem with room_without_waiting_per_mille = N: its misses do
+# not wait for the GPU while they stay within N per 1024 pages of the peak past the cache budget.
 # "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
 # built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
 MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_nowait", "gpumem_placed",
@@ -210,13 +212,21 @@ SIZES = {
 }
 
 
+# --rounds: how many timed rounds each run takes, whatever --quick says (None: as it says).
+ROUNDS = None
+
+
+def timed_rounds(quick, quick_rounds, full_rounds):
+    return ROUNDS or (quick_rounds if quick else full_rounds)
+
+
 def gpt2_train(torch, quick, tags, at_end, clock, size):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = SIZES[size]["gpt2_train"]
     shapes = [(8, 128), (4, 512), (16, 64), (2, 1024), (8, 256), (4, 256), (12, 128), (6, 384)]
     shapes = [(batch * cfg["batch_scale"], length) for batch, length in shapes]
-    rounds = 2 if quick else cfg["rounds"]
+    rounds = timed_rounds(quick, 2, cfg["rounds"])
     with tags("weights"):
         config = GPT2Config(n_layer=cfg["layers"], n_embd=cfg["width"], n_head=cfg["heads"],
                             n_positions=1024, vocab_size=50257)
@@ -251,7 +261,7 @@ def hf_generate(torch, quick, tags, at_end, clock, size):
 
     cfg = SIZES[size]["hf_generate"]
     shapes = cfg["shapes"]
-    rounds = 1 if quick else cfg["rounds"]
+    rounds = timed_rounds(quick, 1, cfg["rounds"])
     with tags("weights"):
         # Room for the longest prompt and the 32 tokens generated after it.
         positions = max(1024, max(length for _, length in shapes) + 32)
@@ -282,7 +292,7 @@ def alloc_loop(torch, quick, tags, at_end, clock, size):
     # Deterministic mode fills every new tensor with NaN, a kernel per allocation: not timed here.
     torch.utils.deterministic.fill_uninitialized_memory = False
     pairs, window = (2_000 if quick else 20_000), 4
-    rounds = 1 if quick else 3
+    rounds = timed_rounds(quick, 1, 3)
 
     def run_round(timed):
         for nbytes in sizes:
@@ -333,7 +343,7 @@ def cnn_model(torch):
 def cnn_serve(torch, quick, tags, at_end, clock, size):
     cfg = SIZES[size]["cnn_serve"]
     batches, side = cfg["batches"], cfg["side"]
-    rounds = 2 if quick else cfg["rounds"]
+    rounds = timed_rounds(quick, 2, cfg["rounds"])
     with tags("weights"):
         name, model = cnn_model(torch)
         model = model.to(device="cuda", dtype=torch.float16, memory_format=torch.channels_last).eval()
@@ -369,6 +379,8 @@ def cnn_serve(torch, quick, tags, at_end, clock, size):
 
 def child(args):
     """One workload under one allocator, in this process; prints one RESULT line."""
+    global ROUNDS
+    ROUNDS = args.rounds
     gpumem_torch = None
     if args.mode.startswith("gpumem"):
         import gpumem.torch as gpumem_torch
@@ -481,6 +493,9 @@ def run_child(workload, mode, args):
         env["GPUMEM_MAKE_ROOM_WITHOUT_WAITING"] = "true"
     if mode == "gpumem_placed":
         env["GPUMEM_PLACE_ON_MAPPED_PAGES"] = "true"
+    env.pop("GPUMEM_ROOM_WITHOUT_WAITING_PER_MILLE", None)
+    if room_per_mille(mode) is not None:
+        env["GPUMEM_ROOM_WITHOUT_WAITING_PER_MILLE"] = str(room_per_mille(mode))
     if args.library:
         env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
     # --python-dir installed: the gpumem package installed in this interpreter (a wheel), not
@@ -491,6 +506,8 @@ def run_child(workload, mode, args):
     command += ["--size", args.size]
     if args.quick:
         command.append("--quick")
+    if args.rounds:
+        command += ["--rounds", str(args.rounds)]
     if args.profile:
         command.append("--profile")
     pin = (lambda: os.sched_setaffinity(0, args.cpus)) if args.cpus else None
@@ -501,6 +518,12 @@ def run_child(workload, mode, args):
             return json.loads(line[len(MARK):])
     tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
     return {"workload": workload, "mode": mode, "error": f"exit {done.returncode}: " + " | ".join(tail)}
+
+
+def room_per_mille(mode):
+    """N of a "gpumem_room<N>" mode, else None."""
+    digits = mode[len("gpumem_room"):]
+    return int(digits) if mode.startswith("gpumem_room") and digits.isdigit() else None
 
 
 def mib(b):
@@ -525,7 +548,7 @@ def table(results):
                 runs.setdefault(r["mode"], r)
         reference = runs.get("default", {})
         reference_round, _ = median_round(results, workload, "default")
-        for mode in MODES:
+        for mode in dict.fromkeys([*MODES, *runs]):
             r = runs.get(mode)
             if r is None:
                 continue
@@ -580,6 +603,7 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, run one more under torch.profiler and report its busiest operators")
     parser.add_argument("--repeat", type=int, default=1, help="run the modes this many times in turn")
+    parser.add_argument("--rounds", type=int, help="timed rounds in each run (default: the workload's, fewer with --quick)")
     parser.add_argument("--cpus", type=cpu_list, help="pin every run to these cores, e.g. 2-7 or 2,3,4")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -593,6 +617,11 @@ def main():
             return print(table([json.loads(line) for line in f if line.strip()]))
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give 1 or more")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
+    unknown = [m for m in args.modes.split(",") if m not in MODES and room_per_mille(m) is None]
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(unknown)} (give {', '.join(MODES)} or gpumem_room<N>)")
     results = []
     for workload in args.workloads.split(","):
         for mode in args.modes.split(",") * args.repeat:

@@ -108,6 +108,12 @@ pub struct MemoryConfig {
     /// measured under PyTorch, its misses in the steady state went away, for 7 % more reserved
     /// memory on GPT-2 training and 13 % on a CNN (docs/performance.md).
     pub make_room_without_waiting: bool,
+    /// How far past the cache budget, in per mille of the recent peak of pages under live
+    /// blocks, a miss that must make room may go by creating pages instead of waiting for the
+    /// GPU to finish with idle ones (0 by default: it waits; ignored at high and critical
+    /// pressure, and lifted altogether by `make_room_without_waiting`). A bounded share of the
+    /// stall `make_room_without_waiting` removes, for a bounded share of the memory it costs.
+    pub room_without_waiting_per_mille: usize,
     /// Whether a block the pool's index would place on unmapped pages goes instead to free
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by
     /// default). Misses that only moved idle pages from one place to another become hits: on
@@ -148,6 +154,7 @@ impl Default for MemoryConfig {
             inside_chunk_bytes: 16 * MIB,
             whole_chunks_when_growing: false,
             make_room_without_waiting: false,
+            room_without_waiting_per_mille: 0,
             place_on_mapped_pages: false,
         }
     }
@@ -319,6 +326,15 @@ impl MemoryConfig {
             return Err(ConfigError::new(
                 "idle_per_mille",
                 format!("{} is out of range (0 to 1024)", self.idle_per_mille),
+            ));
+        }
+        if self.room_without_waiting_per_mille > 1024 {
+            return Err(ConfigError::new(
+                "room_without_waiting_per_mille",
+                format!(
+                    "{} is out of range (0 to 1024)",
+                    self.room_without_waiting_per_mille
+                ),
             ));
         }
         if !(MIB..=64 * GIB).contains(&self.max_chunk_bytes) {
