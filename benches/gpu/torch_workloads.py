@@ -36,13 +36,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # workload's own run-to-run variation, not the allocator's doing. "gpumem_unserved" is gpumem
 # without the exporter the gpumem training run serves /metrics from (its sampler thread reads
 # NVML and the pools every second).
-# "gpumem_nowait" is gpumem with make_room_without_waiting: its misses never wait for the GPU.
+# "gpumem_wait" is gpumem with make_room_without_waiting off (the default until 2026-11-26): a
+# miss making room within the cache budget waits for the GPU to finish with the idle pages.
 # "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
-# "gpumem_room<N>" (any whole N) is gpumem with room_without_waiting_per_mille = N: its misses do
-# not wait for the GPU while they stay within N per 1024 pages of the peak past the cache budget.
 # "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
 # built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
-MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_nowait", "gpumem_placed",
+MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_wait", "gpumem_placed",
          "floor")
 # "alloc_loop" times tensor creation alone (a window of live tensors, the oldest dropped as each
 # new one is made) at three sizes: the per-allocation cost of each allocator as PyTorch sees it.
@@ -489,13 +488,10 @@ def run_child(workload, mode, args):
     env.pop("GPUMEM_PLACE_ON_MAPPED_PAGES", None)
     if mode == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if mode == "gpumem_nowait":
-        env["GPUMEM_MAKE_ROOM_WITHOUT_WAITING"] = "true"
+    if mode == "gpumem_wait":
+        env["GPUMEM_MAKE_ROOM_WITHOUT_WAITING"] = "false"
     if mode == "gpumem_placed":
         env["GPUMEM_PLACE_ON_MAPPED_PAGES"] = "true"
-    env.pop("GPUMEM_ROOM_WITHOUT_WAITING_PER_MILLE", None)
-    if room_per_mille(mode) is not None:
-        env["GPUMEM_ROOM_WITHOUT_WAITING_PER_MILLE"] = str(room_per_mille(mode))
     if args.library:
         env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
     # --python-dir installed: the gpumem package installed in this interpreter (a wheel), not
@@ -520,12 +516,6 @@ def run_child(workload, mode, args):
     return {"workload": workload, "mode": mode, "error": f"exit {done.returncode}: " + " | ".join(tail)}
 
 
-def room_per_mille(mode):
-    """N of a "gpumem_room<N>" mode, else None."""
-    digits = mode[len("gpumem_room"):]
-    return int(digits) if mode.startswith("gpumem_room") and digits.isdigit() else None
-
-
 def mib(b):
     return f"{b / (1 << 20):,.0f}" if isinstance(b, (int, float)) else "-"
 
@@ -548,7 +538,7 @@ def table(results):
                 runs.setdefault(r["mode"], r)
         reference = runs.get("default", {})
         reference_round, _ = median_round(results, workload, "default")
-        for mode in dict.fromkeys([*MODES, *runs]):
+        for mode in MODES:
             r = runs.get(mode)
             if r is None:
                 continue
@@ -619,9 +609,9 @@ def main():
         parser.error(f"--repeat {args.repeat}: give 1 or more")
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: give 1 or more")
-    unknown = [m for m in args.modes.split(",") if m not in MODES and room_per_mille(m) is None]
+    unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
-        parser.error(f"--modes: unknown {', '.join(unknown)} (give {', '.join(MODES)} or gpumem_room<N>)")
+        parser.error(f"--modes: unknown {', '.join(unknown)} (give {', '.join(MODES)})")
     results = []
     for workload in args.workloads.split(","):
         for mode in args.modes.split(",") * args.repeat:

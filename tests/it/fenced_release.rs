@@ -115,19 +115,9 @@ fn fences_stay_few_while_the_gpu_lags_and_none_outlive_the_manager() {
 /// fence behind the idle pages: `(waits for queued work, bytes reserved after)`, with the
 /// pressure `others_use` of the device puts on it.
 fn make_room_while_the_gpu_lags(without_waiting: bool, others_use: f64) -> ((u64, u64), u64) {
-    make_room_with(without_waiting, 0, others_use)
-}
-
-/// The same, with `room_without_waiting_per_mille` set too.
-fn make_room_with(
-    without_waiting: bool,
-    room_per_mille: usize,
-    others_use: f64,
-) -> ((u64, u64), u64) {
     let sim = sim_backend();
     let config = gpumem::ManagerConfig {
         make_room_without_waiting: without_waiting,
-        room_without_waiting_per_mille: room_per_mille,
         trim_on_high_pressure: false,
         ..crate::support::tight_config(0)
     };
@@ -152,7 +142,7 @@ fn make_room_with(
 }
 
 #[test]
-fn making_room_waits_for_the_gpu_by_default() {
+fn making_room_waits_for_the_gpu_when_told_to() {
     let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, 0.0);
     assert_eq!(
         syncs + fence_waits,
@@ -167,8 +157,9 @@ fn making_room_waits_for_the_gpu_by_default() {
 }
 
 #[test]
-fn making_room_without_waiting_creates_pages_instead() {
-    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 0.0);
+fn making_room_creates_pages_instead_of_waiting_by_default() {
+    let by_default = gpumem::ManagerConfig::default().make_room_without_waiting;
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(by_default, 0.0);
     assert_eq!((syncs, fence_waits), (0, 0), "nothing waited for the GPU");
     assert_eq!(
         reserved,
@@ -181,21 +172,5 @@ fn making_room_without_waiting_creates_pages_instead() {
 fn making_room_waits_again_at_high_pressure_whatever_the_setting() {
     let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 0.85);
     assert_eq!(syncs + fence_waits, 1);
-    assert_eq!(reserved, 12 * MIB);
-}
-
-#[test]
-fn making_room_without_waiting_within_a_bound_past_the_budget() {
-    // The mapping goes four pages past a budget of six, with a peak of six pages under live
-    // blocks: 683 per mille of it (4.002 pages) covers that, 682 does not.
-    let ((syncs, fence_waits), reserved) = make_room_with(false, 683, 0.0);
-    assert_eq!((syncs, fence_waits), (0, 0), "within the bound: no wait");
-    assert_eq!(reserved, 20 * MIB);
-    let ((syncs, fence_waits), reserved) = make_room_with(false, 682, 0.0);
-    assert_eq!(
-        syncs + fence_waits,
-        1,
-        "past the bound: it waits as by default"
-    );
     assert_eq!(reserved, 12 * MIB);
 }

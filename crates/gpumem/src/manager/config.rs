@@ -103,17 +103,13 @@ pub struct MemoryConfig {
     pub whole_chunks_when_growing: bool,
     /// Whether a miss that must make room within the cache budget takes only idle pages the
     /// GPU is done with and creates pages for the rest, instead of waiting for the work still
-    /// queued on their stream (off by default; ignored at high and critical pressure). A host
-    /// running ahead of its GPU then never stalls at an allocation, and the process holds more:
-    /// measured under PyTorch, its misses in the steady state went away, for 7 % more reserved
-    /// memory on GPT-2 training and 13 % on a CNN (docs/performance.md).
+    /// queued on their stream (on by default; ignored at high and critical pressure, where the
+    /// miss waits). A host running ahead of its GPU then never stalls at an allocation, and the
+    /// process holds what the GPU still has in flight: measured under PyTorch, its misses in the
+    /// steady state went away, for 7 % more reserved memory on GPT-2 training and 13 % on a CNN,
+    /// still under expandable segments' process peak (docs/performance.md). Replays run no
+    /// kernels and are the same either way.
     pub make_room_without_waiting: bool,
-    /// How far past the cache budget, in per mille of the recent peak of pages under live
-    /// blocks, a miss that must make room may go by creating pages instead of waiting for the
-    /// GPU to finish with idle ones (0 by default: it waits; ignored at high and critical
-    /// pressure, and lifted altogether by `make_room_without_waiting`). A bounded share of the
-    /// stall `make_room_without_waiting` removes, for a bounded share of the memory it costs.
-    pub room_without_waiting_per_mille: usize,
     /// Whether a block the pool's index would place on unmapped pages goes instead to free
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by
     /// default). Misses that only moved idle pages from one place to another become hits: on
@@ -153,8 +149,7 @@ impl Default for MemoryConfig {
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,
             whole_chunks_when_growing: false,
-            make_room_without_waiting: false,
-            room_without_waiting_per_mille: 0,
+            make_room_without_waiting: true,
             place_on_mapped_pages: false,
         }
     }
@@ -170,7 +165,8 @@ impl MemoryConfig {
     }
 
     /// A small or shared GPU: the pools stay under 80 %, keep little cached, give idle memory
-    /// back after 5 s, and spill to host memory rather than fail.
+    /// back after 5 s, wait for the GPU rather than hold what it has in flight, and spill to
+    /// host memory rather than fail.
     pub fn for_constrained() -> Self {
         MemoryConfig {
             gpu_memory_fraction: 0.8,
@@ -180,6 +176,7 @@ impl MemoryConfig {
             release_idle_after: Some(Duration::from_secs(5)),
             idle_pages_kept: 2,
             idle_per_mille: 4,
+            make_room_without_waiting: false,
             ..Self::default()
         }
     }
@@ -326,15 +323,6 @@ impl MemoryConfig {
             return Err(ConfigError::new(
                 "idle_per_mille",
                 format!("{} is out of range (0 to 1024)", self.idle_per_mille),
-            ));
-        }
-        if self.room_without_waiting_per_mille > 1024 {
-            return Err(ConfigError::new(
-                "room_without_waiting_per_mille",
-                format!(
-                    "{} is out of range (0 to 1024)",
-                    self.room_without_waiting_per_mille
-                ),
             ));
         }
         if !(MIB..=64 * GIB).contains(&self.max_chunk_bytes) {

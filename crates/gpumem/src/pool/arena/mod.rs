@@ -19,9 +19,8 @@ pub enum ArenaError {
     /// Mapping the block's pages would pass the pool's size cap.
     OverLimit,
     /// Mapping would grow the cache past its budget while idle pages could make room: release
-    /// this many bytes of idle pages, waiting for busy streams or not as the budget said, then
-    /// retry.
-    NeedsRoom(u64, BusyStreams),
+    /// this many bytes of idle pages, then retry.
+    NeedsRoom(u64),
     /// The device is at critical pressure and mapping would leave less than the configured
     /// minimum free.
     BelowMinFree,
@@ -244,7 +243,7 @@ impl Arena {
                     if released.bytes >= excess {
                         self.map_runs(reserve, cut)
                     } else {
-                        Err(ArenaError::NeedsRoom(excess - released.bytes, busy))
+                        Err(ArenaError::NeedsRoom(excess - released.bytes))
                     }
                 }
             };
