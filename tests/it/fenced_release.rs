@@ -112,12 +112,18 @@ fn fences_stay_few_while_the_gpu_lags_and_none_outlive_the_manager() {
 }
 
 /// A miss that must make room within the cache budget while the GPU has not reached the
-/// fence behind the idle pages: `(waits for queued work, bytes reserved after)`, with the
-/// pressure `others_use` of the device puts on it.
-fn make_room_while_the_gpu_lags(without_waiting: bool, others_use: f64) -> ((u64, u64), u64) {
+/// fence behind the idle pages, going four pages (8 MiB) past a budget of six: `(waits for
+/// queued work, bytes reserved after)`, with `make_room_without_waiting`, the room it may take
+/// past the budget without waiting, and the pressure `others_use` of the device puts on it.
+fn make_room_while_the_gpu_lags(
+    without_waiting: bool,
+    room: u64,
+    others_use: f64,
+) -> ((u64, u64), u64) {
     let sim = sim_backend();
     let config = gpumem::ManagerConfig {
         make_room_without_waiting: without_waiting,
+        room_without_waiting_bytes: room,
         trim_on_high_pressure: false,
         ..crate::support::tight_config(0)
     };
@@ -142,8 +148,8 @@ fn make_room_while_the_gpu_lags(without_waiting: bool, others_use: f64) -> ((u64
 }
 
 #[test]
-fn making_room_waits_for_the_gpu_when_told_to() {
-    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, 0.0);
+fn making_room_waits_for_the_gpu_without_room_past_the_budget() {
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, 0, 0.0);
     assert_eq!(
         syncs + fence_waits,
         1,
@@ -157,9 +163,8 @@ fn making_room_waits_for_the_gpu_when_told_to() {
 }
 
 #[test]
-fn making_room_creates_pages_instead_of_waiting_by_default() {
-    let by_default = gpumem::ManagerConfig::default().make_room_without_waiting;
-    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(by_default, 0.0);
+fn making_room_without_waiting_creates_pages_instead() {
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 0, 0.0);
     assert_eq!((syncs, fence_waits), (0, 0), "nothing waited for the GPU");
     assert_eq!(
         reserved,
@@ -169,8 +174,25 @@ fn making_room_creates_pages_instead_of_waiting_by_default() {
 }
 
 #[test]
+fn making_room_within_the_room_past_the_budget_does_not_wait() {
+    let default_room = gpumem::ManagerConfig::default().room_without_waiting_bytes;
+    for room in [default_room, 8 * MIB] {
+        let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, room, 0.0);
+        assert_eq!((syncs, fence_waits), (0, 0), "within {room} bytes: no wait");
+        assert_eq!(reserved, 20 * MIB);
+    }
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, 6 * MIB, 0.0);
+    assert_eq!(
+        syncs + fence_waits,
+        1,
+        "three pages of room for four past the budget: it waits"
+    );
+    assert_eq!(reserved, 12 * MIB);
+}
+
+#[test]
 fn making_room_waits_again_at_high_pressure_whatever_the_setting() {
-    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 0.85);
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 256 * MIB, 0.85);
     assert_eq!(syncs + fence_waits, 1);
     assert_eq!(reserved, 12 * MIB);
 }

@@ -103,13 +103,19 @@ pub struct MemoryConfig {
     pub whole_chunks_when_growing: bool,
     /// Whether a miss that must make room within the cache budget takes only idle pages the
     /// GPU is done with and creates pages for the rest, instead of waiting for the work still
-    /// queued on their stream (on by default; ignored at high and critical pressure, where the
-    /// miss waits). A host running ahead of its GPU then never stalls at an allocation, and the
-    /// process holds what the GPU still has in flight: measured under PyTorch, its misses in the
-    /// steady state went away, for 7 % more reserved memory on GPT-2 training and 13 % on a CNN,
-    /// still under expandable segments' process peak (docs/performance.md). Replays run no
-    /// kernels and are the same either way.
+    /// queued on their stream, however far past the budget that goes (off by default; ignored
+    /// at high and critical pressure). A host running ahead of its GPU then never stalls at an
+    /// allocation, and the process holds what the GPU has in flight: under PyTorch on an H100,
+    /// 7 % more reserved memory on GPT-2 training and 13 % on a small CNN server, but 4.9 GB
+    /// (15 %) more on a ResNet-50 at batch 2,048, for no time there (docs/performance.md).
     pub make_room_without_waiting: bool,
+    /// How far past the cache budget a miss that must make room may go by creating pages
+    /// instead of waiting for the GPU to finish with idle ones (256 MiB by default; 0: it always
+    /// waits; ignored at high and critical pressure). A wait costs the same whatever the
+    /// process's size, so a fixed room removes the stalls of small processes, whose GPU has
+    /// little in flight, and bounds what a large one holds beyond its budget to a sliver of it.
+    /// Replays run no kernels and are the same whatever it is.
+    pub room_without_waiting_bytes: u64,
     /// Whether a block the pool's index would place on unmapped pages goes instead to free
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by
     /// default). Misses that only moved idle pages from one place to another become hits: on
@@ -149,7 +155,8 @@ impl Default for MemoryConfig {
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,
             whole_chunks_when_growing: false,
-            make_room_without_waiting: true,
+            make_room_without_waiting: false,
+            room_without_waiting_bytes: 256 * MIB,
             place_on_mapped_pages: false,
         }
     }
@@ -176,7 +183,7 @@ impl MemoryConfig {
             release_idle_after: Some(Duration::from_secs(5)),
             idle_pages_kept: 2,
             idle_per_mille: 4,
-            make_room_without_waiting: false,
+            room_without_waiting_bytes: 0,
             ..Self::default()
         }
     }

@@ -27,18 +27,15 @@ impl MemoryManager {
         let started = Instant::now();
         let may_map = |bytes: u64| self.may_map(managed, bytes);
         let mut outcome = Err(refusal);
-        if let Err(ArenaError::NeedsRoom(excess)) = outcome {
+        if let Err(ArenaError::NeedsRoom(excess, busy)) = outcome {
             // The arena's own idle pages were not enough: other pools unmap their oldest into
             // the reserve, where this mapping takes them, so mapping never lifts the device
             // above its recent peak plus slack and creates no page. Busy streams are waited
-            // for unless `make_room_without_waiting` says otherwise (`making_room`); the retry
-            // below then creates what could not be unmapped.
-            self.release_cached_on(
-                managed,
-                cache::Unmapped::Kept,
-                self.making_room(managed),
-                |bytes, _| bytes < excess,
-            );
+            // for unless the budget said otherwise (`making_room`); the retry below then
+            // creates what could not be unmapped.
+            self.release_cached_on(managed, cache::Unmapped::Kept, busy, |bytes, _| {
+                bytes < excess
+            });
             outcome = pool.alloc(kind, size, align, &live, may_map);
         }
         if let Err(
@@ -106,7 +103,7 @@ impl MemoryManager {
             ArenaError::Backend(BackendError::OutOfMemory { .. })
             | ArenaError::AddressSpaceFull
             // Only asked for with a budget check, and the retry runs without one.
-            | ArenaError::NeedsRoom(_) => {
+            | ArenaError::NeedsRoom(..) => {
                 let info = info();
                 AllocError::OutOfMemory {
                     device: managed.index,

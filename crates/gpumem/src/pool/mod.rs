@@ -301,7 +301,7 @@ impl Pool {
                 reserve.held().on_alloc(live.requested, size);
                 Ok(placed)
             }
-            Err(error @ ArenaError::NeedsRoom(_)) => Err(error),
+            Err(error @ ArenaError::NeedsRoom(..)) => Err(error),
             Err(error) => {
                 slot.counters.on_failed_request();
                 if matches!(error, ArenaError::Backend(_)) {

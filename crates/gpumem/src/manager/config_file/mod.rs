@@ -243,6 +243,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("make_room_without_waiting", |c, raw, key| {
         raw.boolean(key).map(|v| c.make_room_without_waiting = v)
     }),
+    ("room_without_waiting", |c, raw, key| {
+        raw.bytes(key).map(|v| c.room_without_waiting_bytes = v)
+    }),
     ("place_on_mapped_pages", |c, raw, key| {
         raw.boolean(key).map(|v| c.place_on_mapped_pages = v)
     }),

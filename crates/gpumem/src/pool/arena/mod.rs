@@ -19,8 +19,9 @@ pub enum ArenaError {
     /// Mapping the block's pages would pass the pool's size cap.
     OverLimit,
     /// Mapping would grow the cache past its budget while idle pages could make room: release
-    /// this many bytes of idle pages, then retry.
-    NeedsRoom(u64),
+    /// this many bytes of idle pages, waiting for busy streams or not as the budget said, then
+    /// retry.
+    NeedsRoom(u64, BusyStreams),
     /// The device is at critical pressure and mapping would leave less than the configured
     /// minimum free.
     BelowMinFree,
@@ -243,7 +244,7 @@ impl Arena {
                     if released.bytes >= excess {
                         self.map_runs(reserve, cut)
                     } else {
-                        Err(ArenaError::NeedsRoom(excess - released.bytes))
+                        Err(ArenaError::NeedsRoom(excess - released.bytes, busy))
                     }
                 }
             };
