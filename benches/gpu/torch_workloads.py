@@ -36,14 +36,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # workload's own run-to-run variation, not the allocator's doing. "gpumem_unserved" is gpumem
 # without the exporter the gpumem training run serves /metrics from (its sampler thread reads
 # NVML and the pools every second).
-# "gpumem_wait" is gpumem with no room past the cache budget (room_without_waiting 0, the default
-# until 2026-11-26): a miss making room waits for the GPU to finish with the idle pages.
+# "gpumem_wait" is gpumem with no room past the cache budget (room_without_waiting 0, as by
+# default): a miss making room waits for the GPU to finish with the idle pages.
+# "gpumem_room256" is gpumem with room_without_waiting 256 MiB: such a miss does not wait while
+# it stays within 256 MiB past the budget.
 # "gpumem_nowait" is gpumem with make_room_without_waiting: no miss waits, however far past the
 # budget that takes the process.
 # "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
 # "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
 # built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
-MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_wait", "gpumem_nowait",
+MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_wait", "gpumem_room256", "gpumem_nowait",
          "gpumem_placed",
          "floor")
 # "alloc_loop" times tensor creation alone (a window of live tensors, the oldest dropped as each
@@ -494,6 +496,8 @@ def run_child(workload, mode, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if mode == "gpumem_wait":
         env["GPUMEM_ROOM_WITHOUT_WAITING"] = "0"
+    if mode == "gpumem_room256":
+        env["GPUMEM_ROOM_WITHOUT_WAITING"] = "256MiB"
     if mode == "gpumem_nowait":
         env["GPUMEM_MAKE_ROOM_WITHOUT_WAITING"] = "true"
     if mode == "gpumem_placed":
