@@ -537,10 +537,20 @@ def median_round(results, workload, mode):
     return (statistics.median(rounds), len(rounds)) if rounds else (None, 0)
 
 
+def miss_ms_per_round(results, workload, mode):
+    """gpumem's time inside its misses per timed round, the median over a mode's runs ("-" for
+    allocators that do not report it): the part of a round that is the allocator's own, which
+    the rounds' process-to-process noise hides."""
+    per_run = [sum(r["step_miss_ms"]) / len(r["round_ms"]) for r in results
+               if r["workload"] == workload and r["mode"] == mode and r.get("step_miss_ms") and r.get("round_ms")]
+    return f"{statistics.median(per_run):.1f}" if per_run else "-"
+
+
 def table(results):
     rows = ["| workload | allocator | outputs | NVML peak MiB | context MiB | peak allocated MiB | "
-            "peak reserved MiB | NVML / allocated | beyond context / allocated | round ms | vs default | runs | driver maps | allocs/step |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "peak reserved MiB | NVML / allocated | beyond context / allocated | round ms | vs default | runs | driver maps | "
+            "miss ms a round | allocs/step |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for workload in dict.fromkeys(r["workload"] for r in results):
         runs = {}
         for r in results:  # the first run of each mode stands for its outputs and memory
@@ -553,7 +563,7 @@ def table(results):
             if r is None:
                 continue
             if "error" in r:
-                rows.append(f"| {workload} | {mode} | failed: {r['error'][:120]} | | | | | | | | | | |")
+                rows.append(f"| {workload} | {mode} | failed: {r['error'][:120]} | | | | | | | | | | | |")
                 continue
             theirs = reference.get("outputs") or []
             differ = sum(1 for a, b in zip(r["outputs"], theirs) if a != b) + abs(len(r["outputs"]) - len(theirs))
@@ -568,6 +578,7 @@ def table(results):
                         f"{mib(r['nvml_context_bytes'])} | {mib(r['peak_allocated_bytes'])} | "
                         f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {beyond:.3f} | {(round_time or 0) * 1e3:.1f} | "
                         f"{speed:.3f} | {count} | {r.get('driver_maps', '-')} | "
+                        f"{miss_ms_per_round(results, workload, mode)} | "
                         f"{r.get('allocations_per_step', '-')} |")
     return "\n".join(rows)
 
