@@ -52,23 +52,23 @@ impl MemoryManager {
         // Idle pages unmapped into the reserve are what the mapping then takes: each one
         // unmapped is one page fewer to create.
         let excess_pages = (held + creating - budget).min(idle).min(creating);
+        // `make_room_without_waiting` is a room without end.
         let room_without_waiting = config.room_without_waiting_bytes / page;
-        let within_room = held + creating <= budget + room_without_waiting;
+        let within_room = config.make_room_without_waiting
+            || held + creating <= budget.saturating_add(room_without_waiting);
         MapDecision::NeedsRoom(excess_pages * page, self.making_room(managed, within_room))
     }
 
     /// What making room within the cache budget does about a stream whose queued work may still
     /// touch the idle pages it would unmap. By default it waits for that work: the memory comes
-    /// back, and a host running ahead of its GPU stalls until the GPU catches up. With
-    /// `make_room_without_waiting`, or while the mapping stays within
-    /// `room_without_waiting_bytes` past the budget (`within_room`), below high pressure,
-    /// it takes only the pages the GPU is done with, and the mapping creates pages for the
-    /// rest: the process holds more, and the host does not wait (docs/performance.md, "Making
-    /// room without waiting for the GPU").
+    /// back, and a host running ahead of its GPU stalls until the GPU catches up. While the
+    /// mapping stays within the room the configuration gives past the budget (`within_room`:
+    /// `room_without_waiting_bytes`, or no end with `make_room_without_waiting`), below high
+    /// pressure, it takes only the pages the GPU is done with, and the mapping creates pages
+    /// for the rest: the process holds more, and the host does not wait (docs/performance.md,
+    /// "The wait at a miss, step by step").
     fn making_room(&self, managed: &ManagedDevice, within_room: bool) -> BusyStreams {
-        let config = self.config();
-        let may_grow = (config.make_room_without_waiting || within_room)
-            && managed.pressure.level() < PressureLevel::High;
+        let may_grow = within_room && managed.pressure.level() < PressureLevel::High;
         if may_grow {
             BusyStreams::Skip
         } else {
