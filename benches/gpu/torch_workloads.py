@@ -36,10 +36,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # workload's own run-to-run variation, not the allocator's doing. "gpumem_unserved" is gpumem
 # without the exporter the gpumem training run serves /metrics from (its sampler thread reads
 # NVML and the pools every second).
-# "gpumem_wait" is gpumem with no room past the cache budget (room_without_waiting 0, as by
-# default): a miss making room waits for the GPU to finish with the idle pages.
-# "gpumem_room256" is gpumem with room_without_waiting 256 MiB: such a miss does not wait while
-# it stays within 256 MiB past the budget.
+# "gpumem_wait" is gpumem with no room past the cache budget (room_without_waiting 0, as the
+# constrained preset has it): a miss making room waits for the GPU to finish with the idle pages.
+# "gpumem_room256" is gpumem with room_without_waiting 256 MiB, as by default: such a miss does
+# not wait while it stays within 256 MiB past the budget.
 # "gpumem_nowait" is gpumem with make_room_without_waiting: no miss waits, however far past the
 # budget that takes the process.
 # "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
