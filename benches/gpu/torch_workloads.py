@@ -546,6 +546,37 @@ def miss_ms_per_round(results, workload, mode):
     return f"{statistics.median(per_run):.1f}" if per_run else "-"
 
 
+def step_table(results):
+    """Each step of a round (one shape each) as the median over a mode's runs of each run's
+    median over its rounds: the host's drift moves every step of a slow process, while an
+    allocator's cost shows in the steps it is paid in (a wait at a miss, in the step the GPU
+    paces), which the round times' spread hides."""
+    rows = []
+    for workload in dict.fromkeys(r["workload"] for r in results):
+        per_mode = {}
+        for r in results:
+            rounds = len(r.get("round_ms") or [])
+            steps = r.get("step_ms") or []
+            if r["workload"] != workload or "error" in r or not rounds or len(steps) % rounds:
+                continue
+            shapes = len(steps) // rounds
+            per_mode.setdefault(r["mode"], []).append(
+                [statistics.median(steps[i::shapes]) for i in range(shapes)])
+        widths = {len(runs[0]) for runs in per_mode.values()}
+        if len(widths) != 1:
+            continue
+        shapes = widths.pop()
+        rows += [f"| {workload}: ms a step, by step of the round | " + " | ".join(str(i + 1) for i in range(shapes)) + " |",
+                 "| --- |" + " --- |" * shapes]
+        for mode in MODES:
+            runs = per_mode.get(mode)
+            if runs:
+                cells = [f"{statistics.median(run[i] for run in runs):.2f}" for i in range(shapes)]
+                rows.append(f"| {mode} ({len(runs)} runs) | " + " | ".join(cells) + " |")
+        rows.append("")
+    return "\n".join(rows)
+
+
 def table(results):
     rows = ["| workload | allocator | outputs | NVML peak MiB | context MiB | peak allocated MiB | "
             "peak reserved MiB | NVML / allocated | beyond context / allocated | round ms | vs default | runs | driver maps | "
@@ -565,19 +596,24 @@ def table(results):
             if "error" in r:
                 rows.append(f"| {workload} | {mode} | failed: {r['error'][:120]} | | | | | | | | | | | |")
                 continue
-            theirs = reference.get("outputs") or []
-            differ = sum(1 for a, b in zip(r["outputs"], theirs) if a != b) + abs(len(r["outputs"]) - len(theirs))
-            same = "identical" if differ == 0 else f"{differ}/{len(r['outputs'])} differ"
+            # Outputs, memory and time are judged against the default allocator's run; without
+            # one in this call there is nothing to judge against, and the columns say so.
+            theirs = reference.get("outputs")
+            if theirs is None:
+                same = "no default run"
+            else:
+                differ = sum(1 for a, b in zip(r["outputs"], theirs) if a != b) + abs(len(r["outputs"]) - len(theirs))
+                same = "identical" if differ == 0 else f"{differ}/{len(r['outputs'])} differ"
             allocated = reference.get("peak_allocated_bytes")
-            ratio = r["nvml_peak_bytes"] / allocated if allocated else 0
+            ratio = f"{r['nvml_peak_bytes'] / allocated:.3f}" if allocated else "-"
             # What the process holds beyond the CUDA context it had before its first tensor.
-            beyond = (r["nvml_peak_bytes"] - r["nvml_context_bytes"]) / allocated if allocated else 0
+            beyond = f"{(r['nvml_peak_bytes'] - r['nvml_context_bytes']) / allocated:.3f}" if allocated else "-"
             round_time, count = median_round(results, workload, mode)
-            speed = round_time / reference_round if reference_round and round_time else 0
+            speed = f"{round_time / reference_round:.3f}" if reference_round and round_time else "-"
             rows.append(f"| {workload} | {mode} | {same} | {mib(r['nvml_peak_bytes'])} | "
                         f"{mib(r['nvml_context_bytes'])} | {mib(r['peak_allocated_bytes'])} | "
-                        f"{mib(r['peak_reserved_bytes'])} | {ratio:.3f} | {beyond:.3f} | {(round_time or 0) * 1e3:.1f} | "
-                        f"{speed:.3f} | {count} | {r.get('driver_maps', '-')} | "
+                        f"{mib(r['peak_reserved_bytes'])} | {ratio} | {beyond} | {(round_time or 0) * 1e3:.1f} | "
+                        f"{speed} | {count} | {r.get('driver_maps', '-')} | "
                         f"{miss_ms_per_round(results, workload, mode)} | "
                         f"{r.get('allocations_per_step', '-')} |")
     return "\n".join(rows)
@@ -625,7 +661,9 @@ def main():
         return child(args)
     if args.table:
         with open(args.table) as f:
-            return print(table([json.loads(line) for line in f if line.strip()]))
+            results = [json.loads(line) for line in f if line.strip()]
+        print(table(results))
+        return print("\n" + step_table(results))
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give 1 or more")
     if args.rounds is not None and args.rounds < 1:
@@ -649,6 +687,8 @@ def main():
                     f.write(json.dumps(result) + "\n")
     print()
     print(table(results))
+    print()
+    print(step_table(results))
 
 
 if __name__ == "__main__":
