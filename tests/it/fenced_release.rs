@@ -148,8 +148,9 @@ fn make_room_while_the_gpu_lags(
 }
 
 #[test]
-fn making_room_waits_for_the_gpu_without_room_past_the_budget() {
-    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, 0, 0.0);
+fn making_room_waits_for_the_gpu_without_room_past_the_budget_as_when_constrained() {
+    let room = gpumem::ManagerConfig::for_constrained().room_without_waiting_bytes;
+    let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(false, room, 0.0);
     assert_eq!(
         syncs + fence_waits,
         1,
