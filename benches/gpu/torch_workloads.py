@@ -38,14 +38,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # NVML and the pools every second).
 # "gpumem_wait" is gpumem with no room past the cache budget (room_without_waiting 0, as the
 # constrained preset has it): a miss making room waits for the GPU to finish with the idle pages.
-# "gpumem_room256" is gpumem with room_without_waiting 256 MiB, as by default: such a miss does
-# not wait while it stays within 256 MiB past the budget.
+# ("gpumem" itself has the default room: such a miss does not wait while it stays within 256 MiB
+# past the budget.)
 # "gpumem_nowait" is gpumem with make_room_without_waiting: no miss waits, however far past the
 # budget that takes the process.
 # "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
 # "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
 # built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
-MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_wait", "gpumem_room256", "gpumem_nowait",
+MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_wait", "gpumem_nowait",
          "gpumem_placed",
          "floor")
 # "alloc_loop" times tensor creation alone (a window of live tensors, the oldest dropped as each
@@ -496,8 +496,6 @@ def run_child(workload, mode, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if mode == "gpumem_wait":
         env["GPUMEM_ROOM_WITHOUT_WAITING"] = "0"
-    if mode == "gpumem_room256":
-        env["GPUMEM_ROOM_WITHOUT_WAITING"] = "256MiB"
     if mode == "gpumem_nowait":
         env["GPUMEM_MAKE_ROOM_WITHOUT_WAITING"] = "true"
     if mode == "gpumem_placed":
@@ -660,10 +658,15 @@ def main():
     if args.child:
         return child(args)
     if args.table:
-        with open(args.table) as f:
-            results = [json.loads(line) for line in f if line.strip()]
-        print(table(results))
-        return print("\n" + step_table(results))
+        try:
+            with open(args.table) as f:
+                results = [json.loads(line) for line in f if line.strip()]
+            tables = table(results) + "\n\n" + step_table(results)
+        except OSError as e:
+            parser.error(f"--table {args.table}: cannot read it ({e.strerror})")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            parser.error(f"--table {args.table}: not a results file of this script ({type(e).__name__}: {e})")
+        return print(tables)
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give 1 or more")
     if args.rounds is not None and args.rounds < 1:

@@ -107,7 +107,8 @@ pub struct MemoryConfig {
     /// at high and critical pressure). A host running ahead of its GPU then never stalls at an
     /// allocation, and the process holds what the GPU has in flight: under PyTorch on an H100,
     /// 7 % more reserved memory on GPT-2 training and 13 % on a small CNN server, but 4.9 GB
-    /// (15 %) more on a ResNet-50 at batch 2,048, for no time there (docs/performance.md).
+    /// (15 %) more on a ResNet-50 at batch 2,048, for a round 0.7 % shorter there
+    /// (docs/performance.md).
     pub make_room_without_waiting: bool,
     /// How far past the cache budget a miss that must make room may go by creating pages
     /// instead of waiting for the GPU to finish with idle ones (256 MiB by default; 0: it always
