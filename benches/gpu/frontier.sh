@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The allocator's frontier in one GPU call of under ten minutes: every trace beside the CUDA
+# driver's pool at the default and at the setting named for it, cold misses by size against the
+# pool's own, and PyTorch end to end (the default allocator twice for the noise floor, expandable
+# segments, gpumem). Each step has a time budget so the whole fits one call; the baselines are
+# measured in the same call as what they are compared with. Then `frontier_report.py OUT_DIR`
+# prints the tables.
+#
+# usage: benches/gpu/frontier.sh BIN_DIR OUT_DIR
+#   BIN_DIR holds gpumem and libgpumem.so from target/release.
+#   OUT_DIR receives every raw result and results.tgz (one archive, for hosts that return few files).
+# Environment: BUDGET (seconds for the whole run, default 570); CPUS (cores PyTorch's processes
+# are pinned to, default 2-7).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+[ $# -eq 2 ] || { echo "usage: $0 BIN_DIR OUT_DIR" >&2; exit 2; }
+bin=$(cd "$1" 2>/dev/null && pwd) || { echo "no such directory: $1" >&2; exit 2; }
+for f in gpumem libgpumem.so; do
+  [ -e "$bin/$f" ] || { echo "$bin has no $f: copy it from target/release" >&2; exit 2; }
+done
+out=$(mkdir -p "$2" 2>/dev/null && cd "$2" && pwd) || { echo "cannot create $2" >&2; exit 2; }
+budget=${BUDGET:-570}
+cpus=${CPUS:-2-7}
+traces=("$here"/../traces/*.trace.gz)
+export GPUMEM_LOG=warn
+
+# Seconds a step may take: its own cap, or what is left of the budget if that is less (at least
+# one: `timeout 0` would mean no limit at all).
+allow() {
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 1 ]; then echo 1; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+step() { printf '== %s (%d s in)\n' "$1" "$SECONDS"; }
+done_step() { printf '   exit %d (%d s in)\n' "$1" "$SECONDS"; }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+
+# The setting named for each trace: where the default is not at or under the pool on both axes,
+# the sweep of the closing calls named placement on mapped pages with 32 MiB chunks for all but
+# two traces, and these two settings for those two (docs/gpu-results.md, "closing").
+placed=(GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=32MiB)
+own_setting() {
+  case "$1" in
+    cnn_serve_large) echo "GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=16 GPUMEM_IDLE_PER_MILLE=0" ;;
+    lstm_seq2seq) echo "GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=64 GPUMEM_IDLE_PER_MILLE=8" ;;
+  esac
+}
+replay=("$bin/gpumem" replay --backend cuda --against-driver-pool --repeat 3 --json)
+
+step "every trace at the default, beside the driver pool (medians of 3 alternated rounds)"
+timeout "$(allow 120)" "${replay[@]}" "${traces[@]}" > "$out/default.jsonl" 2> "$out/replay.log"
+done_step $?
+
+step "every trace placed on mapped pages, 32 MiB chunks, beside the driver pool"
+env "${placed[@]}" timeout "$(allow 120)" "${replay[@]}" "${traces[@]}" > "$out/placed.jsonl" 2>> "$out/replay.log"
+done_step $?
+
+step "the traces with a setting of their own, beside the driver pool"
+: > "$out/own.jsonl"
+for t in cnn_serve_large lstm_seq2seq; do
+  # shellcheck disable=SC2046 # the setting is a list of VAR=value words
+  env $(own_setting "$t") timeout "$(allow 60)" "${replay[@]}" "$here/../traces/$t.trace.gz" >> "$out/own.jsonl" 2>> "$out/replay.log"
+  done_step $?
+done
+
+step "cold misses by size, against the driver pool's own (two runs)"
+for i in 1 2; do
+  timeout "$(allow 60)" "$bin/gpumem" bench --backend cuda --allocators pool-miss-cold,driver-async-miss \
+    --threads 1 --seconds 1 --sizes 256,64KiB,1MiB,16MiB,256MiB,1GiB --json \
+    > "$out/cold$i.jsonl" 2>> "$out/bench.log"
+  done_step $?
+done
+
+modes=default,default_again,expandable,gpumem
+step "PyTorch: the CNN server, ten rounds a process, three interleaved processes a mode"
+mkdir -p "$out/torch"
+OUT="$out/torch" timeout "$(allow 240)" python3 "$here/torch_workloads.py" --cpus "$cpus" --rounds 10 \
+  --library "$bin/libgpumem.so" --workloads cnn_serve --modes "$modes" --repeat 3 > "$out/torch/cnn.txt" 2>&1
+done_step $?
+step "PyTorch: GPT-2 training, four rounds a process, three interleaved processes a mode"
+# torch_workloads.py appends to results.jsonl, so both workloads land in one table.
+OUT="$out/torch" timeout "$(allow 260)" python3 "$here/torch_workloads.py" --cpus "$cpus" --rounds 4 \
+  --library "$bin/libgpumem.so" --workloads gpt2_train --modes "$modes" --repeat 3 > "$out/torch/gpt2.txt" 2>&1
+done_step $?
+
+tar czf "$out/results.tgz" -C "$out" --exclude results.tgz . 2>/dev/null
+step "done"
