@@ -36,33 +36,45 @@ done_step() { printf '   exit %d (%d s in)\n' "$1" "$SECONDS"; }
 step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 
-# The setting named for each trace: where the default is not at or under the pool on both axes,
-# the sweep of the closing calls named placement on mapped pages with 32 MiB chunks for all but
-# two traces, and these two settings for those two (docs/gpu-results.md, "closing").
+# The setting named for each trace the default does not win on both axes: what `replay --sweep`
+# named for it in the closing calls (docs/gpu-results.md, "closing": ninety settings, medians of
+# 3), and placement on mapped pages with 32 MiB chunks for the traces that sweep did not cover.
+# The placed setting is also run on every trace, as the one setting that serves most of them.
 placed=(GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=32MiB)
-own_setting() {
+named_by_sweep() {
+  local place=GPUMEM_PLACE_ON_MAPPED_PAGES=true
   case "$1" in
-    cnn_serve_large) echo "GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=16 GPUMEM_IDLE_PER_MILLE=0" ;;
+    cnn_serve) echo "GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=0 GPUMEM_IDLE_PER_MILLE=8" ;;
+    cnn_serve_cycled) echo "$place GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=4 GPUMEM_IDLE_PER_MILLE=8" ;;
+    cnn_serve_large) echo "$place GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=16 GPUMEM_IDLE_PER_MILLE=0" ;;
+    gpt2_train) echo "$place GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=16 GPUMEM_IDLE_PER_MILLE=8" ;;
+    llama_train_ckpt) echo "$place GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=4 GPUMEM_IDLE_PER_MILLE=0" ;;
     lstm_seq2seq) echo "GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=64 GPUMEM_IDLE_PER_MILLE=8" ;;
+    moe_train) echo "$place GPUMEM_MAX_CHUNK_BYTES=128MiB GPUMEM_IDLE_PAGES_KEPT=64 GPUMEM_IDLE_PER_MILLE=0" ;;
+    segment_multiscale) echo "$place GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=0 GPUMEM_IDLE_PER_MILLE=8" ;;
+    vae_decode) echo "GPUMEM_MAX_CHUNK_BYTES=128MiB GPUMEM_IDLE_PAGES_KEPT=256 GPUMEM_IDLE_PER_MILLE=8" ;;
+    vit_train) echo "GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true GPUMEM_IDLE_PAGES_KEPT=0 GPUMEM_IDLE_PER_MILLE=0" ;;
   esac
 }
-replay=("$bin/gpumem" replay --backend cuda --against-driver-pool --repeat 3 --json)
+swept=(cnn_serve cnn_serve_cycled cnn_serve_large gpt2_train llama_train_ckpt lstm_seq2seq moe_train segment_multiscale vae_decode vit_train)
+replay=("$bin/gpumem" replay --backend cuda --against-driver-pool --json)
 
 step "every trace at the default, beside the driver pool (medians of 3 alternated rounds)"
-timeout "$(allow 120)" "${replay[@]}" "${traces[@]}" > "$out/default.jsonl" 2> "$out/replay.log"
+timeout "$(allow 120)" "${replay[@]}" --repeat 3 "${traces[@]}" > "$out/default.jsonl" 2> "$out/replay.log"
 done_step $?
 
 step "every trace placed on mapped pages, 32 MiB chunks, beside the driver pool"
-env "${placed[@]}" timeout "$(allow 120)" "${replay[@]}" "${traces[@]}" > "$out/placed.jsonl" 2>> "$out/replay.log"
+env "${placed[@]}" timeout "$(allow 120)" "${replay[@]}" --repeat 3 "${traces[@]}" > "$out/placed.jsonl" 2>> "$out/replay.log"
 done_step $?
 
-step "the traces with a setting of their own, beside the driver pool"
+step "each trace the sweep named a setting for, at that setting, beside the driver pool (medians of 5)"
 : > "$out/own.jsonl"
-for t in cnn_serve_large lstm_seq2seq; do
+for t in "${swept[@]}"; do
   # shellcheck disable=SC2046 # the setting is a list of VAR=value words
-  env $(own_setting "$t") timeout "$(allow 60)" "${replay[@]}" "$here/../traces/$t.trace.gz" >> "$out/own.jsonl" 2>> "$out/replay.log"
-  done_step $?
+  env $(named_by_sweep "$t") timeout "$(allow 60)" "${replay[@]}" --repeat 5 "$here/../traces/$t.trace.gz" \
+    >> "$out/own.jsonl" 2>> "$out/replay.log" || printf '   %s: exit %d\n' "$t" $?
 done
+done_step 0
 
 step "cold misses by size, against the driver pool's own (two runs)"
 for i in 1 2; do
