@@ -11,6 +11,8 @@ import statistics
 import subprocess
 import sys
 
+from byte_sizes import size_name
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND = 1.03
 
@@ -104,13 +106,6 @@ def traces_table(out):
                          f"{pool['ns_per_op']:,.0f} ({ours['ns_per_op'] / pool['ns_per_op']:.2f}×; rounds "
                          f"{runs(ours)} against {runs(pool)}).")
     return "\n".join(lines) + "\n"
-
-
-def size_name(b):
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= scale:
-            return f"{b / scale:g} {unit}"
-    return f"{b} B"
 
 
 def micros(ns):

@@ -1,6 +1,8 @@
 # Turns the raw results of benches/gpu/run.sh into the Markdown tables of docs/performance.md.
 # usage: python3 report.py OUT_DIR > report.md
 import json, os, re, sys
+
+from byte_sizes import size_name as size
 from collections import defaultdict
 
 out = sys.argv[1]
@@ -19,11 +21,6 @@ def lines(name):
     return rows
 
 
-def size(b):
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= scale:
-            return f"{b / scale:g} {unit}"
-    return f"{b} B"
 
 
 def ns(v):
