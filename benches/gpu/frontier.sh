@@ -74,7 +74,7 @@ for t in "${swept[@]}"; do
   env $(named_by_sweep "$t") timeout "$(allow 60)" "${replay[@]}" --repeat 5 "$here/../traces/$t.trace.gz" \
     >> "$out/own.jsonl" 2>> "$out/replay.log" || printf '   %s: exit %d\n' "$t" $?
 done
-done_step 0
+printf '   done (%d s in)\n' "$SECONDS"
 
 step "cold misses by size, against the driver pool's own (two runs)"
 for i in 1 2; do

@@ -150,17 +150,22 @@ def main():
         fail(f"{out} is not a directory (give the OUT_DIR of frontier.sh)")
     device = os.path.join(out, "device.txt")
     # Every file is read before anything is printed, so a bad one leaves no half-written report.
-    sections = [
-        f"Device: {open(device).read().strip() if os.path.exists(device) else 'unknown'}\n",
-        "### Every trace beside the driver pool (medians of 3 alternated rounds; bold: at or under the pool "
-        "on both axes)\n",
-        traces_table(out),
-        "### Cold misses by size (`gpumem bench`, medians)\n",
-        misses_table(out),
-        "### PyTorch end to end\n",
-        torch_tables(out),
-    ]
+    try:
+        sections = [
+            f"Device: {open(device).read().strip() if os.path.exists(device) else 'unknown'}\n",
+            "### Every trace beside the driver pool (medians of 3 alternated rounds; bold: at or under the "
+            "pool on both axes)\n",
+            traces_table(out),
+            "### Cold misses by size (`gpumem bench`, medians)\n",
+            misses_table(out),
+            "### PyTorch end to end\n",
+            torch_tables(out),
+        ]
+    except (KeyError, TypeError, ZeroDivisionError) as why:
+        fail(f"{out} holds a result without the fields replay and bench write ({why!r}); "
+             "is it a frontier.sh result directory?")
     print("\n".join(sections))
+
 
 if __name__ == "__main__":
     main()
