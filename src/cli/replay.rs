@@ -41,8 +41,9 @@ pub(super) struct ReplayArgs {
     /// per operation, so you can pick your point; rows marked * are on the frontier (no other
     /// setting is both less wasteful and faster). On the CUDA backend the driver's own pool is
     /// replayed in every round too, and the setting that beats it on both axes is named with
-    /// the variables that select it; with several traces, a last line names the one setting
-    /// that beats it on the most of them. Ignores --idle-pages and --idle-per-mille.
+    /// the variables that select it (one faster than the pool in every round before one faster
+    /// at the median only, then the least memory); with several traces, a last line names the
+    /// one setting that beats it on the most of them. Ignores --idle-pages and --idle-per-mille.
     #[arg(long, env = "GPUMEM_SWEEP")]
     sweep: bool,
 
