@@ -256,7 +256,7 @@ fn dominated(report: &ReplayReport, all: &[ReplayReport]) -> bool {
 /// The settings that hold no more memory than the pool and take no more time at the median:
 /// first those faster than the pool in every round, then the rest, each the least memory first
 /// (then the least time). The least memory that wins only at the median is often a setting
-/// whose time sits at the pool's, and another day's rounds put it on the other side.
+/// whose time sits at the pool's, and another call's rounds put it on the other side.
 fn beating_the_pool<'a>(reports: &'a [ReplayReport], pool: &ReplayReport) -> Vec<&'a ReplayReport> {
     let mut winners: Vec<&ReplayReport> = reports
         .iter()
@@ -265,9 +265,9 @@ fn beating_the_pool<'a>(reports: &'a [ReplayReport], pool: &ReplayReport) -> Vec
         })
         .collect();
     winners.sort_by(|a, b| {
-        let steady = |r: &ReplayReport| !faster_every_round(r, pool);
-        steady(a)
-            .cmp(&steady(b))
+        let at_median_only = |r: &ReplayReport| !faster_every_round(r, pool);
+        at_median_only(a)
+            .cmp(&at_median_only(b))
             .then(a.reserved_over_peak.total_cmp(&b.reserved_over_peak))
             .then(a.ns_per_op.total_cmp(&b.ns_per_op))
     });
