@@ -18,6 +18,10 @@ bin=$(cd "$1" 2>/dev/null && pwd) || { echo "no such directory: $1" >&2; exit 2;
 for f in gpumem libgpumem.so; do
   [ -e "$bin/$f" ] || { echo "$bin has no $f: copy it from target/release" >&2; exit 2; }
 done
+# A fresh directory: torch_workloads.py appends to its results, so an earlier run's would mix in.
+if [ -e "$2" ] && [ -n "$(ls -A "$2" 2>/dev/null)" ]; then
+  echo "$2 is not empty: give a new directory for this run's results" >&2; exit 2
+fi
 out=$(mkdir -p "$2" 2>/dev/null && cd "$2" && pwd) || { echo "cannot create $2" >&2; exit 2; }
 budget=${BUDGET:-570}
 cpus=${CPUS:-2-7}
@@ -31,7 +35,8 @@ allow() {
   if [ "$left" -lt 1 ]; then echo 1; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
 step() { printf '== %s (%d s in)\n' "$1" "$SECONDS"; }
-done_step() { printf '   exit %d (%d s in)\n' "$1" "$SECONDS"; }
+failed=0
+done_step() { printf '   exit %d (%d s in)\n' "$1" "$SECONDS"; [ "$1" -eq 0 ] || failed=$((failed + 1)); }
 
 step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -72,7 +77,7 @@ step "each trace the sweep named a setting for, at that setting, beside the driv
 for t in "${swept[@]}"; do
   # shellcheck disable=SC2046 # the setting is a list of VAR=value words
   env $(named_by_sweep "$t") timeout "$(allow 60)" "${replay[@]}" --repeat 5 "$here/../traces/$t.trace.gz" \
-    >> "$out/own.jsonl" 2>> "$out/replay.log" || printf '   %s: exit %d\n' "$t" $?
+    >> "$out/own.jsonl" 2>> "$out/replay.log" || { printf '   %s: exit %d\n' "$t" $?; failed=$((failed + 1)); }
 done
 printf '   done (%d s in)\n' "$SECONDS"
 
@@ -96,5 +101,14 @@ OUT="$out/torch" timeout "$(allow 260)" python3 "$here/torch_workloads.py" --cpu
   --library "$bin/libgpumem.so" --workloads gpt2_train --modes "$modes" --repeat 3 > "$out/torch/gpt2.txt" 2>&1
 done_step $?
 
-tar czf "$out/results.tgz" -C "$out" --exclude results.tgz . 2>/dev/null
+# The archive is written beside its final name and moved there whole: a full disk leaves none.
+# (Its entries are named one by one: archiving "." would read the directory the archive grows in.)
+mapfile -t entries < <(cd "$out" && ls -A | grep -v '^results\.tgz')
+if ! tar czf "$out/results.tgz.part" -C "$out" "${entries[@]}"; then
+  rm -f "$out/results.tgz.part"; echo "could not write $out/results.tgz" >&2; exit 1
+fi
+mv "$out/results.tgz.part" "$out/results.tgz"
 step "done"
+if [ "$failed" -gt 0 ]; then
+  echo "$failed run(s) failed or ran out of time: their logs are in $out" >&2; exit 1
+fi

@@ -28,13 +28,19 @@ def records(out, name):
     if not os.path.exists(path):
         return []
     rows = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    fail(f"{path}, line {number}: not a JSON object; is this a frontier.sh result directory?")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        row = None
+                    if not isinstance(row, dict):
+                        fail(f"{path}, line {number}: not a JSON object; is this a frontier.sh result directory?")
+                    rows.append(row)
+    except (OSError, UnicodeDecodeError) as why:
+        fail(f"cannot read {path}: {why}")
     return rows
 
 
@@ -141,6 +147,17 @@ def torch_tables(out):
     return shown.stdout
 
 
+def device_line(out):
+    path = os.path.join(out, "device.txt")
+    if not os.path.exists(path):
+        return "unknown"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as why:
+        fail(f"cannot read {path}: {why}")
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
@@ -148,11 +165,10 @@ def main():
     out = sys.argv[1]
     if not os.path.isdir(out):
         fail(f"{out} is not a directory (give the OUT_DIR of frontier.sh)")
-    device = os.path.join(out, "device.txt")
     # Every file is read before anything is printed, so a bad one leaves no half-written report.
     try:
         sections = [
-            f"Device: {open(device).read().strip() if os.path.exists(device) else 'unknown'}\n",
+            f"Device: {device_line(out)}\n",
             "### Every trace beside the driver pool (medians of 3 alternated rounds; bold: at or under the "
             "pool on both axes)\n",
             traces_table(out),
