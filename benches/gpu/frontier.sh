@@ -8,7 +8,8 @@
 #
 # usage: benches/gpu/frontier.sh BIN_DIR OUT_DIR
 #   BIN_DIR holds gpumem and libgpumem.so from target/release.
-#   OUT_DIR receives every raw result and results.tgz (one archive, for hosts that return few files).
+#   OUT_DIR, new or empty, receives every raw result and results.tgz (one archive, for hosts that
+#   return few files). Exits 1 if any run failed or ran out of time; its log is in OUT_DIR.
 # Environment: BUDGET (seconds for the whole run, default 570); CPUS (cores PyTorch's processes
 # are pinned to, default 2-7).
 set -uo pipefail
