@@ -11,7 +11,7 @@
 #   OUT_DIR, new or empty, receives every raw result and results.tgz (one archive, for hosts that
 #   return few files). Exits 1 if any run failed or ran out of time; its log is in OUT_DIR.
 # Environment: BUDGET (seconds for the whole run, default 570); CPUS (cores PyTorch's processes
-# are pinned to, default 2-7).
+# are pinned to, default 2-7); NAMED (the named settings, default named_settings.txt here).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 [ $# -eq 2 ] || { echo "usage: $0 BIN_DIR OUT_DIR" >&2; exit 2; }
@@ -19,6 +19,25 @@ bin=$(cd "$1" 2>/dev/null && pwd) || { echo "no such directory: $1" >&2; exit 2;
 for f in gpumem libgpumem.so; do
   [ -e "$bin/$f" ] || { echo "$bin has no $f: copy it from target/release" >&2; exit 2; }
 done
+# The setting named for each trace the default does not win on both axes: what `replay --sweep`
+# named for it (named_settings.txt, written by sweep_named.sh). Placement on mapped pages with
+# 32 MiB chunks is also run on every trace, as the one setting that serves most of them.
+placed=(GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=32MiB)
+named_file=${NAMED:-$here/named_settings.txt}
+[ -f "$named_file" ] && [ -r "$named_file" ] || { echo "cannot read $named_file" >&2; exit 2; }
+declare -A named
+named_count=0
+while IFS=$'\t' read -r trace setting; do
+  case "$trace" in '' | '#'*) continue ;; esac
+  for word in $setting; do
+    [[ $word =~ ^GPUMEM_[A-Z_]+=[^[:space:]]+$ ]] ||
+      { echo "$named_file: \"$word\" (for $trace) is not a GPUMEM_ variable's setting" >&2; exit 2; }
+  done
+  [ -f "$here/../traces/$trace.trace.gz" ] || { echo "$named_file: no trace named $trace" >&2; exit 2; }
+  named[$trace]=$setting
+  named_count=$((named_count + 1))
+done < "$named_file"
+[ "$named_count" -gt 0 ] || { echo "$named_file names no setting" >&2; exit 2; }
 # A fresh directory: torch_workloads.py appends to its results, so an earlier run's would mix in.
 if [ -e "$2" ] && [ -n "$(ls -A "$2" 2>/dev/null)" ]; then
   echo "$2 is not empty: give a new directory for this run's results" >&2; exit 2
@@ -42,27 +61,6 @@ done_step() { printf '   exit %d (%d s in)\n' "$1" "$SECONDS"; [ "$1" -eq 0 ] ||
 step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 
-# The setting named for each trace the default does not win on both axes: what `replay --sweep`
-# named for it in the closing calls (docs/gpu-results.md, "closing": ninety settings, medians of
-# 3), and placement on mapped pages with 32 MiB chunks for the traces that sweep did not cover.
-# The placed setting is also run on every trace, as the one setting that serves most of them.
-placed=(GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=32MiB)
-named_by_sweep() {
-  local place=GPUMEM_PLACE_ON_MAPPED_PAGES=true
-  case "$1" in
-    cnn_serve) echo "GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=0 GPUMEM_IDLE_PER_MILLE=8" ;;
-    cnn_serve_cycled) echo "$place GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=4 GPUMEM_IDLE_PER_MILLE=8" ;;
-    cnn_serve_large) echo "$place GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=16 GPUMEM_IDLE_PER_MILLE=0" ;;
-    gpt2_train) echo "$place GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_IDLE_PAGES_KEPT=16 GPUMEM_IDLE_PER_MILLE=8" ;;
-    llama_train_ckpt) echo "$place GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=4 GPUMEM_IDLE_PER_MILLE=0" ;;
-    lstm_seq2seq) echo "GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=64 GPUMEM_IDLE_PER_MILLE=8" ;;
-    moe_train) echo "$place GPUMEM_MAX_CHUNK_BYTES=128MiB GPUMEM_IDLE_PAGES_KEPT=64 GPUMEM_IDLE_PER_MILLE=0" ;;
-    segment_multiscale) echo "$place GPUMEM_MAX_CHUNK_BYTES=32MiB GPUMEM_IDLE_PAGES_KEPT=0 GPUMEM_IDLE_PER_MILLE=8" ;;
-    vae_decode) echo "GPUMEM_MAX_CHUNK_BYTES=128MiB GPUMEM_IDLE_PAGES_KEPT=256 GPUMEM_IDLE_PER_MILLE=8" ;;
-    vit_train) echo "GPUMEM_MAX_CHUNK_BYTES=6MiB GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true GPUMEM_IDLE_PAGES_KEPT=0 GPUMEM_IDLE_PER_MILLE=0" ;;
-  esac
-}
-swept=(cnn_serve cnn_serve_cycled cnn_serve_large gpt2_train llama_train_ckpt lstm_seq2seq moe_train segment_multiscale vae_decode vit_train)
 replay=("$bin/gpumem" replay --backend cuda --against-driver-pool --json)
 
 step "every trace at the default, beside the driver pool (medians of 3 alternated rounds)"
@@ -75,9 +73,9 @@ done_step $?
 
 step "each trace the sweep named a setting for, at that setting, beside the driver pool (medians of 5)"
 : > "$out/own.jsonl"
-for t in "${swept[@]}"; do
-  # shellcheck disable=SC2046 # the setting is a list of VAR=value words
-  env $(named_by_sweep "$t") timeout "$(allow 60)" "${replay[@]}" --repeat 5 "$here/../traces/$t.trace.gz" \
+for t in "${!named[@]}"; do
+  # shellcheck disable=SC2086 # the setting is a list of VAR=value words
+  env ${named[$t]} timeout "$(allow 60)" "${replay[@]}" --repeat 5 "$here/../traces/$t.trace.gz" \
     >> "$out/own.jsonl" 2>> "$out/replay.log" || { printf '   %s: exit %d\n' "$t" $?; failed=$((failed + 1)); }
 done
 printf '   done (%d s in)\n' "$SECONDS"
