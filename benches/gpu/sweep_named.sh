@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Names, for each trace the default does not beat the driver pool on, the setting that does:
+# Names, for each trace the default does not beat the driver pool on, a setting that does:
 # `replay --sweep` on the GPU (every setting of the grid and the driver's pool, alternated rounds,
-# medians), one trace at a time so that a trace that fails or runs out of time keeps the results
-# of those before it. Writes each trace's table to OUT_DIR/sweep/TRACE.txt and the named settings to
-# OUT_DIR/named_settings.txt, one line per trace: the trace, a tab, the variables that select
-# its setting. frontier.sh reads that file (benches/gpu/named_settings.txt) for its named runs.
+# medians), and of the settings it names, the fastest within the pool's memory, whose lead on
+# time survives the next call's rounds best. One trace at a time, so that a trace that fails or
+# runs out of time keeps the results of those before it. Writes each trace's table to
+# OUT_DIR/sweep/TRACE.txt and the named settings to OUT_DIR/named_settings.txt, one line per
+# trace: the trace, a tab, the variables that select its setting. frontier.sh reads that file
+# (benches/gpu/named_settings.txt) for its named runs.
 #
 # usage: benches/gpu/sweep_named.sh BIN_DIR OUT_DIR [TRACE...]
 #   BIN_DIR holds gpumem from target/release; OUT_DIR must be new or empty.
@@ -50,11 +52,14 @@ for t in "${traces[@]}"; do
     failed=$((failed + 1))
     continue
   fi
-  # The verdict line names the setting by the variables that select it.
-  named=$(sed -n 's/^  beats the driver pool on both: \(GPUMEM_[^(]*\) (.*/\1/p' "$out/sweep/$t.txt")
+  # The verdict names settings by the variables that select them: the fastest within the
+  # pool's memory where it is not the leanest winner itself, whose lead on time is the widest.
+  named=$(sed -n 's/^  fastest within its memory: \(GPUMEM_[^(]*\) (.*/\1/p' "$out/sweep/$t.txt")
+  [ -n "$named" ] ||
+    named=$(sed -n 's/^  beats the driver pool on both: \(GPUMEM_[^(]*\) (.*/\1/p' "$out/sweep/$t.txt")
   if [ -n "$named" ]; then
     printf '%s\t%s\n' "$t" "${named% }" >> "$out/named_settings.txt"
-    grep -A1 '^  driver pool' "$out/sweep/$t.txt" | sed 's/^/   /'
+    grep -A2 '^  driver pool' "$out/sweep/$t.txt" | sed 's/^/   /'
   else
     echo "   $t: no setting beat the driver pool on both axes"
   fi

@@ -37,13 +37,14 @@ pub(super) struct ReplayArgs {
     /// Replay each trace once per cache setting (largest chunk, with 2 and 6 MiB also cut whole
     /// when growing and 6, 32 and 128 MiB also placing blocks on mapped pages first, x idle
     /// pages kept x idle per mille: ninety settings; --repeat N alternates N rounds and reports
-    /// medians) and print waste against time
-    /// per operation, so you can pick your point; rows marked * are on the frontier (no other
-    /// setting is both less wasteful and faster). On the CUDA backend the driver's own pool is
-    /// replayed in every round too, and the setting that beats it on both axes is named with
-    /// the variables that select it (one faster than the pool in every round before one faster
-    /// at the median only, then the least memory); with several traces, a last line names the
-    /// one setting that beats it on the most of them. Ignores --idle-pages and --idle-per-mille.
+    /// medians) and print waste against time per operation, so you can pick your point; rows
+    /// marked * are on the frontier (no other setting is both less wasteful and faster). On the
+    /// CUDA backend the driver's own pool is replayed in every round too, and the setting that
+    /// beats it on both axes is named with the variables that select it (one faster than the
+    /// pool in every round before one faster at the median only, then the least memory), and
+    /// beside it the fastest setting within the pool's memory, whose lead on time is the widest;
+    /// with several traces, a last line names the one setting that beats it on the most of
+    /// them. Ignores --idle-pages and --idle-per-mille.
     #[arg(long, env = "GPUMEM_SWEEP")]
     sweep: bool,
 
