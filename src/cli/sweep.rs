@@ -376,25 +376,31 @@ fn verdict(reports: &[ReplayReport], pool: &ReplayReport) -> String {
         }
         (_, Some(closest)) => format!(
             "{head}\n  no setting beats the driver pool on both; the fastest within its \
-             memory: {} ({:.4}, {:.0} ns/op, {:.2}x its time)",
-            setting(closest),
-            closest.reserved_over_peak,
-            closest.ns_per_op,
-            closest.ns_per_op / pool.ns_per_op
+             memory: {})",
+            figures(closest, pool)
         ),
         (_, None) => format!("{head}\n  no setting holds as little memory as the driver pool"),
     }
+}
+
+/// A setting by its variables, then its figures against the pool's, in a parenthesis left open
+/// for the caller to add to and close.
+fn figures(report: &ReplayReport, pool: &ReplayReport) -> String {
+    format!(
+        "{} ({:.4}, {:.0} ns/op, {:.2}x its time",
+        setting(report),
+        report.reserved_over_peak,
+        report.ns_per_op,
+        report.ns_per_op / pool.ns_per_op
+    )
 }
 
 /// A setting that beats the pool, by its variables, its figures, and whether it was faster in
 /// every round.
 fn described(report: &ReplayReport, pool: &ReplayReport) -> String {
     format!(
-        "{} ({:.4}, {:.0} ns/op, {:.2}x its time{})",
-        setting(report),
-        report.reserved_over_peak,
-        report.ns_per_op,
-        report.ns_per_op / pool.ns_per_op,
+        "{}{})",
+        figures(report, pool),
         match report.ns_per_op_runs.len() {
             0 | 1 => String::new(),
             rounds if faster_every_round(report, pool) => {
