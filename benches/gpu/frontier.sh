@@ -29,8 +29,11 @@ declare -A named
 named_count=0
 while IFS=$'\t' read -r trace setting; do
   case "$trace" in '' | '#'*) continue ;; esac
-  for word in $setting; do
-    [[ $word =~ ^GPUMEM_[A-Z_]+=[^[:space:]]+$ ]] ||
+  [[ $trace =~ ^[A-Za-z0-9_]+$ ]] || { echo "$named_file: \"$trace\" is not a trace's name" >&2; exit 2; }
+  # Values are sizes, counts and booleans: nothing a shell would glob or a path could hide in.
+  read -ra words <<< "$setting"
+  for word in "${words[@]}"; do
+    [[ $word =~ ^GPUMEM_[A-Z_]+=[A-Za-z0-9.]+$ ]] ||
       { echo "$named_file: \"$word\" (for $trace) is not a GPUMEM_ variable's setting" >&2; exit 2; }
   done
   [ -f "$here/../traces/$trace.trace.gz" ] || { echo "$named_file: no trace named $trace" >&2; exit 2; }

@@ -1,9 +1,9 @@
 # Turns the raw results of benches/gpu/run.sh into the Markdown tables of docs/performance.md.
 # usage: python3 report.py OUT_DIR > report.md
 import json, os, re, sys
+from collections import defaultdict
 
 from byte_sizes import size_name as size
-from collections import defaultdict
 
 out = sys.argv[1]
 
@@ -19,8 +19,6 @@ def lines(name):
         except ValueError:
             pass
     return rows
-
-
 
 
 def ns(v):

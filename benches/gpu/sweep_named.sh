@@ -30,7 +30,8 @@ if [ ${#traces[@]} -eq 0 ]; then
     moe_train segment_multiscale vae_decode vit_train)
 fi
 for t in "${traces[@]}"; do
-  [ -f "$here/../traces/$t.trace.gz" ] || { echo "no trace named $t in benches/traces" >&2; exit 2; }
+  [[ $t =~ ^[A-Za-z0-9_]+$ ]] && [ -f "$here/../traces/$t.trace.gz" ] ||
+    { echo "no trace named $t in benches/traces" >&2; exit 2; }
 done
 out=$(mkdir -p "$dest/sweep" 2>/dev/null && cd "$dest" && pwd) || { echo "cannot create $dest" >&2; exit 2; }
 budget=${BUDGET:-540}
@@ -58,7 +59,8 @@ for t in "${traces[@]}"; do
   [ -n "$named" ] ||
     named=$(sed -n 's/^  beats the driver pool on both: \(GPUMEM_[^(]*\) (.*/\1/p' "$out/sweep/$t.txt")
   if [ -n "$named" ]; then
-    printf '%s\t%s\n' "$t" "${named% }" >> "$out/named_settings.txt"
+    printf '%s\t%s\n' "$t" "${named% }" >> "$out/named_settings.txt" ||
+      { echo "cannot write $out/named_settings.txt" >&2; exit 1; }
     grep -A2 '^  driver pool' "$out/sweep/$t.txt" | sed 's/^/   /'
   else
     echo "   $t: no setting beat the driver pool on both axes"
