@@ -105,6 +105,9 @@ def publish_once(directory: Optional[str] = None, interval: float = INTERVAL_SEC
     returns its path."""
     directory = directory or default_dir()
     path = os.path.join(directory, f"gpumem-{os.getpid()}.json")
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise FileNotFoundError(f"the publish directory {directory} {what}")
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=".gpumem-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as out:
@@ -124,6 +127,13 @@ def start(
     """Publishes every `interval` seconds on a daemon thread; removes the file at exit.
     Returns a function that stops publishing (and removes the file) at once."""
     directory = directory or default_dir()
+    try:
+        import torch  # noqa: F401 - what is published is PyTorch's own statistics
+    except ImportError as error:
+        raise ImportError(
+            "gpumem.publish publishes PyTorch's memory statistics, and PyTorch is not "
+            "installed (`pip install torch`); with gpumem as the allocator use "
+            "gpumem.torch.publish() instead") from error
     os.makedirs(directory, exist_ok=True)
     owner = os.getpid()
     path = os.path.join(directory, f"gpumem-{owner}.json")

@@ -6,29 +6,33 @@
     with gpumem.torch.tag("weights"):
         model = build_model().cuda()
 
-With gpumem as the allocator, PyTorch's own `torch.cuda.memory_stats()` and `empty_cache()` do
-not see its memory: use the functions of this module instead. `use()` also wraps
+With gpumem as the allocator through its PyTorch layer (`_torch_layer`), every `torch.cuda`
+memory call answers from gpumem: `memory_stats()`, `max_memory_allocated()`, `empty_cache()`,
+`set_per_process_memory_fraction()`, snapshots, CUDA-graph pools, and `OutOfMemoryError` at the
+allocating call. Where the layer cannot be built, `use()` falls back to PyTorch's pluggable
+interface; the functions of this module then stand in for `torch.cuda`'s, and `use()` wraps
 `torch.cuda.CUDAGraph.capture_begin` and `torch.Tensor.record_stream`, which PyTorch does not
-forward to a pluggable allocator: gpumem then knows which memory pool each graph capture uses
-and when a graph is gone, and which other streams a tensor was used on. Everything except `use()` works
-without PyTorch too (the C library is loaded through ctypes).
+forward to a pluggable allocator. Everything except `use()` works without PyTorch too (the C
+library is loaded through ctypes).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
-from . import _native
+from . import _native, _torch_layer
 from ._native import GpumemError
 
 __all__ = [
     "GpumemError",
     "use",
     "in_use",
+    "integration",
     "tag",
     "serve",
     "publish",
@@ -40,6 +44,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "empty_cache",
     "snapshot",
+    "build",
 ]
 
 _state = threading.local()
@@ -63,29 +68,81 @@ Device = Union[int, str, Any, None]
 def use() -> None:
     """Makes gpumem the CUDA allocator of this process. Call it before the first CUDA tensor is
     created (PyTorch cannot swap an allocator that has allocated). Calling it again does nothing.
+
+    gpumem answers PyTorch's whole allocator interface through its PyTorch layer (built once
+    for the installed PyTorch: see `gpumem._torch_layer`); where that layer cannot be built,
+    one line on stderr says why and gpumem serves allocations through PyTorch's pluggable
+    interface, which cannot answer `torch.cuda.memory_stats()` and the like.
     """
     global _allocator
     with _use_lock:
         if _allocator is not None:
             return
-        import torch.cuda.memory as memory
-
-        allocator = memory.CUDAPluggableAllocator(
-            _native.library_path(), "gpumem_alloc", "gpumem_free"
-        )
+        try:
+            import torch
+            import torch.cuda.memory as memory
+        except ImportError as error:
+            raise GpumemError(
+                "gpumem.torch.use() makes gpumem PyTorch's allocator, and PyTorch is not "
+                "installed here (`pip install torch`)"
+            ) from error
+        library = _native.library_path()
+        layer_mode = _torch_layer.mode()
+        if layer_mode != "off":
+            try:
+                _torch_layer.install(torch, library)
+                _native.lib()  # the same file, loaded once: both share one manager
+                _allocator = _LAYER
+                return
+            except _torch_layer.LayerUnavailable as error:
+                if layer_mode == "require":
+                    raise GpumemError(f"GPUMEM_TORCH_LAYER=require: {error}") from error
+                print(
+                    f"gpumem: the PyTorch layer is unavailable ({error}); using PyTorch's "
+                    "pluggable-allocator interface, under which torch.cuda.memory_stats(), "
+                    "OutOfMemoryError and CUDA-graph pools do not work (docs/pytorch.md)",
+                    file=sys.stderr,
+                )
+            except GpumemError as error:
+                raise _refused(error) from error
+        allocator = memory.CUDAPluggableAllocator(library, "gpumem_alloc", "gpumem_free")
         try:
             memory.change_current_allocator(allocator)
         except RuntimeError as error:
-            raise GpumemError(
-                "PyTorch has already allocated CUDA memory with its own allocator, so it cannot "
-                "switch to gpumem: call gpumem.torch.use() (or set GPUMEM_TORCH=1) before the "
-                f"first CUDA tensor is created ({error})"
-            ) from error
+            raise _refused(error) from error
         _allocator = allocator
-        import torch
-
         _follow_graph_pools(torch.cuda.CUDAGraph, torch.cuda)
         _follow_record_stream(torch.Tensor)
+
+
+# `_allocator` once gpumem answers PyTorch's whole allocator interface through its layer.
+_LAYER = "layer"
+
+
+def _refused(error: BaseException) -> GpumemError:
+    return GpumemError(
+        "PyTorch has already allocated CUDA memory with its own allocator, so it cannot "
+        "switch to gpumem: call gpumem.torch.use() (or set GPUMEM_TORCH=1) before the "
+        f"first CUDA tensor is created ({error})"
+    )
+
+
+def build() -> str:
+    """Builds gpumem's PyTorch layer for the installed PyTorch now, as `use()` would on first
+    use, and returns the built file's path (`python -m gpumem.torch build`, for an image)."""
+    try:
+        import torch
+    except ImportError as error:
+        raise GpumemError("building the PyTorch layer needs PyTorch, which is not installed") from error
+    return _torch_layer.library_for(torch)
+
+
+def integration() -> Optional[str]:
+    """How gpumem serves PyTorch: "layer" (every torch.cuda memory call answered), "pluggable"
+    (allocation and free only), or None before `use()`."""
+    if _allocator is None:
+        return None
+    return "layer" if _allocator is _LAYER else "pluggable"
 
 
 def _follow_record_stream(tensor_class: Any) -> None:
@@ -274,3 +331,20 @@ def snapshot() -> Dict[str, Any]:
     """The manager's snapshot: the document `/api/v1/snapshot` serves, as a dict."""
     document: Dict[str, Any] = _native.json_call("gpumem_snapshot_json")
     return document
+
+
+def _main(arguments: List[str]) -> int:
+    if arguments != ["build"]:
+        print("usage: python -m gpumem.torch build   (builds the PyTorch layer for the installed "
+              "PyTorch into the cache, as the first gpumem.torch.use() would)", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except GpumemError as error:
+        print(f"gpumem: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -15,8 +15,23 @@ pub(super) fn device_index(device: i32) -> Result<usize, String> {
     usize::try_from(device).map_err(|_| format!("device {device} is not a device index"))
 }
 
+/// Whether an allocation on a stream that is capturing a CUDA graph goes to a graph pool.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Capture {
+    /// Yes: the memory must stay out of every other allocation's reach while the graph lives.
+    ToGraphPool,
+    /// No: the caller keeps it for its own pool (the PyTorch layer's private pools), which it
+    /// holds as long as any graph may replay into it.
+    Ignored,
+}
+
 /// `size` bytes on `device` for `stream`, tagged with this thread's tag (`tags`).
-pub(super) fn alloc(size: isize, device: i32, stream: u64) -> Result<u64, String> {
+pub(super) fn alloc(
+    size: isize,
+    device: i32,
+    stream: u64,
+    capture: Capture,
+) -> Result<u64, String> {
     let size = u64::try_from(size).map_err(|_| format!("size {size} is negative"))?;
     if size == 0 {
         // PyTorch asks for empty tensors too; like its own allocator, no memory and no error.
@@ -27,7 +42,10 @@ pub(super) fn alloc(size: isize, device: i32, stream: u64) -> Result<u64, String
     let stream = StreamId(stream);
     runtime.keeping_host_context(|| {
         runtime.free_what_streams_finished();
-        let graph_pool = runtime.graph_pool_for(device, stream)?;
+        let graph_pool = match capture {
+            Capture::ToGraphPool => runtime.graph_pool_for(device, stream)?,
+            Capture::Ignored => None,
+        };
         let buffer = super::tags::with_options(|options| {
             options.alignment = ALIGNMENT;
             options.stream = stream;
@@ -49,7 +67,14 @@ pub(super) fn alloc(size: isize, device: i32, stream: u64) -> Result<u64, String
     })
 }
 
-pub(super) fn free(ptr: u64, size: isize, device: i32, stream: u64) -> Result<(), String> {
+/// How the host described the allocation it frees, to be checked against gpumem's record.
+pub(super) struct Described {
+    pub size: isize,
+    pub device: i32,
+    pub stream: u64,
+}
+
+pub(super) fn free(ptr: u64, described: Option<Described>) -> Result<(), String> {
     if ptr == 0 || super::fork::in_forked_child() {
         // A forked child's memory is its parent's, for the parent to free.
         return Ok(());
@@ -60,7 +85,7 @@ pub(super) fn free(ptr: u64, size: isize, device: i32, stream: u64) -> Result<()
             "{ptr:#x} was not allocated by gpumem_alloc, or was freed already"
         ));
     };
-    let mismatch = describe_mismatch(&live.buffer, size, device, stream);
+    let mismatch = described.and_then(|d| describe_mismatch(&live.buffer, d));
     runtime.keeping_host_context(|| {
         runtime.free_what_streams_finished();
         runtime.free_when_streams_done(live)
@@ -81,12 +106,12 @@ pub(super) fn record_stream(ptr: u64, stream: u64) -> Result<(), String> {
 }
 
 /// The host's idea of the allocation differs from ours: worth saying, not worth leaking over.
-fn describe_mismatch(
-    buffer: &gpumem::DeviceBuffer,
-    size: isize,
-    device: i32,
-    stream: u64,
-) -> Option<String> {
+fn describe_mismatch(buffer: &gpumem::DeviceBuffer, described: Described) -> Option<String> {
+    let Described {
+        size,
+        device,
+        stream,
+    } = described;
     let sized = u64::try_from(size).is_ok_and(|s| s == buffer.size());
     let placed = usize::try_from(device).is_ok_and(|d| d == buffer.device());
     (!sized || !placed || stream != buffer.stream().0).then(|| {

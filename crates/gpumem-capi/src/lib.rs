@@ -15,11 +15,14 @@ mod calls;
 mod fork;
 mod graphs;
 mod live;
+pub mod pytorch;
 mod runtime;
 mod streams;
 mod tags;
+mod torch_entries;
 
 pub use runtime::install;
+pub use torch_entries::*;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -75,6 +78,10 @@ fn last_error() -> Option<String> {
 fn record_error(call: &str, message: &str) {
     static PRINTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let line = format!("{call}: {message}");
+    LAST_ERROR.with(|last| *last.borrow_mut() = Some(line.clone()));
+    if !PRINT_ERRORS.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let printed = PRINTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let print = |text: &str| {
         if fork::in_forked_child() {
@@ -88,8 +95,10 @@ fn record_error(call: &str, message: &str) {
     } else if printed == PRINTED_ERRORS {
         print("gpumem: more errors follow; gpumem_last_error() has the latest");
     }
-    LAST_ERROR.with(|last| *last.borrow_mut() = Some(line));
 }
+
+/// Whether `record_error` prints too (`gpumem_print_errors`).
+static PRINT_ERRORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// A C string argument as UTF-8; null is `None`.
 ///
@@ -121,7 +130,13 @@ fn to_c_string(text: String) -> *mut c_char {
 #[no_mangle]
 pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guarded("gpumem_alloc", std::ptr::null_mut(), || {
-        calls::alloc(size, device, stream as usize as u64).map(|ptr| ptr as *mut c_void)
+        calls::alloc(
+            size,
+            device,
+            stream as usize as u64,
+            calls::Capture::ToGraphPool,
+        )
+        .map(|ptr| ptr as *mut c_void)
     })
 }
 
@@ -131,7 +146,12 @@ pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) 
 #[no_mangle]
 pub extern "C" fn gpumem_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
     guarded("gpumem_free", (), || {
-        calls::free(ptr as usize as u64, size, device, stream as usize as u64)
+        let described = calls::Described {
+            size,
+            device,
+            stream: stream as usize as u64,
+        };
+        calls::free(ptr as usize as u64, Some(described))
     })
 }
 

@@ -96,6 +96,14 @@ impl LiveBuffers {
         true
     }
 
+    /// The size the host asked for at `ptr`, if a live buffer is there.
+    pub(super) fn size_of(&self, ptr: u64) -> Option<u64> {
+        self.shard(ptr)
+            .lock()
+            .get(&ptr)
+            .map(|live| live.buffer.size())
+    }
+
     pub(super) fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.lock().len()).sum()
     }

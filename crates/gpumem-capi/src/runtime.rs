@@ -79,7 +79,11 @@ fn open() -> Result<Runtime, String> {
     };
     let (backend, cuda): (Arc<dyn DeviceBackend>, _) = match choice {
         BackendChoice::Cuda => {
-            let cuda = Arc::new(CudaBackend::open().map_err(|e| e.to_string())?);
+            let cuda = Arc::new(CudaBackend::open().map_err(|e| {
+                format!(
+                    "{e} (GPUMEM_BACKEND=sim gives a simulated device, for tests without a GPU)"
+                )
+            })?);
             (Arc::clone(&cuda) as Arc<dyn DeviceBackend>, Some(cuda))
         }
         choice => {

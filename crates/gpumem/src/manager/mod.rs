@@ -10,6 +10,7 @@ pub mod config;
 mod config_file;
 pub mod external;
 pub mod fallback;
+mod fraction;
 mod graphs;
 mod handles;
 pub mod leaks;
@@ -17,6 +18,7 @@ pub mod ooms;
 pub mod placement;
 pub mod pressure;
 mod refusals;
+mod segments;
 mod streams;
 mod tag;
 mod thread_ids;
@@ -35,6 +37,7 @@ pub use external::{ExternalBuffer, ExternalError};
 pub use fallback::{FallbackBuffer, HostBuffer};
 pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
+pub use segments::{BlockLayout, SegmentLayout};
 pub use streams::MAX_STREAMS_WITH_OWN_POOLS;
 pub use tag::{clean_tag, held_tags, Tag, MAX_TAGS, MAX_TAG_CHARS, OTHER_TAG};
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
@@ -75,8 +78,9 @@ pub(crate) struct ManagedDevice {
     pub index: usize,
     pub properties: DeviceProperties,
     pub page_size: u64,
-    /// The most the pools may hold: `gpu_memory_fraction` and `max_pool_size` together.
-    pub pool_cap: u64,
+    /// The most the pools may hold: `gpu_memory_fraction` and `max_pool_size` together, until
+    /// [`MemoryManager::set_memory_fraction`] sets another (read with [`Self::pool_cap`]).
+    pool_cap: AtomicU64,
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
     /// Streams with pools of their own (`streams.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
@@ -118,6 +122,11 @@ impl ManagedDevice {
         retiring.retain(|pool| !pool.is_wound_down());
         pools.extend(retiring.iter().cloned());
         pools
+    }
+
+    /// The most the pools may hold now.
+    pub(crate) fn pool_cap(&self) -> u64 {
+        self.pool_cap.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes handed out to live buffers, pooled and direct.
@@ -236,7 +245,7 @@ impl MemoryManager {
             index,
             properties,
             page_size,
-            pool_cap: config.pool_cap(total),
+            pool_cap: AtomicU64::new(config.pool_cap(total)),
             settings: config.pool_settings(align_up(total, page_size)),
             default_stream: Box::new([]),
             other_streams: RwLock::new(HashMap::new()),
@@ -273,7 +282,7 @@ impl MemoryManager {
                 Bytes(total),
                 Bytes(thresholds.usable(total)),
                 free,
-                Bytes(managed.pool_cap)
+                Bytes(managed.pool_cap())
             );
         }
     }

@@ -19,7 +19,7 @@ impl MemoryManager {
         let reserved = managed.reserve.reserved_bytes.load(Relaxed);
         let in_use = managed.in_use_bytes();
         let cached = reserved.saturating_sub(in_use);
-        let within_cap = managed.pool_cap.saturating_sub(in_use);
+        let within_cap = managed.pool_cap().saturating_sub(in_use);
         Ok((free + cached).min(within_cap))
     }
 

@@ -72,8 +72,9 @@ impl MemoryManager {
         // Pages kept in the reserve are held already: only the rest is new memory.
         let creating = bytes.saturating_sub(managed.pages.spare_pages() * managed.page_size);
         // A cap at the device's size is no cap: let the driver say it is full.
-        let capped = managed.pool_cap < managed.properties.total_memory_bytes;
-        if capped && managed.reserve.reserved_bytes.load(Relaxed) + creating > managed.pool_cap {
+        let cap = managed.pool_cap();
+        let capped = cap < managed.properties.total_memory_bytes;
+        if capped && managed.reserve.reserved_bytes.load(Relaxed) + creating > cap {
             return MapDecision::OverLimit;
         }
         if creating > 0 && managed.pressure.level() == PressureLevel::Critical {
@@ -118,7 +119,7 @@ impl MemoryManager {
                 device: managed.index,
                 requested,
                 reserved,
-                limit: managed.pool_cap,
+                limit: managed.pool_cap(),
             },
             ArenaError::BelowMinFree => AllocError::PressureCritical {
                 device: managed.index,

@@ -113,6 +113,19 @@ impl MemoryManager {
         })
     }
 
+    /// The counters of `device`'s small and large pools (PyTorch's `small_pool` and
+    /// `large_pool`), direct allocations counted as large. Peaks are each pool's own.
+    pub fn counters_by_size(&self, device: usize) -> Result<[CounterValues; 2], BackendError> {
+        let managed = self.device(device)?;
+        let mut by_size = [CounterValues::default(), CounterValues::default()];
+        for pool in managed.pools() {
+            by_size[0].add(&pool.slot(PoolKind::Small).counters.read());
+            by_size[1].add(&pool.slot(PoolKind::Large).counters.read());
+        }
+        by_size[1].add(&managed.direct.counters.read());
+        Ok(by_size)
+    }
+
     /// Per device and pool kind; walks the arenas, so call it at snapshot time, not per request.
     pub fn pool_views(&self) -> Vec<PoolView> {
         let mut views = Vec::new();

@@ -16,7 +16,7 @@ mod shared;
 pub mod stats;
 pub(crate) mod tlsf;
 
-pub use arena::{ArenaError, MapDecision, Placed, ReleaseError, Released};
+pub use arena::{ArenaError, MapDecision, MappedSegment, Placed, ReleaseError, Released};
 pub use device_totals::DeviceReserve;
 pub use direct::DirectPool;
 pub use reserve::{ChunkSizes, Cut, PageReserve};
@@ -438,6 +438,17 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Each arena's mapped segments with their live blocks (snapshot time only).
+    pub fn mapped_segments(&self) -> Vec<(PoolKind, MappedSegment)> {
+        let mut segments = Vec::new();
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            if let Some(arena) = self.slot(kind).state.lock().arena.as_ref() {
+                segments.extend(arena.mapped_segments().into_iter().map(|s| (kind, s)));
+            }
+        }
+        segments
     }
 
     /// Figures that need a walk over the arena (snapshot time only).

@@ -74,6 +74,15 @@ pub struct ReleaseError {
     pub error: BackendError,
 }
 
+/// A maximal run of an arena's mapped pages and the live blocks in it, by address.
+#[derive(Clone, Debug)]
+pub struct MappedSegment {
+    pub address: DevicePtr,
+    pub size: u64,
+    /// (pointer, block size, live info), in address order.
+    pub live: Vec<(DevicePtr, u64, LiveInfo)>,
+}
+
 pub(crate) struct Arena {
     device: usize,
     stream: StreamId,
@@ -364,6 +373,30 @@ impl Arena {
             .blocks()
             .filter(move |b| b.state == BlockState::Used && Some(b.offset) != parked)
             .map(|b| (self.base + b.offset, b.size, b.live))
+    }
+
+    /// The arena's mapped memory as segments: each maximal run of mapped pages, with the live
+    /// blocks inside it (a live block's pages are all mapped, so it lies in one run). Walks the
+    /// index: snapshot time only.
+    pub(crate) fn mapped_segments(&self) -> Vec<MappedSegment> {
+        let mut segments: Vec<MappedSegment> = self
+            .pages
+            .all_mapped_runs()
+            .map(|run| MappedSegment {
+                address: self.base + (u64::from(run.first) << self.page_shift),
+                size: u64::from(run.count) << self.page_shift,
+                live: Vec::new(),
+            })
+            .collect();
+        let mut live: Vec<_> = self.live_blocks().collect();
+        live.sort_by_key(|&(ptr, _, _)| ptr);
+        for (ptr, size, info) in live {
+            let at = segments.partition_point(|s| s.address + s.size <= ptr);
+            if let Some(segment) = segments.get_mut(at).filter(|s| s.address <= ptr) {
+                segment.live.push((ptr, size, info));
+            }
+        }
+        segments
     }
 
     /// The largest run of free bytes lying entirely in mapped pages: what could be handed out

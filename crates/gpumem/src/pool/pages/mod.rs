@@ -130,6 +130,15 @@ impl PageTable {
         })
     }
 
+    /// Every run of mapped pages, in order (snapshot time only).
+    pub(crate) fn all_mapped_runs(&self) -> impl Iterator<Item = PageRun> + '_ {
+        let pages = u32::try_from(self.block_ends.len()).unwrap_or(u32::MAX);
+        self.mapped.overlapping(0, pages).map(|run| PageRun {
+            first: run.first,
+            count: run.end - run.first,
+        })
+    }
+
     /// Makes room for pages `0..=last`: the per-page counts are sized to the highest page
     /// used, as the arena's address space is reserved far beyond what is ever mapped.
     fn grow_to(&mut self, last: u32) {

@@ -1,0 +1,79 @@
+// The layer's one C entry point, which makes gpumem PyTorch's CUDA allocator, and what the
+// allocator says about CUDA IPC (allocator.h).
+#include "allocator.h"
+
+#include "gpumem_api.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cstring>
+#include <exception>
+#include <memory>
+
+namespace gpumem_torch {
+
+cca::ShareableHandle GpumemAllocator::shareIpcHandle(void* /*ptr*/) {
+  TORCH_CHECK(false,
+              "gpumem cannot share CUDA memory with another process yet: it maps memory through "
+              "CUDA's virtual-memory API, which PyTorch's CUDA IPC handles do not describe; send "
+              "the tensor from a process that keeps PyTorch's allocator (docs/pytorch.md, CUDA "
+              "IPC)");
+}
+
+std::shared_ptr<void> GpumemAllocator::getIpcDevPtr(std::string /*handle*/) {
+  TORCH_CHECK(false,
+              "gpumem cannot open CUDA memory another process shared yet (docs/pytorch.md, "
+              "CUDA IPC)");
+}
+
+namespace {
+// Keeps the allocator alive for the life of the process (PyTorch holds a raw pointer).
+std::shared_ptr<GpumemAllocator> installed;
+
+void copy_message(const std::string& message, char* out, size_t out_len) {
+  if (out == nullptr || out_len == 0) {
+    return;
+  }
+  size_t n = std::min(out_len - 1, message.size());
+  std::memcpy(out, message.data(), n);
+  out[n] = '\0';
+}
+} // namespace
+
+} // namespace gpumem_torch
+
+// Makes gpumem (the library at `library`, the file the Python package loaded) PyTorch's CUDA
+// allocator. Returns 0, or -1 with the reason in `error`. Call before the first CUDA tensor.
+extern "C" __attribute__((visibility("default"))) int gpumem_torch_install(const char* library,
+                                                                          char* error,
+                                                                          size_t error_len) {
+  using namespace gpumem_torch;
+  try {
+    if (installed) {
+      return 0;
+    }
+    std::string why;
+    if (!api.load(library, why)) {
+      copy_message(why, error, error_len);
+      return -1;
+    }
+    auto allocator = std::make_shared<GpumemAllocator>();
+    GpumemAllocator::instance = allocator.get();
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    // Code that asks c10 for the CUDA allocator by device type gets gpumem too.
+    c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/1);
+    // Failures now reach the caller as exceptions: no second report on stderr.
+    api.print_errors(0);
+    installed = std::move(allocator);
+    return 0;
+  } catch (const c10::Error& e) {
+    gpumem_torch::GpumemAllocator::instance = nullptr;
+    copy_message(e.what_without_backtrace(), error, error_len);
+  } catch (const std::exception& e) {
+    gpumem_torch::GpumemAllocator::instance = nullptr;
+    copy_message(e.what(), error, error_len);
+  }
+  return -1;
+}
