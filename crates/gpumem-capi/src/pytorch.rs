@@ -197,7 +197,7 @@ fn other_processes(runtime: &Runtime, device: usize) -> Option<(u64, Vec<String>
         .filter(|p| p.pid != ours)
         .map(|p| (p.pid, p.used_bytes.unwrap_or(0)))
         .collect();
-    others.sort_by(|a, b| b.1.cmp(&a.1));
+    others.sort_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
     let total = others.iter().map(|&(_, bytes)| bytes).sum();
     let named = others
         .iter()

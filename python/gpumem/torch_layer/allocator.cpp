@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+
 namespace gpumem_torch {
 
 GpumemAllocator* GpumemAllocator::instance = nullptr;
@@ -107,6 +109,9 @@ c10::DataPtr GpumemAllocator::malloc(size_t size, c10::DeviceIndex device,
 
 void GpumemAllocator::out_of_memory(c10::DeviceIndex device, size_t size, cudaStream_t stream,
                                     const std::string& reason) {
+  if (device >= 0 && device < kMaxDevices) {
+    ooms_[device].fetch_add(1, std::memory_order_relaxed);
+  }
   size_t device_free = 0;
   size_t device_total = 0;
   if (cudaMemGetInfo(&device_free, &device_total) != cudaSuccess) {
@@ -170,7 +175,10 @@ void GpumemAllocator::free_pool_block(void* ptr) {
     history_.freed(device, ptr, 0, nullptr, {0, 0});
   }
   if (!pools_.free(ptr)) {
-    TORCH_WARN("gpumem: ", ptr, " is not a live block of a private pool (freed twice?)");
+    char address[32];
+    std::snprintf(address, sizeof(address), "%p", ptr);
+    TORCH_WARN(std::string("gpumem: ") + address +
+               " is not a live block of a private pool (freed twice?)");
   }
 }
 

@@ -4,6 +4,7 @@
 // history, CUDA graph pools, MemPool, out-of-memory errors — is answered by gpumem.
 #pragma once
 
+#include "gpumem_api.h"
 #include "history.h"
 #include "private_pools.h"
 
@@ -101,7 +102,11 @@ class GpumemAllocator final : public cca::CUDAAllocator {
                                   const std::string& reason);
   void report_to_profiler(void* ptr, int64_t size, c10::DeviceIndex device);
   void append_gpumem_segments(c10::DeviceIndex device, cca::SnapshotInfo& info);
+  DeviceStatsC read_stats(c10::DeviceIndex device);
 
+  // Refusals raised as OutOfMemoryError, per device (gpumem's own count leaves out requests
+  // that could never fit, which PyTorch counts).
+  std::atomic<int64_t> ooms_[kMaxDevices] = {};
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
   std::atomic<int> device_count_{0};

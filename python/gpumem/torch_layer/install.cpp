@@ -8,9 +8,14 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
+
+#include <csignal>
+#include <execinfo.h>
+#include <unistd.h>
 
 namespace gpumem_torch {
 
@@ -29,6 +34,16 @@ std::shared_ptr<void> GpumemAllocator::getIpcDevPtr(std::string /*handle*/) {
 }
 
 namespace {
+// GPUMEM_TORCH_LAYER_DEBUG=1: a crash prints the C++ frames on stderr before the default
+// handler runs (Python's faulthandler prints only Python's).
+void print_frames(int signal) {
+  void* frames[64];
+  int count = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, count, STDERR_FILENO);
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
 // Keeps the allocator alive for the life of the process (PyTorch holds a raw pointer).
 std::shared_ptr<GpumemAllocator> installed;
 
@@ -58,6 +73,10 @@ extern "C" __attribute__((visibility("default"))) int gpumem_torch_install(const
     if (!api.load(library, why)) {
       copy_message(why, error, error_len);
       return -1;
+    }
+    const char* debug = std::getenv("GPUMEM_TORCH_LAYER_DEBUG");
+    if (debug != nullptr && std::strcmp(debug, "1") == 0) {
+      std::signal(SIGSEGV, print_frames);
     }
     auto allocator = std::make_shared<GpumemAllocator>();
     GpumemAllocator::instance = allocator.get();

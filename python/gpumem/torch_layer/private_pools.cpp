@@ -261,8 +261,12 @@ cca::CheckpointDelta PrivatePools::restore(c10::DeviceIndex device,
                                            const PoolCheckpoint& state) {
   std::lock_guard<std::mutex> lock(mutex_);
   Pool* pool = find(device, state.pool);
-  TORCH_CHECK(pool != nullptr, "gpumem: no private pool (", state.pool.first, ", ",
-              state.pool.second, ") on device ", device, " to restore a checkpoint into");
+  // Messages built from strings only: streaming numbers would run this build's locale code
+  // against the libstdc++ PyTorch loaded (see stats_snapshot.cpp).
+  TORCH_CHECK(pool != nullptr,
+              "gpumem: no private pool (" + std::to_string(state.pool.first) + ", " +
+                  std::to_string(state.pool.second) + ") on device " +
+                  std::to_string(static_cast<int>(device)) + " to restore a checkpoint into");
   for (const auto& [base, blocks] : state.segments) {
     TORCH_CHECK(pool->segments.count(base) == 1, "gpumem: a segment of the checkpointed pool ",
                 "was released since the checkpoint");

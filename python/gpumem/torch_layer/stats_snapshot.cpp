@@ -7,7 +7,7 @@
 
 #include <c10/util/Exception.h>
 
-#include <sstream>
+#include <cstdlib>
 
 namespace gpumem_torch {
 
@@ -44,13 +44,17 @@ cda::DeviceStats convert(const DeviceStatsC& c, const cda::DeviceStats& base) {
   return stats;
 }
 
-DeviceStatsC read_stats(c10::DeviceIndex device) {
+} // namespace
+
+DeviceStatsC GpumemAllocator::read_stats(c10::DeviceIndex device) {
   DeviceStatsC raw{};
   TORCH_CHECK(api.device_stats(device, &raw) == 0,
               api.error_or("gpumem could not read its statistics"));
+  if (device >= 0 && device < kMaxDevices) {
+    raw.num_ooms = static_cast<uint64_t>(ooms_[device].load(std::memory_order_relaxed));
+  }
   return raw;
 }
-} // namespace
 
 cda::DeviceStats GpumemAllocator::getDeviceStats(c10::DeviceIndex device) {
   DeviceStatsC raw = read_stats(device);
@@ -78,11 +82,52 @@ void GpumemAllocator::resetPeakStats(c10::DeviceIndex /*device*/) {
               api.error_or("gpumem could not reset its peak statistics"));
 }
 
+namespace {
+// One line of gpumem_segments_text: its kind letter and up to five fields, then the rest.
+// Parsed by hand: iostreams would run the locale code of the libstdc++ this file was built
+// with against PyTorch's (its wheels link their own), which crashed on the GPU host.
+struct Line {
+  char kind = 0;
+  unsigned long long numbers[5] = {0, 0, 0, 0, 0};
+  std::string word; // S lines: the pool kind (4th field)
+};
+
+bool next_line(const char*& at, Line& line) {
+  while (*at == '\n') {
+    ++at;
+  }
+  if (*at == '\0') {
+    return false;
+  }
+  line = Line();
+  line.kind = *at++;
+  for (int field = 0; field < 5 && *at != '\n' && *at != '\0'; ++field) {
+    while (*at == ' ') {
+      ++at;
+    }
+    if (line.kind == 'S' && field == 3) {
+      const char* start = at;
+      while (*at != ' ' && *at != '\n' && *at != '\0') {
+        ++at;
+      }
+      line.word.assign(start, at);
+      continue;
+    }
+    char* end = nullptr;
+    line.numbers[field] = std::strtoull(at, &end, 10);
+    at = end;
+  }
+  while (*at != '\n' && *at != '\0') { // the tag: not needed here
+    ++at;
+  }
+  return true;
+}
+} // namespace
+
 void GpumemAllocator::append_gpumem_segments(c10::DeviceIndex device, cca::SnapshotInfo& info) {
   std::string text = api.take(api.segments_text(device));
-  std::istringstream lines(text);
-  std::string line;
   cca::SegmentInfo segment;
+  cca::SegmentInfo kind;
   bool open = false;
   auto close = [&]() {
     if (open && !segment.blocks.empty()) {
@@ -90,49 +135,41 @@ void GpumemAllocator::append_gpumem_segments(c10::DeviceIndex device, cca::Snaps
     }
     open = false;
   };
-  auto start = [&](size_t address, const cca::SegmentInfo& like) {
+  auto start = [&]() {
     segment = cca::SegmentInfo();
     segment.device = device;
-    segment.address = address;
-    segment.stream = like.stream;
-    segment.is_large = like.is_large;
-    segment.is_expandable = like.is_expandable;
+    segment.stream = kind.stream;
+    segment.is_large = kind.is_large;
+    segment.is_expandable = kind.is_expandable;
     open = true;
   };
-  cca::SegmentInfo kind;
-  while (std::getline(lines, line)) {
-    std::istringstream fields(line);
-    std::string tag;
-    fields >> tag;
-    if (tag == "S") {
+  const char* at = text.c_str();
+  Line line;
+  while (next_line(at, line)) {
+    if (line.kind == 'S') {
       close();
-      size_t address = 0, size = 0, stream = 0;
-      std::string pool;
-      int graph = 0;
-      fields >> address >> size >> stream >> pool >> graph;
       kind = cca::SegmentInfo();
-      kind.stream = reinterpret_cast<void*>(stream);
-      kind.is_large = pool != "small";
+      kind.stream = reinterpret_cast<void*>(static_cast<uintptr_t>(line.numbers[2]));
+      kind.is_large = line.word != "small";
       // A run of mapped pages grows and shrinks page by page, as PyTorch's expandable
       // segments do; a direct allocation is one driver allocation.
-      kind.is_expandable = pool != "direct";
-      start(address, kind);
+      kind.is_expandable = line.word != "direct";
+      start();
       continue;
     }
-    if (tag != "B") {
+    if (line.kind != 'B') {
       continue;
     }
-    size_t address = 0, size = 0, requested = 0;
-    int allocated = 0;
-    fields >> address >> size >> requested >> allocated;
-    if (allocated != 0 && pools_.is_segment_base(address)) {
+    size_t address = line.numbers[0], size = line.numbers[1], requested = line.numbers[2];
+    bool allocated = line.numbers[3] != 0;
+    if (allocated && pools_.is_segment_base(address)) {
       // A private pool's segment: listed with its own blocks (segment_infos), not as one.
       close();
-      start(address + size, kind);
+      start();
       continue;
     }
     if (!open) {
-      start(address, kind);
+      start();
     }
     if (segment.blocks.empty()) {
       segment.address = address;
@@ -140,9 +177,9 @@ void GpumemAllocator::append_gpumem_segments(c10::DeviceIndex device, cca::Snaps
     cca::BlockInfo block;
     block.size = size;
     block.requested_size = requested;
-    block.allocated = allocated != 0;
-    block.active = block.allocated;
-    if (block.allocated) {
+    block.allocated = allocated;
+    block.active = allocated;
+    if (allocated) {
       block.context_when_allocated = history_.context_of(address);
       segment.allocated_size += size;
       segment.active_size += size;
