@@ -157,9 +157,9 @@ check_name = ""
 
 
 def check_snapshot(torch, mode):
-    """_record_memory_history, _snapshot, _dump_snapshot, and PyTorch's memory viewer code (its
-    text views and the data its HTML views embed; the HTML pages themselves fetch the viewer's
-    script from the web, which the GPU host cannot reach)."""
+    """_record_memory_history, _snapshot, _dump_snapshot, and PyTorch's memory viewer code: its
+    text views, and the HTML pages of trace_plot and segment_plot (which load the viewer's script
+    from the web when opened in a browser)."""
     import tempfile
 
     from torch.cuda import _memory_viz
@@ -178,8 +178,13 @@ def check_snapshot(torch, mode):
     segments = snapshot["segments"]
     allocated = sum(block["size"] for s in segments for block in s["blocks"]
                     if block["state"] == "active_allocated")
-    viewer = [_memory_viz.memory(snapshot), _memory_viz.segments(snapshot),
-              _memory_viz.segsum(snapshot), _memory_viz.trace(snapshot)]
+    # memory() and segments() pipe their lines through flamegraph.pl, which they download;
+    # the lines themselves are the viewer's reading of the snapshot.
+    lines = lambda text: text  # noqa: E731
+    viewer = [_memory_viz.memory(snapshot, format_flamegraph=lines),
+              _memory_viz.segments(snapshot, format_flamegraph=lines),
+              _memory_viz.segsum(snapshot), _memory_viz.trace(snapshot),
+              _memory_viz.trace_plot(snapshot), _memory_viz.segment_plot(snapshot)]
     with open(path, "rb") as dumped:
         import pickle
 
