@@ -20,8 +20,8 @@ pub(super) fn device_index(device: i32) -> Result<usize, String> {
 pub(super) enum Capture {
     /// Yes: the memory must stay out of every other allocation's reach while the graph lives.
     ToGraphPool,
-    /// No: the caller keeps it for its own pool (the PyTorch layer's private pools), which it
-    /// holds as long as any graph may replay into it.
+    /// No: the caller routes captured allocations itself (the PyTorch layer's private pools,
+    /// which hold their memory as long as any graph may replay into it).
     Ignored,
 }
 

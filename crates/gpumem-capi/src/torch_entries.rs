@@ -6,16 +6,18 @@
 use super::{calls, guarded, pytorch, to_c_string};
 use std::ffi::{c_char, c_double, c_int, c_void};
 
-/// Memory for a pool the caller manages itself (PyTorch's private pools: CUDA graphs and
-/// `MemPool`s): like `gpumem_alloc`, but never placed in one of gpumem's graph pools, even
-/// while `stream` captures; the caller keeps it until no graph can replay into it.
+/// Like `gpumem_alloc`, for a caller that routes allocations made during CUDA graph capture
+/// itself (the PyTorch layer sends them to PyTorch's private pools, as PyTorch's own allocator
+/// does): the memory never goes to one of gpumem's graph pools, even while `stream` captures,
+/// and no driver call asks whether it does. The PyTorch layer's pools take their segments here
+/// too, and keep them as long as a graph may replay into them.
 #[no_mangle]
-pub extern "C" fn gpumem_alloc_segment(
+pub extern "C" fn gpumem_alloc_routed(
     size: isize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    guarded("gpumem_alloc_segment", std::ptr::null_mut(), || {
+    guarded("gpumem_alloc_routed", std::ptr::null_mut(), || {
         calls::alloc(
             size,
             device,

@@ -89,12 +89,12 @@ c10::DataPtr GpumemAllocator::malloc(size_t size, c10::DeviceIndex device,
     report_to_profiler(ptr, static_cast<int64_t>(size), device);
     return {ptr, ptr, &delete_pool_block, where};
   }
-  void* ptr = api.alloc(static_cast<ssize_t>(size), device, stream);
+  void* ptr = api.alloc_routed(static_cast<ssize_t>(size), device, stream);
   if (ptr == nullptr) {
     std::string reason = api.error_or("the allocation was refused");
     // Graph pools nobody uses any more may hold what is missing.
     if (pools_.release_free_segments(nullptr) > 0) {
-      ptr = api.alloc(static_cast<ssize_t>(size), device, stream);
+      ptr = api.alloc_routed(static_cast<ssize_t>(size), device, stream);
     }
     if (ptr == nullptr) {
       out_of_memory(device, size, stream, reason);

@@ -28,8 +28,7 @@ bool Api::load(const char* path, std::string& why) {
     why = std::string("cannot load ") + path + ": " + (error ? error : "unknown error");
     return false;
   }
-  return find(library, "gpumem_alloc", alloc, why) &&
-      find(library, "gpumem_alloc_segment", alloc_segment, why) &&
+  return find(library, "gpumem_alloc_routed", alloc_routed, why) &&
       find(library, "gpumem_free_ptr", free_ptr, why) &&
       find(library, "gpumem_record_stream", record_stream, why) &&
       find(library, "gpumem_empty_cache", empty_cache, why) &&

@@ -23,8 +23,7 @@ struct DeviceStatsC {
 };
 
 struct Api {
-  void* (*alloc)(ssize_t, int, void*);
-  void* (*alloc_segment)(ssize_t, int, void*);
+  void* (*alloc_routed)(ssize_t, int, void*);
   void (*free_ptr)(void*);
   int (*record_stream)(void*, void*);
   int64_t (*empty_cache)();

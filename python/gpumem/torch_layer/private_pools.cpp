@@ -113,7 +113,7 @@ void* PrivatePools::cut(Pool& pool, size_t size, cudaStream_t stream, std::strin
     if (pool.source) {
       base = pool.source->raw_alloc_with_stream(segment_size, stream);
     } else {
-      base = api.alloc_segment(static_cast<ssize_t>(segment_size), pool.device, stream);
+      base = api.alloc_routed(static_cast<ssize_t>(segment_size), pool.device, stream);
     }
     if (base == nullptr) {
       why = api.error_or("the segment could not be allocated");
