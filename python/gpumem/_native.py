@@ -44,10 +44,32 @@ def library_path() -> str:
     return path
 
 
+class Stat(ctypes.Structure):
+    """gpumem_stat_t: one of PyTorch's allocator statistics."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in ("current", "peak", "allocated", "freed")]
+
+
+class DeviceStats(ctypes.Structure):
+    """gpumem_device_stats_t: each array is all, small pool, large pool."""
+
+    _fields_ = [
+        (name, Stat * 3)
+        for name in (
+            "allocation", "segment", "active", "inactive_split", "allocated_bytes",
+            "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+        )
+    ] + [
+        (name, ctypes.c_uint64)
+        for name in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+    ]
+
+
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_char_p = ctypes.c_char_p
     void_p = ctypes.c_void_p
     owned = ctypes.POINTER(ctypes.c_char)  # strings we must hand back to gpumem_string_free
+    stats_p = ctypes.POINTER(DeviceStats)
     signatures = {
         "gpumem_alloc": ([ctypes.c_ssize_t, ctypes.c_int, void_p], void_p),
         "gpumem_free": ([void_p, ctypes.c_ssize_t, ctypes.c_int, void_p], None),
@@ -68,6 +90,16 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "gpumem_memory_stats_json": ([ctypes.c_int], owned),
         "gpumem_serve": ([c_char_p], ctypes.c_int),
         "gpumem_publish": ([c_char_p], ctypes.c_int),
+        "gpumem_alloc_routed": ([ctypes.c_ssize_t, ctypes.c_int, void_p], void_p),
+        "gpumem_free_ptr": ([void_p], None),
+        "gpumem_device_stats": ([ctypes.c_int, stats_p], ctypes.c_int),
+        "gpumem_set_memory_fraction": ([ctypes.c_int, ctypes.c_double], ctypes.c_int),
+        "gpumem_memory_fraction": ([ctypes.c_int], ctypes.c_double),
+        "gpumem_largest_free_block": ([ctypes.c_int], ctypes.c_int64),
+        "gpumem_allocation_size": ([void_p], ctypes.c_int64),
+        "gpumem_segments_text": ([ctypes.c_int], owned),
+        "gpumem_oom_message": ([ctypes.c_int, ctypes.c_ssize_t], owned),
+        "gpumem_print_errors": ([ctypes.c_int], ctypes.c_int),
         "gpumem_last_error": ([], owned),
         "gpumem_string_free": ([owned], None),
     }

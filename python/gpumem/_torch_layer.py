@@ -113,7 +113,14 @@ def _compiler() -> str:
 
 def library_for(torch: Any) -> str:
     """The built layer for this PyTorch: from the cache, or compiled now."""
-    version = str(torch.__version__).replace("+", "_")
+    torch_dir = os.path.dirname(os.path.abspath(getattr(torch, "__file__", "") or "."))
+    header = os.path.join(torch_dir, "include", "c10", "cuda", "CUDACachingAllocator.h")
+    if not os.path.isfile(header):
+        raise LayerUnavailable(
+            f"this PyTorch ({getattr(torch, '__version__', 'unknown version')}) ships no C++ "
+            "headers for its CUDA allocator (include/c10/cuda/CUDACachingAllocator.h): a CPU-only "
+            "or stripped build?")
+    version = str(torch.__version__).replace("+", "_").replace(os.sep, "_")
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     directory = cache_dir()
     target = os.path.join(directory, f"torch_layer-{version}-abi{abi}-{_sources_hash()}.so")

@@ -308,6 +308,40 @@ class UseWithPyTorchsApi(unittest.TestCase):
         # Until the next allocation or free looks at its fence, the memory waits.
         self.assertIn("waiting 1", done.stdout)
 
+    def test_without_the_layer_use_says_why_in_one_line_and_serves_pluggably(self):
+        # The stand-in torch ships no C++ headers, so gpumem's PyTorch layer cannot be built.
+        code = "import gpumem.torch as gt\ngt.use()\nprint('integration', gt.integration())\n"
+        done = run_python(code, self.env())
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("integration pluggable", done.stdout)
+        lines = done.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, done.stderr)
+        self.assertIn("the PyTorch layer is unavailable (this PyTorch (0.0+fake) ships no C++", lines[0])
+        self.assertIn("torch.cuda.memory_stats()", lines[0])
+
+    def test_a_required_layer_that_cannot_be_built_is_an_error(self):
+        code = ("import gpumem.torch as gt\ntry:\n    gt.use()\n"
+                "except gt.GpumemError as error:\n    print('refused:', error)\n"
+                "print('integration', gt.integration())\n")
+        done = run_python(code, self.env(GPUMEM_TORCH_LAYER="require"))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("refused: GPUMEM_TORCH_LAYER=require: this PyTorch", done.stdout)
+        self.assertIn("integration None", done.stdout)
+        done = run_python(code, self.env(GPUMEM_TORCH_LAYER="sometimes"))
+        self.assertIn("refused: GPUMEM_TORCH_LAYER='sometimes' is not one of auto, require, off",
+                      done.stdout)
+        done = run_python(code, self.env(GPUMEM_TORCH_LAYER="off"))
+        self.assertEqual(done.stderr, "", "off: no attempt, no line")
+        self.assertIn("integration pluggable", done.stdout)
+
+    def test_use_without_pytorch_says_so(self):
+        code = ("import gpumem.torch as gt\ntry:\n    gt.use()\n"
+                "except gt.GpumemError as error:\n    print('refused:', error)\n")
+        env = {"PYTHONPATH": "" if INSTALLED else PACKAGE_ROOT, "GPUMEM_LIBRARY": gpumem.library_path()}
+        done = run_python(code, env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("PyTorch is not installed here", done.stdout)
+
     def test_use_after_pytorch_allocated_says_what_to_do(self):
         code = "import torch.cuda.memory as m\nm.allocate(16)\nimport gpumem.torch as gt\ngt.use()\n"
         done = run_python(code, self.env())
@@ -370,6 +404,32 @@ class PublishWithoutTheLibrary(unittest.TestCase):
                 document = json.load(f)
             self.assertEqual(document["format"], "gpumem.publish")
             self.assertEqual(document["writer"], "torch 0.0+fake")
+
+
+    def test_a_missing_directory_is_named_and_publishing_needs_pytorch(self):
+        missing = os.path.join(tempfile.gettempdir(), "gpumem-no-such-directory", "inner")
+        path = FAKE_TORCH if INSTALLED else os.pathsep.join([FAKE_TORCH, PACKAGE_ROOT])
+        code = (
+            "import sys, gpumem.publish\n"
+            "try:\n    gpumem.publish.publish_once(sys.argv[1])\n"
+            "except FileNotFoundError as error:\n    print('refused:', error)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code, missing], env={**os.environ, "PYTHONPATH": path},
+                              capture_output=True, text=True, timeout=120)
+        self.assertIn(f"refused: the publish directory {missing} does not exist", done.stdout, done.stderr)
+        code = (
+            "import sys, gpumem.publish\n"
+            "try:\n    gpumem.publish.start(sys.argv[1])\n"
+            "except ImportError as error:\n    print('refused:', error)\n"
+        )
+        without_torch = "" if INSTALLED else PACKAGE_ROOT
+        with tempfile.TemporaryDirectory() as directory:
+            done = subprocess.run([sys.executable, "-c", code, directory],
+                                  env={**os.environ, "PYTHONPATH": without_torch},
+                                  capture_output=True, text=True, timeout=120)
+        self.assertIn("refused: gpumem.publish publishes PyTorch's memory statistics, and PyTorch is "
+                      "not installed", done.stdout, done.stderr)
+        self.assertEqual(done.stderr, "")
 
 
 @unittest.skipUnless(INSTALLED, "runs against the installed wheel (TEST_GPUMEM_INSTALLED=1)")

@@ -3,41 +3,31 @@
 // manager). See ../gpumem.h for what each call does.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
+#include "../gpumem.h"
+
 #include <string>
-#include <sys/types.h>
 
 namespace gpumem_torch {
 
-struct Stat {
-  uint64_t current, peak, allocated, freed;
-};
-
-// gpumem_device_stats_t: each array is all, small pool, large pool.
-struct DeviceStatsC {
-  Stat allocation[3], segment[3], active[3], inactive_split[3];
-  Stat allocated_bytes[3], reserved_bytes[3], active_bytes[3], inactive_split_bytes[3];
-  Stat requested_bytes[3];
-  uint64_t num_alloc_retries, num_ooms, num_device_alloc, num_device_free;
-};
+using Stat = gpumem_stat_t;
+using DeviceStatsC = gpumem_device_stats_t;
 
 struct Api {
-  void* (*alloc_routed)(ssize_t, int, void*);
-  void (*free_ptr)(void*);
-  int (*record_stream)(void*, void*);
-  int64_t (*empty_cache)();
-  int (*reset_peak_stats)();
-  int (*device_stats)(int, DeviceStatsC*);
-  int (*set_memory_fraction)(int, double);
-  double (*memory_fraction)(int);
-  int64_t (*largest_free_block)(int);
-  int64_t (*allocation_size)(void*);
-  char* (*segments_text)(int);
-  char* (*oom_message)(int, ssize_t);
-  int (*print_errors)(int);
-  char* (*last_error)();
-  void (*string_free)(char*);
+  decltype(&gpumem_alloc_routed) alloc_routed;
+  decltype(&gpumem_free_ptr) free_ptr;
+  decltype(&gpumem_record_stream) record_stream;
+  decltype(&gpumem_empty_cache) empty_cache;
+  decltype(&gpumem_reset_peak_stats) reset_peak_stats;
+  decltype(&gpumem_device_stats) device_stats;
+  decltype(&gpumem_set_memory_fraction) set_memory_fraction;
+  decltype(&gpumem_memory_fraction) memory_fraction;
+  decltype(&gpumem_largest_free_block) largest_free_block;
+  decltype(&gpumem_allocation_size) allocation_size;
+  decltype(&gpumem_segments_text) segments_text;
+  decltype(&gpumem_oom_message) oom_message;
+  decltype(&gpumem_print_errors) print_errors;
+  decltype(&gpumem_last_error) last_error;
+  decltype(&gpumem_string_free) string_free;
 
   // Loads every entry from the library at `path`; false with `why` set when one is missing.
   bool load(const char* path, std::string& why);

@@ -50,7 +50,7 @@ pub(super) fn take(text: *mut std::ffi::c_char) -> Option<String> {
     Some(copy)
 }
 
-fn last_error() -> String {
+pub(super) fn last_error() -> String {
     take(gpumem_last_error()).unwrap_or_default()
 }
 
@@ -65,7 +65,7 @@ fn stat(name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in the statistics"))
 }
 
-fn stream(id: usize) -> *mut c_void {
+pub(super) fn stream(id: usize) -> *mut c_void {
     id as *mut c_void
 }
 

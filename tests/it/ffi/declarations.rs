@@ -38,6 +38,8 @@ fn c_type_of_rust(rust: &str) -> String {
         "*mut c_void" => "void *",
         "*mut c_char" => "char *",
         "*const c_char" => "const char *",
+        "c_double" => "double",
+        "*mut pytorch::DeviceStats" => "gpumem_device_stats_t *",
         other => panic!("the C ABI exports a type this test does not know: {other}"),
     };
     c.to_string()
@@ -61,6 +63,8 @@ fn c_type_of_ctypes(python: &str) -> String {
         "ctypes.c_int" => "int",
         "ctypes.c_uint64" => "uint64_t",
         "ctypes.c_int64" => "int64_t",
+        "ctypes.c_double" => "double",
+        "stats_p" => "gpumem_device_stats_t *",
         "void_p" | "ctypes.c_void_p" => "void *",
         "owned" => "char *",
         "c_char_p" | "ctypes.c_char_p" => "const char *",

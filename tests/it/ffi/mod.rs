@@ -10,6 +10,7 @@ mod declarations;
 mod fork;
 mod python;
 mod tags;
+mod torch_abi;
 
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use std::sync::Arc;

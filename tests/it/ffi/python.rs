@@ -280,6 +280,10 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
         "gpumem/gpumem.h",
         "gpumem/py.typed",
         "gpumem/torch.py",
+        // The PyTorch layer's sources, compiled on first use against the installed PyTorch.
+        "gpumem/_torch_layer.py",
+        "gpumem/torch_layer/allocator.cpp",
+        "gpumem/torch_layer/private_pools.h",
         ".data/purelib/gpumem-torch.pth",
     ] {
         assert!(
