@@ -128,6 +128,10 @@ def lib() -> ctypes.CDLL:
     with _lock:
         if _library is None:
             _library = _declare(ctypes.CDLL(library_path()))
+            # This package raises every failure it reads (GpumemError): the library printing
+            # it as well would report it twice. What PyTorch's pluggable allocator calls is
+            # still printed, as nothing else would say it.
+            _library.gpumem_print_errors(0)
         return _library
 
 

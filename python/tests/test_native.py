@@ -334,6 +334,14 @@ class UseWithPyTorchsApi(unittest.TestCase):
         self.assertEqual(done.stderr, "", "off: no attempt, no line")
         self.assertIn("integration pluggable", done.stdout)
 
+    def test_a_failing_call_is_reported_once_by_the_exception(self):
+        code = ("import gpumem.torch as gt\ntry:\n    gt.serve('256.0.0.1:99999')\n"
+                "except gt.GpumemError as error:\n    print('raised:', error)\n")
+        done = run_python(code, self.env())
+        self.assertIn("raised: gpumem_serve:", done.stdout, done.stderr)
+        self.assertIn("256.0.0.1:99999", done.stdout)
+        self.assertEqual(done.stderr, "", "not printed as well")
+
     def test_use_without_pytorch_says_so(self):
         code = ("import gpumem.torch as gt\ntry:\n    gt.use()\n"
                 "except gt.GpumemError as error:\n    print('refused:', error)\n")

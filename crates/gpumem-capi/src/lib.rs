@@ -79,7 +79,11 @@ fn record_error(call: &str, message: &str) {
     static PRINTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let line = format!("{call}: {message}");
     LAST_ERROR.with(|last| *last.borrow_mut() = Some(line.clone()));
-    if !PRINT_ERRORS.load(std::sync::atomic::Ordering::Relaxed) {
+    // A caller that raises what it reads from gpumem_last_error turns printing off, so a
+    // failure is not reported twice; PyTorch's pluggable allocator reads nothing, so what its
+    // calls (and a tensor's deleter) hit is printed whatever the setting.
+    let unseen = matches!(call, "gpumem_alloc" | "gpumem_free" | "gpumem_free_ptr");
+    if !unseen && !PRINT_ERRORS.load(std::sync::atomic::Ordering::Relaxed) {
         return;
     }
     let printed = PRINTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

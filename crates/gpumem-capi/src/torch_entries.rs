@@ -117,9 +117,10 @@ pub extern "C" fn gpumem_oom_message(device: c_int, size: isize) -> *mut c_char 
     })
 }
 
-/// Whether failures are also printed on stderr (1, the default: PyTorch's pluggable allocator
-/// sees only a null pointer) or only kept for `gpumem_last_error` (0: the caller raises them
-/// itself, and a second report on stderr would say the same thing twice).
+/// Whether failures are also printed on stderr (1, the default) or only kept for
+/// `gpumem_last_error` (0: the caller raises them itself, and a second report on stderr would
+/// say the same thing twice). Failures of `gpumem_alloc`, `gpumem_free` and `gpumem_free_ptr`
+/// are printed either way: PyTorch's pluggable allocator and a tensor's deleter read nothing.
 #[no_mangle]
 pub extern "C" fn gpumem_print_errors(on: c_int) -> c_int {
     super::PRINT_ERRORS.store(on != 0, std::sync::atomic::Ordering::Relaxed);

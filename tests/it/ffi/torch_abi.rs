@@ -14,7 +14,12 @@ const MIB: isize = 1 << 20;
 fn device_stats() -> DeviceStats {
     let mut stats = DeviceStats::default();
     // SAFETY: a writable struct of the header's layout.
-    assert_eq!(unsafe { gpumem_device_stats(0, &mut stats) }, 0, "{}", last_error());
+    assert_eq!(
+        unsafe { gpumem_device_stats(0, &mut stats) },
+        0,
+        "{}",
+        last_error()
+    );
     stats
 }
 
@@ -41,7 +46,10 @@ fn statistics_count_a_routed_allocation_in_its_pools_column() {
     assert!(during.allocated_bytes[0].peak >= during.allocated_bytes[0].current);
     gpumem_free_ptr(small);
     gpumem_free_ptr(large);
-    assert_eq!(device_stats().requested_bytes[0].current, before.requested_bytes[0].current);
+    assert_eq!(
+        device_stats().requested_bytes[0].current,
+        before.requested_bytes[0].current
+    );
     assert_eq!(gpumem_allocation_size(large), -1, "freed");
     gpumem_free_ptr(large);
     assert!(last_error().contains("freed already"), "{}", last_error());
