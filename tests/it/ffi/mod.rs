@@ -11,6 +11,7 @@ mod fork;
 mod python;
 mod tags;
 mod torch_abi;
+mod torch_gpu;
 
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
 use std::sync::Arc;

@@ -60,7 +60,7 @@ fn target_dir() -> PathBuf {
 
 /// The cdylib cargo built with this test binary: `cargo test` leaves it beside the binary in
 /// `target/<profile>/deps` (only `cargo build` copies it up to `target/<profile>`).
-fn library() -> PathBuf {
+pub(super) fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("target/<profile>/deps");
     let name = format!(
