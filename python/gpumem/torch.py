@@ -93,6 +93,7 @@ def use() -> None:
                 _torch_layer.install(torch, library)
                 _native.lib()  # the same file, loaded once: both share one manager
                 _allocator = _LAYER
+                _tag_snapshots(memory)
                 return
             except _torch_layer.LayerUnavailable as error:
                 if layer_mode == "require":
@@ -113,6 +114,52 @@ def use() -> None:
         _allocator = allocator
         _follow_graph_pools(torch.cuda.CUDAGraph, torch.cuda)
         _follow_record_stream(torch.Tensor)
+
+
+def _tag_snapshots(memory: Any) -> None:
+    """Makes `torch.cuda.memory._snapshot()` (and so `_dump_snapshot`) carry gpumem's tags: each
+    live block gpumem knows gets a `gpumem_tag` key, which PyTorch's viewer ignores and a person
+    reading the pickle can filter on."""
+    if getattr(memory, "_gpumem_tags_snapshots", False):
+        return
+    take = memory._snapshot
+
+    def snapshot(*args: Any, **kwargs: Any) -> Any:
+        document = take(*args, **kwargs)
+        try:
+            devices = {segment.get("device", 0) for segment in document.get("segments", [])}
+            tags: Dict[int, str] = {}
+            for device in devices:
+                tags.update(tags_by_address(_native.take_string(
+                    _native.lib().gpumem_segments_text(device)) or ""))
+            annotate_tags(document, tags)
+        except Exception:  # noqa: BLE001 - the snapshot itself must never be lost to this
+            pass
+        return document
+
+    snapshot.__doc__ = take.__doc__
+    memory._snapshot = snapshot
+    memory._gpumem_tags_snapshots = True
+
+
+def tags_by_address(segments_text: str) -> Dict[int, str]:
+    """Live block address -> tag, from `gpumem_segments_text`'s "B addr size requested
+    allocated tag" lines (untagged blocks are left out)."""
+    tags: Dict[int, str] = {}
+    for line in segments_text.splitlines():
+        fields = line.split(" ", 5)
+        if len(fields) == 6 and fields[0] == "B" and fields[4] == "1" and fields[5] != "-":
+            tags[int(fields[1])] = fields[5]
+    return tags
+
+
+def annotate_tags(document: Dict[str, Any], tags: Dict[int, str]) -> None:
+    """Adds `gpumem_tag` to every block of a PyTorch snapshot whose address has a tag."""
+    for segment in document.get("segments", []):
+        for block in segment.get("blocks", []):
+            tag = tags.get(block.get("address", -1))
+            if tag is not None:
+                block["gpumem_tag"] = tag
 
 
 # `_allocator` once gpumem answers PyTorch's whole allocator interface through its layer.

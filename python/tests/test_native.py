@@ -195,6 +195,32 @@ class NativeAbi(unittest.TestCase):
         self.assertEqual(stats["ffi_live_allocations"], before)
 
 
+class SnapshotTags(unittest.TestCase):
+    """gpumem's tags carried into PyTorch's snapshot: its blocks named by the C ABI's segment
+    text, read from a real allocation on the simulated device."""
+
+    def test_tagged_blocks_get_their_tag_and_others_none(self):
+        with gt.tag("kv_cache"):
+            tagged = _native.lib().gpumem_alloc(3 << 20, 0, None)
+        plain = _native.lib().gpumem_alloc(1 << 20, 0, None)
+        try:
+            text = _native.take_string(_native.lib().gpumem_segments_text(0)) or ""
+            tags = gt.tags_by_address(text)
+            self.assertEqual(tags.get(tagged), "kv_cache", text)
+            self.assertNotIn(plain, tags)
+            document = {"segments": [{"device": 0, "blocks": [
+                {"address": tagged, "size": 3 << 20, "state": "active_allocated"},
+                {"address": plain, "size": 1 << 20, "state": "active_allocated"},
+            ]}]}
+            gt.annotate_tags(document, tags)
+            blocks = document["segments"][0]["blocks"]
+            self.assertEqual(blocks[0]["gpumem_tag"], "kv_cache")
+            self.assertNotIn("gpumem_tag", blocks[1])
+        finally:
+            _native.lib().gpumem_free(tagged, 3 << 20, 0, None)
+            _native.lib().gpumem_free(plain, 1 << 20, 0, None)
+
+
 class Exporter(unittest.TestCase):
     def test_serve_answers_metrics_and_the_snapshot(self):
         with LOCK:
