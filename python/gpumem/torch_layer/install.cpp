@@ -44,8 +44,9 @@ void print_frames(int signal) {
   std::raise(signal);
 }
 
-// Keeps the allocator alive for the life of the process (PyTorch holds a raw pointer).
-std::shared_ptr<GpumemAllocator> installed;
+// Keeps the allocator alive for the life of the process, static destructors included: PyTorch
+// holds a raw pointer, and tensors freed by other libraries' destructors at exit still call it.
+std::shared_ptr<GpumemAllocator>* installed = nullptr;
 
 void copy_message(const std::string& message, char* out, size_t out_len) {
   if (out == nullptr || out_len == 0) {
@@ -66,7 +67,7 @@ extern "C" __attribute__((visibility("default"))) int gpumem_torch_install(const
                                                                           size_t error_len) {
   using namespace gpumem_torch;
   try {
-    if (installed) {
+    if (installed != nullptr) {
       return 0;
     }
     std::string why;
@@ -85,7 +86,7 @@ extern "C" __attribute__((visibility("default"))) int gpumem_torch_install(const
     c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/1);
     // Failures now reach the caller as exceptions: no second report on stderr.
     api.print_errors(0);
-    installed = std::move(allocator);
+    installed = new std::shared_ptr<GpumemAllocator>(std::move(allocator)); // never freed
     return 0;
   } catch (const c10::Error& e) {
     gpumem_torch::GpumemAllocator::instance = nullptr;
