@@ -133,14 +133,25 @@ fn to_c_string(text: String) -> *mut c_char {
 /// reason in `gpumem_last_error`) and for size 0.
 #[no_mangle]
 pub extern "C" fn gpumem_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    guarded("gpumem_alloc", std::ptr::null_mut(), || {
-        calls::alloc(
-            size,
-            device,
-            stream as usize as u64,
-            calls::Capture::ToGraphPool,
-        )
-        .map(|ptr| ptr as *mut c_void)
+    alloc_entry(
+        "gpumem_alloc",
+        size,
+        device,
+        stream,
+        calls::Capture::ToGraphPool,
+    )
+}
+
+/// An allocation entry point: `calls::alloc` guarded, its pointer as C sees it.
+fn alloc_entry(
+    call: &'static str,
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+    capture: calls::Capture,
+) -> *mut c_void {
+    guarded(call, std::ptr::null_mut(), || {
+        calls::alloc(size, device, stream as usize as u64, capture).map(|ptr| ptr as *mut c_void)
     })
 }
 

@@ -17,15 +17,13 @@ pub extern "C" fn gpumem_alloc_routed(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    guarded("gpumem_alloc_routed", std::ptr::null_mut(), || {
-        calls::alloc(
-            size,
-            device,
-            stream as usize as u64,
-            calls::Capture::Ignored,
-        )
-        .map(|ptr| ptr as *mut c_void)
-    })
+    super::alloc_entry(
+        "gpumem_alloc_routed",
+        size,
+        device,
+        stream,
+        calls::Capture::Ignored,
+    )
 }
 
 /// Frees an allocation by its pointer alone (a tensor's deleter knows nothing else).

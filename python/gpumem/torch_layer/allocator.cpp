@@ -72,9 +72,8 @@ bool GpumemAllocator::routed_pool(c10::DeviceIndex device, cudaStream_t stream,
 
 c10::DataPtr GpumemAllocator::malloc(size_t size, c10::DeviceIndex device,
                                      cudaStream_t stream) {
-  const c10::Device where(c10::DeviceType::CUDA, device);
   if (size == 0) {
-    return {nullptr, nullptr, &delete_gpumem_block, where};
+    return {nullptr, nullptr, &delete_gpumem_block, c10::Device(c10::DeviceType::CUDA, device)};
   }
   c10::MempoolId_t pool{0, 0};
   if (routes_active_.load(std::memory_order_relaxed) > 0 && routed_pool(device, stream, pool)) {
@@ -83,11 +82,7 @@ c10::DataPtr GpumemAllocator::malloc(size_t size, c10::DeviceIndex device,
     if (ptr == nullptr) {
       out_of_memory(device, size, stream, why);
     }
-    if (history_.active()) {
-      history_.allocated(device, ptr, size, stream, pool);
-    }
-    report_to_profiler(ptr, static_cast<int64_t>(size), device);
-    return {ptr, ptr, &delete_pool_block, where};
+    return handed_out(ptr, size, device, stream, pool, &delete_pool_block);
   }
   void* ptr = api.alloc_routed(static_cast<ssize_t>(size), device, stream);
   if (ptr == nullptr) {
@@ -100,11 +95,17 @@ c10::DataPtr GpumemAllocator::malloc(size_t size, c10::DeviceIndex device,
       out_of_memory(device, size, stream, reason);
     }
   }
+  return handed_out(ptr, size, device, stream, pool, &delete_gpumem_block);
+}
+
+c10::DataPtr GpumemAllocator::handed_out(void* ptr, size_t size, c10::DeviceIndex device,
+                                         cudaStream_t stream, c10::MempoolId_t pool,
+                                         c10::DeleterFnPtr deleter) {
   if (history_.active()) {
     history_.allocated(device, ptr, size, stream, pool);
   }
   report_to_profiler(ptr, static_cast<int64_t>(size), device);
-  return {ptr, ptr, &delete_gpumem_block, where};
+  return {ptr, ptr, deleter, c10::Device(c10::DeviceType::CUDA, device)};
 }
 
 void GpumemAllocator::out_of_memory(c10::DeviceIndex device, size_t size, cudaStream_t stream,

@@ -98,6 +98,9 @@ class GpumemAllocator final : public cca::CUDAAllocator {
   // use_mem_pool routes it to, else from gpumem. Raises OutOfMemoryError when refused.
   c10::DataPtr malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream);
   bool routed_pool(c10::DeviceIndex device, cudaStream_t stream, c10::MempoolId_t& pool);
+  // What every allocation handed out goes through: the history, the profiler, the DataPtr.
+  c10::DataPtr handed_out(void* ptr, size_t size, c10::DeviceIndex device, cudaStream_t stream,
+                          c10::MempoolId_t pool, c10::DeleterFnPtr deleter);
   [[noreturn]] void out_of_memory(c10::DeviceIndex device, size_t size, cudaStream_t stream,
                                   const std::string& reason);
   void report_to_profiler(void* ptr, int64_t size, c10::DeviceIndex device);

@@ -28,7 +28,10 @@ fn repository() -> PathBuf {
 /// Whether PyTorch sees a CUDA device here; why not, when it does not.
 fn pytorch_with_cuda() -> Result<(), String> {
     let probe = Command::new("python3")
-        .args(["-c", "import torch; assert torch.cuda.is_available(), 'no CUDA device'"])
+        .args([
+            "-c",
+            "import torch; assert torch.cuda.is_available(), 'no CUDA device'",
+        ])
         .output()
         .map_err(|e| format!("python3 does not run: {e}"))?;
     if probe.status.success() {
@@ -42,7 +45,10 @@ fn pytorch_with_cuda() -> Result<(), String> {
 #[test]
 fn the_pytorch_layer_answers_what_pytorch_asks_of_its_allocator() {
     if let Err(why) = pytorch_with_cuda() {
-        assert!(!gpu_required(), "GPUMEM_REQUIRE_GPU=1 but PyTorch has no GPU: {why}");
+        assert!(
+            !gpu_required(),
+            "GPUMEM_REQUIRE_GPU=1 but PyTorch has no GPU: {why}"
+        );
         eprintln!("skipped: PyTorch with a CUDA device is not here ({why})");
         return;
     }
