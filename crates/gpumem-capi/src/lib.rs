@@ -1,6 +1,7 @@
 //! The C ABI over the manager, for hosts that are not Rust: PyTorch loads `gpumem_alloc` and
-//! `gpumem_free` as its CUDA allocator (`CUDAPluggableAllocator`), and the Python package calls
-//! the rest through ctypes. Nothing unwinds across this boundary: every entry point catches
+//! `gpumem_free` as its CUDA allocator (`CUDAPluggableAllocator`), the PyTorch layer
+//! (`python/gpumem/torch_layer/`) calls the entries of `torch_entries.rs`, and the Python package
+//! calls the rest through ctypes. Nothing unwinds across this boundary: every entry point catches
 //! panics, records what went wrong for `gpumem_last_error`, and returns null or -1.
 //!
 //! Strings handed out (`gpumem_snapshot_json`, `gpumem_memory_stats_json`, `gpumem_last_error`)
