@@ -2,11 +2,12 @@
 //! Helm's own library lints and renders the chart (through `helm_tool.py`, which installs it
 //! against a recording API server), every object rendered or built by `kubectl kustomize` is
 //! validated against the Kubernetes schemas of a current release (kubernetes-validate) or, for
-//! the Prometheus Operator's kinds, against their field names (`crd`). Without those tools the
-//! tests skip, unless CI=true.
+//! the Prometheus Operator's kinds, against their field names (`crd`); the image is built and
+//! run with buildah (`image`). Without those tools the tests skip, unless CI=true.
 
 mod chart;
 mod crd;
+mod image;
 mod kustomize;
 mod sidecar;
 
