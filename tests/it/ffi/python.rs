@@ -248,6 +248,9 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
             && name.contains("manylinux"),
         "{name}: one wheel for every Python 3, tagged manylinux"
     );
+    // PyTorch's own floor, so pip takes it where PyTorch's wheels install (RHEL 8, Ubuntu 20.04).
+    let tag = name.split("-py3-none-").nth(1).expect("a platform tag");
+    assert_at_most_glibc_2_28(tag, &name);
     if tool_available("auditwheel") {
         let shown = Command::new("auditwheel")
             .arg("show")
@@ -263,6 +266,12 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
             report.contains("is consistent with the following platform tag: \"manylinux_"),
             "auditwheel show: {report}"
         );
+        // auditwheel's own reading of the symbols the library needs, not only the name's.
+        let consistent = report
+            .split("platform tag: \"")
+            .nth(1)
+            .expect("a platform tag");
+        assert_at_most_glibc_2_28(consistent, "auditwheel show");
         assert!(
             !report.contains("external shared libraries are required"),
             "the library needs a shared library outside the manylinux policy: {report}"
@@ -287,6 +296,23 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
             "{name} lacks {expected}:\n{listing}"
         );
     }
+}
+
+/// `tag` starts with manylinux_2_N (N at most 28), or with a legacy manylinux1/2010/2014 tag.
+fn assert_at_most_glibc_2_28(tag: &str, what: &str) {
+    let legacy = ["manylinux1_", "manylinux2010_", "manylinux2014_"];
+    if legacy.iter().any(|l| tag.starts_with(l)) {
+        return;
+    }
+    let minor: u32 = tag
+        .strip_prefix("manylinux_2_")
+        .and_then(|rest| rest.split('_').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: {tag} is not a manylinux_2_N tag"));
+    assert!(
+        minor <= 28,
+        "{what}: {tag} needs glibc 2.{minor}; manylinux_2_28 (PyTorch's floor) or older"
+    );
 }
 
 /// The wheel installed where there is no cargo, and the package's tests run against that copy
