@@ -2,7 +2,9 @@
 //! the repository's versions, and the workflow read for what a release must publish — the image
 //! for amd64 and arm64 from docker/Dockerfile, the chart pushed as an OCI artifact, manylinux_2_28
 //! wheels checked on the oldest and newest Python the package claims — every job behind the
-//! version check. (actionlint checks the workflow's syntax, expressions and shell in .ci/run.)
+//! version check (actionlint checks the workflow's syntax, expressions and shell in .ci/run);
+//! and the README's first screen, which until a release starts the Kubernetes path with
+//! building and pushing the image.
 
 use super::{documents, read, repo, strings};
 use serde_json::Value;
@@ -155,4 +157,53 @@ fn a_release_publishes_the_image_the_chart_and_the_wheels_behind_the_version_che
     let publish = &jobs["publish-wheels"];
     assert!(!steps_using(publish, "pypa/gh-action-pypi-publish").is_empty());
     assert_eq!(publish["permissions"]["id-token"], "write");
+}
+
+/// The README's first screen (before its first `## `): under 60 lines, three commands for each
+/// reader, the platform team's starting with the image and passing it to the chart.
+#[test]
+fn the_readme_s_first_screen_gives_each_reader_three_commands() {
+    let readme = read("README.md");
+    let screen: Vec<&str> = readme
+        .lines()
+        .take_while(|l| !l.starts_with("## "))
+        .collect();
+    assert!(
+        screen.len() < 60,
+        "the first screen is {} lines",
+        screen.len()
+    );
+    // The commands of each reader's block: the lines of the ```sh block after its label.
+    let commands = |reader: &str| -> Vec<String> {
+        let at = screen
+            .iter()
+            .position(|l| l.starts_with(&format!("**{reader}:**")))
+            .unwrap_or_else(|| panic!("no block for {reader}"));
+        screen[at..]
+            .iter()
+            .skip_while(|l| **l != "```sh")
+            .skip(1)
+            .take_while(|l| **l != "```")
+            .map(|l| l.to_string())
+            .collect()
+    };
+    for reader in ["PyTorch user", "Platform team", "Rust engine"] {
+        assert_eq!(
+            commands(reader).len(),
+            3,
+            "{reader}: {:?}",
+            commands(reader)
+        );
+    }
+    let platform = commands("Platform team");
+    assert!(platform[0].starts_with("docker build -f docker/Dockerfile -t "));
+    assert!(platform[0].contains("&& docker push "));
+    assert!(platform[1].contains("pod-security.kubernetes.io/enforce=privileged"));
+    assert!(platform[2].starts_with("helm install gpumem deploy/helm/gpumem"));
+    assert!(platform[2].contains("--set image.repository="));
+    // The two commands CI and a new user run, as they are.
+    let rust = commands("Rust engine");
+    assert!(rust[0].starts_with("cargo run --release -- demo "));
+    assert!(rust[1].starts_with("cargo test --release "));
+    assert!(read(".ci/run").contains("\ncargo test --release\n"));
 }
