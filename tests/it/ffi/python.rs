@@ -407,9 +407,10 @@ fn publishing_from_the_installed_wheel_works_with_its_library_deleted() {
 }
 
 /// `pip install ./python` into a fresh virtual environment, as the README says for a checkout:
-/// maturin (the PEP 517 backend, fetched by pip) builds the library with cargo (into this test's
-/// target directory, so the crates' dependencies are not compiled again), the package carries
-/// it, and the installed `.pth` makes GPUMEM_TORCH=1 work with no code change.
+/// maturin (the PEP 517 backend, fetched by pip) builds the library with cargo (into a directory
+/// of this test's target directory: maturin's build of the library differs from cargo's, and in
+/// cargo's own directory it would replace the library other tests are loading), the package
+/// carries it, and the installed `.pth` makes GPUMEM_TORCH=1 work with no code change.
 #[test]
 fn pip_installs_the_package_from_the_repository_with_cargo() {
     if !tool_available("python3") || !tool_available("cargo") {
@@ -422,7 +423,7 @@ fn pip_installs_the_package_from_the_repository_with_cargo() {
         Command::new(&python)
             .args(["-m", "pip", "install", "--quiet", "./python"])
             .current_dir(REPOSITORY)
-            .env("CARGO_TARGET_DIR", target_dir()),
+            .env("CARGO_TARGET_DIR", target_dir().join("pip-install")),
         "pip install ./python failed",
     );
     let fake_torch = Path::new(REPOSITORY).join("python/tests/fake_torch");
