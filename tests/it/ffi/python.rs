@@ -58,21 +58,37 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The cdylib cargo built with this test binary: `cargo test` leaves it beside the binary in
-/// `target/<profile>/deps` (only `cargo build` copies it up to `target/<profile>`).
+/// The C library (crates/gpumem-cdylib) for this test binary's profile, built once per run as
+/// a user builds it (`cargo build -p gpumem-cdylib`) into this target directory: `cargo test`
+/// builds no cdylib, that crate having no tests.
 fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    let name = format!(
-        "{}gpumem{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let library = [deps.join(&name), deps.parent().unwrap_or(deps).join(&name)]
-        .into_iter()
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| panic!("{name} was not built next to {}", exe.display()));
-    library
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test binary path");
+            let profile = exe
+                .ancestors()
+                .nth(2)
+                .expect("<target>/<profile>/deps/<test binary>");
+            let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
+            cargo
+                .args(["build", "-p", "gpumem-cdylib"])
+                .current_dir(REPOSITORY)
+                .env("CARGO_TARGET_DIR", target_dir());
+            if profile.file_name().is_some_and(|p| p == "release") {
+                cargo.arg("--release");
+            }
+            run_ok(&mut cargo, "cargo build -p gpumem-cdylib failed");
+            let name = format!(
+                "{}gpumem{}",
+                std::env::consts::DLL_PREFIX,
+                std::env::consts::DLL_SUFFIX
+            );
+            let library = profile.join(&name);
+            assert!(library.is_file(), "cargo built no {}", library.display());
+            library
+        })
+        .clone()
 }
 
 /// The wheel under test, built once per run: the file TEST_GPUMEM_WHEEL names (`.ci/run` builds it
