@@ -2,12 +2,15 @@
 //! Helm's own library lints and renders the chart (through `helm_tool.py`, which installs it
 //! against a recording API server), every object rendered or built by `kubectl kustomize` is
 //! validated against the Kubernetes schemas of a current release (kubernetes-validate) or, for
-//! the Prometheus Operator's kinds, against their field names (`crd`). Without those tools the
-//! tests skip, unless CI=true.
+//! the Prometheus Operator's kinds, against their field names (`crd`); the image is built and
+//! run with buildah (`image`); the release workflow and its version check (`release`). Without
+//! those tools the tests skip, unless CI=true.
 
 mod chart;
 mod crd;
+mod image;
 mod kustomize;
+mod release;
 mod sidecar;
 
 use serde_json::{json, Map, Value};

@@ -6,8 +6,9 @@
 //! critical and an allocation is refused, then vLLM's container is OOM-killed and restarts.
 //! Every panel and variable of `grafana/dashboard.json` has data for the pod picked, the
 //! namespace and pod variables list the fixture's pods, and the restart shows in *Exited
-//! processes*; the README's scrape check quotes what the agent serves. `pictures` replays the
-//! same story slower for the README's pictures. Skipped without prometheus, unless CI=true.
+//! processes*; docs/kubernetes.md's scrape check quotes what the agent serves. `pictures`
+//! replays the same story slower for that page's pictures. Skipped without prometheus, unless
+//! CI=true.
 
 use super::dashboard;
 use super::engine::Engine;
@@ -204,14 +205,14 @@ fn every_panel_of_the_dashboard_has_data_for_a_pod_on_a_node_agent() {
         node.until(left(), vllm, |b| b == (40 * GIB) as f64),
         "vLLM's process never reached Prometheus with its pod"
     );
-    // The README's scrape check shows these lines: they are what the agent serves now.
+    // The walk-through's scrape check shows these lines: they are what the agent serves now.
     let served = crate::web::get(node.agent.addr, "/metrics").body;
-    let readme = super::read_repo_file("README.md");
-    let shown: Vec<&str> = readme
+    let walk_through = super::read_repo_file("docs/kubernetes.md");
+    let shown: Vec<&str> = walk_through
         .lines()
         .filter(|l| l.starts_with("gpumem_process_used_bytes{"))
         .collect();
-    assert_eq!(shown.len(), 4, "the README's scrape check");
+    assert_eq!(shown.len(), 4, "docs/kubernetes.md's scrape check");
     for line in shown {
         assert!(
             served.lines().any(|l| l == line),

@@ -103,6 +103,13 @@ fn tags_ooms_and_exits_reach_the_sidecar_prometheus_and_the_dashboard() {
         "{record}"
     );
     assert!(record["request"]["tag"].is_string(), "{record}");
+    // The simulated device names no other process, but its line says what the others held.
+    assert!(
+        record["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("; other processes held ")),
+        "{record}"
+    );
     assert!(!record["pools"].as_array().expect("pools").is_empty());
     assert!(!record["top_tags"].as_array().expect("tags").is_empty());
     assert!(!record["history"].as_array().expect("history").is_empty());

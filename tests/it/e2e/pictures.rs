@@ -1,5 +1,5 @@
-//! The README's pictures, made by hand (an ignored test: CI never writes into the repository):
-//! the node agent's story of `node_agent` told slower — vLLM's KV cache filling, the GPU going
+//! The pictures of docs/kubernetes.md, made by hand (an ignored test: CI never writes into the
+//! repository): the node agent's story of `node_agent` told slower — vLLM's KV cache filling, the GPU going
 //! critical, allocations refused, the container OOM-killed and restarted — then the agent's own
 //! page in headless Chromium (`docs/images/node-agent-page.png`) and the dashboard drawn from its
 //! own queries on that Prometheus by `docs/tools/render_dashboard.py` (no Grafana here),

@@ -58,21 +58,37 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The cdylib cargo built with this test binary: `cargo test` leaves it beside the binary in
-/// `target/<profile>/deps` (only `cargo build` copies it up to `target/<profile>`).
-pub(super) fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    let name = format!(
-        "{}gpumem{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let library = [deps.join(&name), deps.parent().unwrap_or(deps).join(&name)]
-        .into_iter()
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| panic!("{name} was not built next to {}", exe.display()));
-    library
+/// The C library (crates/gpumem-cdylib) for this test binary's profile, built once per run as
+/// a user builds it (`cargo build -p gpumem-cdylib`) into this target directory: `cargo test`
+/// builds no cdylib, that crate having no tests.
+fn library() -> PathBuf {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test binary path");
+            let profile = exe
+                .ancestors()
+                .nth(2)
+                .expect("<target>/<profile>/deps/<test binary>");
+            let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
+            cargo
+                .args(["build", "-p", "gpumem-cdylib"])
+                .current_dir(REPOSITORY)
+                .env("CARGO_TARGET_DIR", target_dir());
+            if profile.file_name().is_some_and(|p| p == "release") {
+                cargo.arg("--release");
+            }
+            run_ok(&mut cargo, "cargo build -p gpumem-cdylib failed");
+            let name = format!(
+                "{}gpumem{}",
+                std::env::consts::DLL_PREFIX,
+                std::env::consts::DLL_SUFFIX
+            );
+            let library = profile.join(&name);
+            assert!(library.is_file(), "cargo built no {}", library.display());
+            library
+        })
+        .clone()
 }
 
 /// The wheel under test, built once per run: the file TEST_GPUMEM_WHEEL names (`.ci/run` builds it
@@ -248,6 +264,9 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
             && name.contains("manylinux"),
         "{name}: one wheel for every Python 3, tagged manylinux"
     );
+    // PyTorch's own floor, so pip takes it where PyTorch's wheels install (RHEL 8, Ubuntu 20.04).
+    let tag = name.split("-py3-none-").nth(1).expect("a platform tag");
+    assert_at_most_glibc_2_28(tag, &name);
     if tool_available("auditwheel") {
         let shown = Command::new("auditwheel")
             .arg("show")
@@ -263,6 +282,12 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
             report.contains("is consistent with the following platform tag: \"manylinux_"),
             "auditwheel show: {report}"
         );
+        // auditwheel's own reading of the symbols the library needs, not only the name's.
+        let consistent = report
+            .split("platform tag: \"")
+            .nth(1)
+            .expect("a platform tag");
+        assert_at_most_glibc_2_28(consistent, "auditwheel show");
         assert!(
             !report.contains("external shared libraries are required"),
             "the library needs a shared library outside the manylinux policy: {report}"
@@ -291,6 +316,23 @@ fn the_wheel_is_manylinux_and_holds_the_library_and_the_gpumem_torch_switch() {
             "{name} lacks {expected}:\n{listing}"
         );
     }
+}
+
+/// `tag` starts with manylinux_2_N (N at most 28), or with a legacy manylinux1/2010/2014 tag.
+fn assert_at_most_glibc_2_28(tag: &str, what: &str) {
+    let legacy = ["manylinux1_", "manylinux2010_", "manylinux2014_"];
+    if legacy.iter().any(|l| tag.starts_with(l)) {
+        return;
+    }
+    let minor: u32 = tag
+        .strip_prefix("manylinux_2_")
+        .and_then(|rest| rest.split('_').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: {tag} is not a manylinux_2_N tag"));
+    assert!(
+        minor <= 28,
+        "{what}: {tag} needs glibc 2.{minor}; manylinux_2_28 (PyTorch's floor) or older"
+    );
 }
 
 /// The wheel installed where there is no cargo, and the package's tests run against that copy
@@ -385,9 +427,10 @@ fn publishing_from_the_installed_wheel_works_with_its_library_deleted() {
 }
 
 /// `pip install ./python` into a fresh virtual environment, as the README says for a checkout:
-/// maturin (the PEP 517 backend, fetched by pip) builds the library with cargo (into this test's
-/// target directory, so the crates' dependencies are not compiled again), the package carries
-/// it, and the installed `.pth` makes GPUMEM_TORCH=1 work with no code change.
+/// maturin (the PEP 517 backend, fetched by pip) builds the library with cargo (into a directory
+/// of this test's target directory: maturin's build of the library differs from cargo's, and in
+/// cargo's own directory it would replace the library other tests are loading), the package
+/// carries it, and the installed `.pth` makes GPUMEM_TORCH=1 work with no code change.
 #[test]
 fn pip_installs_the_package_from_the_repository_with_cargo() {
     if !tool_available("python3") || !tool_available("cargo") {
@@ -400,7 +443,7 @@ fn pip_installs_the_package_from_the_repository_with_cargo() {
         Command::new(&python)
             .args(["-m", "pip", "install", "--quiet", "./python"])
             .current_dir(REPOSITORY)
-            .env("CARGO_TARGET_DIR", target_dir()),
+            .env("CARGO_TARGET_DIR", target_dir().join("pip-install")),
         "pip install ./python failed",
     );
     let fake_torch = Path::new(REPOSITORY).join("python/tests/fake_torch");

@@ -6,7 +6,6 @@
 //! failure. On the GPU host, run the test binary from the repository's root: the script and
 //! the package are found there (or where the tests were built).
 
-use super::python::library;
 use crate::support::gpu_required;
 use std::path::PathBuf;
 use std::process::Command;
@@ -81,4 +80,16 @@ fn the_pytorch_layer_answers_what_pytorch_asks_of_its_allocator() {
         assert_eq!(result["status"], "works", "{result}");
     }
     println!("{} checks work under gpumem's PyTorch layer", results.len());
+}
+
+/// libgpumem.so beside this test binary: the GPU host has no cargo, so the library is copied
+/// there with the binary (where the tests were built, `cargo build -p gpumem-cdylib` puts it
+/// one directory up).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let beside = exe.parent().expect("the binary's directory");
+    [beside.join("libgpumem.so"), beside.join("../libgpumem.so")]
+        .into_iter()
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("no libgpumem.so beside {}", exe.display()))
 }

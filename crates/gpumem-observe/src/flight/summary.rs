@@ -83,8 +83,28 @@ pub(super) fn summary(record: &FlightRecord) -> String {
     };
     match holders(&record.other_processes) {
         Some(holders) => format!("{line}; biggest holders: {holders}"),
-        None => line,
+        None => match others_held(record) {
+            Some(others) => format!("{line}; {others}"),
+            None => line,
+        },
     }
+}
+
+/// What the rest of the device held when no other process can be named (a simulated device,
+/// no NVML, NVML without per-process memory): `other processes held 35.6 GiB of 80.0 GiB`,
+/// from the device's own count. Not for a vanished process: its line is about what it held.
+fn others_held(record: &FlightRecord) -> Option<String> {
+    if record.trigger == Trigger::Exited {
+        return None;
+    }
+    let memory = record.device.memory?;
+    (memory.used_by_others_bytes > 0).then(|| {
+        format!(
+            "other processes held {} of {}",
+            short_bytes(memory.used_by_others_bytes),
+            short_bytes(memory.total_bytes)
+        )
+    })
 }
 
 /// `pid 4121, pod serving/vllm-0 / inference`, or `engine pid 41` outside a pod.
@@ -169,5 +189,49 @@ mod tests {
              1.0 GiB held by pid 6 (python3)"
         );
         assert_eq!(holders(&[holder(5, 0.0, None)]), None);
+    }
+
+    /// The demo's spike on the simulated device: no process to name, but the device knows what
+    /// the rest of it held, and the line says so; named holders take its place where known.
+    #[test]
+    fn without_named_holders_the_line_says_what_other_processes_held() {
+        let due = super::super::Due {
+            trigger: Trigger::Oom,
+            new_ooms: 3,
+            previous_ooms: 0,
+        };
+        let mut record = super::super::blank(due, 0.0);
+        record.device.memory = Some(gpumem::snapshot::DeviceMemory {
+            total_bytes: 80 * GIB,
+            free_bytes: GIB,
+            used_bytes: 79 * GIB,
+            used_by_this_process_bytes: 79 * GIB - (35.6 * GIB as f64) as u64,
+            used_by_others_bytes: (35.6 * GIB as f64) as u64,
+        });
+        let line = summary(&record);
+        assert!(
+            line.ends_with("; other processes held 35.6 GiB of 80.0 GiB"),
+            "{line}"
+        );
+        assert!(line.starts_with("out of memory on GPU 0"), "{line}");
+
+        record.other_processes = vec![holder(4121, 29.9, Some(("vllm-0", "inference")))];
+        let line = summary(&record);
+        assert!(!line.contains("other processes held"), "{line}");
+        assert!(
+            line.contains("biggest holders: 29.9 GiB held by pid 4121"),
+            "{line}"
+        );
+
+        // A vanished process's line is about what it held, not the rest of the device.
+        record.other_processes.clear();
+        record.trigger = Trigger::Exited;
+        assert!(!summary(&record).contains("other processes held"));
+        // Nobody else holding anything: nothing added.
+        record.trigger = Trigger::CriticalPressure;
+        if let Some(memory) = record.device.memory.as_mut() {
+            memory.used_by_others_bytes = 0;
+        }
+        assert!(!summary(&record).contains("other processes"));
     }
 }

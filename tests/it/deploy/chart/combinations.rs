@@ -32,11 +32,12 @@ fn combinations() -> Vec<(&'static str, Value)> {
                 "rbac": {"create": false},
                 "serviceAccount": {"create": false, "name": "existing"},
                 "nodeAgent": {
-                    "runtimeClassName": "",
+                    "runtimeClassName": "nvidia",
                     // null, not {}: Helm merges a map with the default's, so only null clears it.
                     "nodeSelector": null,
                     "hostPID": false,
-                    "priorityClassName": "system-node-critical",
+                    "priorityClassName": "",
+                    "nvmlAccess": "privileged",
                     "interval": "5s",
                     "extraArgs": ["--allowed-hosts", "gpumem.gpumem.svc"],
                     "extraEnv": [{"name": "GPUMEM_TOP_TAGS", "value": "20"}],
@@ -183,10 +184,10 @@ fn check_combination(name: &str, chart: &Rendered) {
             let spec = &daemonset["spec"]["template"]["spec"];
             assert_eq!(spec["serviceAccountName"], "existing");
             assert_eq!(spec["hostPID"], false);
-            for absent in ["runtimeClassName", "nodeSelector"] {
+            for absent in ["priorityClassName", "nodeSelector"] {
                 assert!(spec[absent].is_null(), "{absent} should be left out");
             }
-            assert_eq!(spec["priorityClassName"], "system-node-critical");
+            assert_eq!(spec["runtimeClassName"], "nvidia");
             assert_eq!(spec["imagePullSecrets"], json!([{"name": "regcred"}]));
             let agent = container(spec, "gpumem");
             assert_eq!(agent["image"], "ghcr.io/gpumem/gpumem:0.2.0");

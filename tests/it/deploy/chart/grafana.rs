@@ -1,5 +1,5 @@
-//! The files under grafana/ in the chart: the PrometheusRule and the dashboard ConfigMap equal
-//! to them, and the packaged chart carrying them byte for byte.
+//! The files under grafana/ in the chart: the PrometheusRule (alerts and recording rules) and the
+//! dashboard ConfigMap equal to them, and the packaged chart carrying them byte for byte.
 
 use crate::deploy::{documents, helm_tool, python_tools, read, render, repo, CHART};
 use serde_json::{json, Value};
@@ -10,12 +10,27 @@ fn the_prometheus_rule_and_the_dashboard_are_the_files_under_grafana() {
         return;
     }
     let chart = render(json!({}));
-    let alerts = documents(&read("grafana/alerts.yml"), "grafana/alerts.yml");
+    // The alerts' groups, then the recording rules' (which the dashboards of fleets read).
+    let mut groups = Vec::new();
+    for file in ["grafana/alerts.yml", "grafana/recording.yml"] {
+        let rules = documents(&read(file), file);
+        groups.extend(
+            rules[0]["groups"]
+                .as_array()
+                .expect("groups")
+                .iter()
+                .cloned(),
+        );
+    }
     let rule = chart.one("PrometheusRule");
     assert_eq!(
-        rule["spec"]["groups"], alerts[0]["groups"],
-        "the PrometheusRule's groups differ from grafana/alerts.yml"
+        rule["spec"]["groups"],
+        Value::Array(groups),
+        "the PrometheusRule's groups differ from grafana/alerts.yml and grafana/recording.yml"
     );
+    assert!(chart
+        .manifest
+        .contains("record: namespace_pod:gpumem_process_used_bytes:sum"));
     // Inserted, not evaluated: Prometheus's own templates reach it as written.
     assert!(chart.manifest.contains("{{ $labels.gpu }}"));
 
@@ -49,6 +64,7 @@ fn the_packaged_chart_carries_the_grafana_files() {
     assert!(answer["error"].is_null(), "{}", answer["error"]);
     for (inside, source) in [
         ("gpumem/files/alerts.yml", "grafana/alerts.yml"),
+        ("gpumem/files/recording.yml", "grafana/recording.yml"),
         ("gpumem/files/dashboard.json", "grafana/dashboard.json"),
     ] {
         assert_eq!(

@@ -106,7 +106,7 @@ fn the_node_agent_runs_on_every_gpu_node_with_narrow_rbac() {
         );
     }
     assert_eq!(spec["hostPID"], true, "NVML's pids are the host's");
-    assert_eq!(spec["runtimeClassName"], "nvidia");
+    assert!(spec["runtimeClassName"].is_null(), "none unless asked");
     assert_eq!(
         spec["nodeSelector"],
         json!({"nvidia.com/gpu.present": "true"})
