@@ -14,12 +14,8 @@ const MIB: isize = 1 << 20;
 fn device_stats() -> DeviceStats {
     let mut stats = DeviceStats::default();
     // SAFETY: a writable struct of the header's layout.
-    assert_eq!(
-        unsafe { gpumem_device_stats(0, &mut stats) },
-        0,
-        "{}",
-        last_error()
-    );
+    let status = unsafe { gpumem_device_stats(0, &mut stats) };
+    assert_eq!(status, 0, "{}", last_error());
     stats
 }
 
