@@ -8,7 +8,7 @@
 //! bounded in time and in the size of its answer.
 
 use super::podlist::PodList;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
 use std::path::{Path, PathBuf};
@@ -21,6 +21,10 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// The largest pod list read: 110 pods of a few tens of KiB each is a few MiB.
 pub const MAX_LIST_BYTES: usize = 64 << 20;
+/// A CA bundle is a few KiB of PEM; a file past this is not one (`--kubernetes-ca /dev/zero`).
+pub const MAX_CA_BYTES: u64 = 1 << 20;
+/// A ServiceAccount token (a JWT) is 1-2 KiB; a file past this is not one.
+pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
 
 /// How to reach the API server.
 #[derive(Clone)]
@@ -30,6 +34,9 @@ pub struct KubeSettings {
     pub port: u16,
     /// The CA certificates that may sign the API server's certificate.
     pub roots: Arc<rustls::RootCertStore>,
+    /// Where they were read from, and which version of that file: read again when it changes
+    /// (`None` for roots given otherwise).
+    pub ca_file: Option<(PathBuf, FileStamp)>,
     /// Read again before every request: projected tokens are rotated by the kubelet.
     pub token_file: PathBuf,
     /// The node whose pods are listed (`spec.nodeName`).
@@ -89,12 +96,13 @@ impl KubeConfig {
             .token_file
             .clone()
             .unwrap_or_else(|| service_account.join("token"));
-        let roots = load_roots(&ca_file)?;
+        let (roots, stamp) = load_roots(&ca_file)?;
         read_token(&token_file)?;
         Ok(KubeSettings {
             host,
             port,
             roots: Arc::new(roots),
+            ca_file: Some((ca_file, stamp)),
             token_file,
             node: node.to_string(),
         })
@@ -102,6 +110,28 @@ impl KubeConfig {
 }
 
 impl KubeSettings {
+    /// Reads the CA file again when it changed since it was read (the kubelet rotates the
+    /// ServiceAccount's `ca.crt` by swapping a link), under the rules of the first read. On
+    /// an error the roots read before are kept for the next try, and the error is the
+    /// request's.
+    pub fn refresh_roots(&mut self) -> Result<(), String> {
+        let Some((path, stamp)) = &self.ca_file else {
+            return Ok(());
+        };
+        if FileStamp::of(path).as_ref() == Some(stamp) {
+            return Ok(());
+        }
+        let (roots, stamp) = load_roots(path)?;
+        let path = path.clone();
+        tracing::info!(
+            "pods: read the CA file {} again (it changed)",
+            path.display()
+        );
+        self.roots = Arc::new(roots);
+        self.ca_file = Some((path, stamp));
+        Ok(())
+    }
+
     pub fn url(&self) -> String {
         if self.host.contains(':') {
             format!("https://[{}]:{}", self.host, self.port)
@@ -171,10 +201,63 @@ fn parse_url(url: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port))
 }
 
-/// The CA file's certificates as the only roots trusted.
-fn load_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
+/// Which version of a file: device, inode, size and modification time, as `stat` gives them
+/// after following links. Any change means the file is read again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified_ns: i128,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        std::fs::metadata(path).ok().as_ref().map(FileStamp::from)
+    }
+}
+
+impl From<&std::fs::Metadata> for FileStamp {
+    fn from(meta: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            device: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+}
+
+/// A credential file's bytes and version, read as `--config` is: links followed, opened
+/// without blocking, a regular file only, at most `limit` bytes. `what` names it in errors
+/// ("the CA file"), each one sentence.
+fn read_credential(path: &Path, limit: u64, what: &str) -> Result<(Vec<u8>, FileStamp), String> {
     let shown = path.display();
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the CA file {shown}: {e}"))?;
+    let cannot = |e: std::io::Error| format!("cannot read {what} {shown}: {e}");
+    let file = gpumem::safe_fs::open_named_regular(path).map_err(|e| {
+        // The safe_fs message names the path already.
+        match e.kind() {
+            std::io::ErrorKind::InvalidInput => format!("cannot read {what}: {e}"),
+            _ => cannot(e),
+        }
+    })?;
+    let stamp = FileStamp::from(&file.metadata().map_err(cannot)?);
+    let bytes = gpumem::safe_fs::read_capped(file, limit)
+        .map_err(cannot)?
+        .map_err(|_| {
+            format!(
+                "{what} {shown} is larger than {}, too large to be one",
+                gpumem::units::Bytes(limit)
+            )
+        })?;
+    Ok((bytes, stamp))
+}
+
+/// The CA file's certificates as the only roots trusted, and the file's version.
+fn load_roots(path: &Path) -> Result<(rustls::RootCertStore, FileStamp), String> {
+    let shown = path.display();
+    let (bytes, stamp) = read_credential(path, MAX_CA_BYTES, "the CA file")?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&bytes) {
         let cert = cert.map_err(|e| format!("the CA file {shown} is not PEM: {e}"))?;
@@ -185,14 +268,15 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
     if roots.is_empty() {
         return Err(format!("the CA file {shown} holds no certificate"));
     }
-    Ok(roots)
+    Ok((roots, stamp))
 }
 
 /// The bearer token, trimmed; an empty file is an error.
 fn read_token(path: &Path) -> Result<String, String> {
     let shown = path.display();
-    let token = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the ServiceAccount token {shown}: {e}"))?;
+    let (bytes, _) = read_credential(path, MAX_TOKEN_BYTES, "the ServiceAccount token")?;
+    let token = String::from_utf8(bytes)
+        .map_err(|_| format!("the ServiceAccount token {shown} is not text"))?;
     let token = token.trim();
     if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(format!(
@@ -271,12 +355,20 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
         .await
         .map_err(|e| format!("GET {url}/api/v1/pods failed: {e}"))?;
     let status = response.status();
-    let body = Limited::new(response.into_body(), MAX_LIST_BYTES)
-        .collect()
+    let cap = list_cap();
+    let body = read_body(response.into_body(), cap)
         .await
-        .map_err(|e| format!("reading the pod list from {url}: {e}"))?
-        .to_bytes();
+        .map_err(|e| format!("reading the pod list from {url}: {e}"))?;
     driver.abort();
+    let Some(body) = body else {
+        return Err(format!(
+            "the pod list from {url} is larger than {}, the most this agent reads within its \
+             memory limit (cgroup {}); keeping the last good list",
+            gpumem::units::Bytes(cap as u64),
+            memory_limit().map_or("unlimited".to_string(), |l| gpumem::units::Bytes(l)
+                .to_string())
+        ));
+    };
     if !status.is_success() {
         return Err(format!(
             "GET {url}/api/v1/pods answered {status}{}",
@@ -289,6 +381,50 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
         return Err(format!("{url} answered a {:?}, not a PodList", list.kind));
     }
     Ok(list)
+}
+
+/// The most bytes of pod list read: an eighth of the container's memory limit (a list costs its
+/// bytes once while read, and the pods kept are capped at `podlist::MAX_PODS` whatever their
+/// number), between 2 MiB and [`MAX_LIST_BYTES`] / 2; 16 MiB where no limit is set.
+pub fn list_cap() -> usize {
+    const UNLIMITED: usize = 16 << 20;
+    match memory_limit() {
+        Some(limit) => usize::try_from(limit / 8)
+            .unwrap_or(usize::MAX)
+            .clamp(2 << 20, MAX_LIST_BYTES / 2),
+        None => UNLIMITED,
+    }
+}
+
+/// This process's cgroup memory limit (v2 `memory.max`, else v1 `memory.limit_in_bytes`);
+/// `None` where none is set or it cannot be read.
+fn memory_limit() -> Option<u64> {
+    let read = |path: &str| {
+        let file = gpumem::safe_fs::open_named_regular(Path::new(path)).ok()?;
+        let bytes = gpumem::safe_fs::read_capped(file, 64).ok()?.ok()?;
+        String::from_utf8(bytes).ok()?.trim().parse::<u64>().ok()
+    };
+    // v1 reports "no limit" as a huge number.
+    read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        .filter(|limit| *limit < 1 << 60)
+}
+
+/// The body's bytes, or `None` once they pass `cap` (what was read is dropped at once).
+async fn read_body(
+    mut body: hyper::body::Incoming,
+    cap: usize,
+) -> Result<Option<Vec<u8>>, hyper::Error> {
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if bytes.len() + data.len() > cap {
+                return Ok(None);
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(bytes))
 }
 
 /// `: <message>` of a `Status` object the API server answers errors with, when it is one.
@@ -341,6 +477,7 @@ mod tests {
             host: "fd00::1".into(),
             port: 6443,
             roots: Arc::new(rustls::RootCertStore::empty()),
+            ca_file: None,
             token_file: PathBuf::new(),
             node: "gpu-node-1.example".into(),
         };

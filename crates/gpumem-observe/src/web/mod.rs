@@ -14,6 +14,7 @@ pub(crate) mod format;
 pub(crate) mod host;
 pub mod metrics;
 pub mod page;
+mod reclaim;
 pub mod runbook;
 pub mod runtime;
 mod server;

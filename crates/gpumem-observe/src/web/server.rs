@@ -14,8 +14,12 @@
 //! the moment the rest are taken: a connection in the reserve is answered only for `/healthz`
 //! (anything else gets 503 and a `Retry-After`), with short deadlines and no keep-alive, so a
 //! liveness probe still gets its answer while scrapers flood the server. With the reserve full
-//! too, new connections wait in the kernel's listen queue, which costs no descriptor.
+//! too, a new connection takes the slot of the oldest connection that has not sent a byte yet
+//! (`reclaim`: a flood of silent connections cannot keep a probe out), and when every
+//! connection has spoken, new ones wait in the kernel's listen queue, which costs no
+//! descriptor.
 
+use super::reclaim;
 use super::stall::Stalling;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -31,7 +35,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a client has to send a request's headers: ample for any real client and for
 /// Prometheus, short enough that idle or stalled connections do not pile up.
@@ -51,6 +55,13 @@ const LISTEN_BACKLOG: i32 = 1024;
 pub const MAX_CONNECTIONS_CEILING: usize = 1024;
 /// The fewest connections a cap may allow: one for requests, one in the reserve and some room.
 pub const MIN_CONNECTIONS: usize = 4;
+
+/// How long a connection accepted beyond the cap waits for the slot of the silent connection
+/// it closed (its task only has to run once).
+const RECLAIM_WAIT: Duration = Duration::from_secs(1);
+
+/// The least time between two lines about the connection cap.
+const CAP_LOG_GAP: Duration = Duration::from_secs(60);
 
 /// After an accept error other than a connection reset (out of descriptors, say), wait this
 /// long before accepting again rather than spin.
@@ -159,19 +170,25 @@ pub async fn serve_with(
     let reserve = Arc::new(Semaphore::new(reserved));
     let health_only = app.clone().layer(axum::middleware::from_fn(health_only));
     let connections = GracefulShutdown::new();
+    let silent = reclaim::Tracker::default();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut at_cap = false;
+    let mut last_cap_log: Option<std::time::Instant> = None;
     loop {
-        // Room first: with every slot taken, connections wait in the listen queue. Only this
-        // loop takes permits, so room seen here is still there after the accept.
+        // Room first: with every slot taken by connections that speak, new ones wait in the
+        // listen queue. Only this loop takes permits, so room seen here is still there after
+        // the accept. While some connection has said nothing, the loop accepts anyway: the new
+        // connection takes the oldest silent one's slot (`reclaim`).
         let room = async {
             tokio::select! {
                 permit = general.acquire() => drop(permit),
                 permit = reserve.acquire() => drop(permit),
             }
         };
+        let may_reclaim = silent.silent() > 0;
         tokio::select! {
             () = room => {}
+            () = std::future::ready(()), if may_reclaim => {}
             () = &mut shutdown => break,
         }
         let stream = tokio::select! {
@@ -187,23 +204,25 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
-        let (permit, in_reserve) = match Arc::clone(&general).try_acquire_owned() {
-            Ok(permit) => (permit, false),
-            Err(_) => match Arc::clone(&reserve).try_acquire_owned() {
-                Ok(permit) => (permit, true),
-                Err(_) => continue,
-            },
+        let Some((permit, in_reserve)) = take_slot(&general, &reserve, &silent).await else {
+            continue;
         };
+        // Logged at most once a minute: a flood of silent connections moves a new connection
+        // in and out of the reserve many times a second.
         if in_reserve != at_cap {
             at_cap = in_reserve;
-            if at_cap {
-                tracing::warn!(
-                    "{} connections open, the most allowed (--max-connections): new ones get \
-                     /healthz only until some close",
-                    max - reserved
-                );
-            } else {
-                tracing::info!("below the connection cap again");
+            if last_cap_log.is_none_or(|at| at.elapsed() >= CAP_LOG_GAP) {
+                last_cap_log = Some(std::time::Instant::now());
+                if at_cap {
+                    tracing::warn!(
+                        "{} connections open, the most allowed (--max-connections): new ones \
+                         get /healthz only, or the slot of one that has sent nothing, until \
+                         some close",
+                        max - reserved
+                    );
+                } else {
+                    tracing::info!("below the connection cap again");
+                }
             }
         }
         // Small responses: send them at once rather than wait for more to coalesce.
@@ -213,7 +232,8 @@ pub async fn serve_with(
         } else {
             (app.clone(), limits.header_timeout, limits.stall_timeout)
         };
-        let io = TokioIo::new(Stalling::new(stream, stall_timeout));
+        let slot = silent.register(max);
+        let io = TokioIo::new(Stalling::new(stream, stall_timeout).telling(Arc::clone(&slot)));
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
@@ -221,14 +241,54 @@ pub async fn serve_with(
             .serve_connection(io, TowerToHyperService::new(service));
         let connection = connections.watch(connection);
         tokio::spawn(async move {
-            // A client that vanishes or misses a deadline is not the server's error.
-            let _ = connection.await;
+            // A client that vanishes or misses a deadline is not the server's error; one chosen
+            // to give its slot up is dropped, which closes it.
+            tokio::select! {
+                _ = connection => {}
+                () = slot.reclaimed() => {}
+            }
+            slot.finished();
             drop(permit);
         });
     }
     drop(listener);
     connections.shutdown().await;
     Ok(())
+}
+
+/// A slot for a connection just accepted: a free one (general first), else the oldest silent
+/// connection's, once it has closed. `None` when neither comes in time: the new connection is
+/// dropped.
+async fn take_slot(
+    general: &Arc<Semaphore>,
+    reserve: &Arc<Semaphore>,
+    silent: &reclaim::Tracker,
+) -> Option<(OwnedSemaphorePermit, bool)> {
+    let free = |general: &Arc<Semaphore>, reserve: &Arc<Semaphore>| match Arc::clone(general)
+        .try_acquire_owned()
+    {
+        Ok(permit) => Some((permit, false)),
+        Err(_) => Arc::clone(reserve)
+            .try_acquire_owned()
+            .ok()
+            .map(|p| (p, true)),
+    };
+    if let Some(slot) = free(general, reserve) {
+        return Some(slot);
+    }
+    // No silent connection left (it spoke since the loop looked): wait for a slot as the
+    // listen queue would have, a while.
+    let wait = match silent.reclaim_oldest_silent() {
+        true => RECLAIM_WAIT,
+        false => STALL_TIMEOUT,
+    };
+    let freed = async {
+        tokio::select! {
+            permit = Arc::clone(general).acquire_owned() => permit.ok().map(|p| (p, false)),
+            permit = Arc::clone(reserve).acquire_owned() => permit.ok().map(|p| (p, true)),
+        }
+    };
+    tokio::time::timeout(wait, freed).await.ok().flatten()
 }
 
 /// The reserve's router: `/healthz` as usual, anything else 503.

@@ -9,9 +9,11 @@
 //! `TimedOut` and hyper drops the connection. A slow but reading client keeps making progress
 //! and is never cut.
 
+use super::reclaim::Slot;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -23,6 +25,8 @@ pub(super) struct Stalling<T> {
     limit: Duration,
     /// Armed at the first wait after progress, cleared by progress.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// Told of the client's first byte, then dropped (`reclaim`).
+    first_byte: Option<Arc<Slot>>,
 }
 
 impl<T> Stalling<T> {
@@ -31,7 +35,14 @@ impl<T> Stalling<T> {
             inner,
             limit,
             deadline: None,
+            first_byte: None,
         }
+    }
+
+    /// Tells `slot` when the client sends its first byte.
+    pub(super) fn telling(mut self, slot: Arc<Slot>) -> Self {
+        self.first_byte = Some(slot);
+        self
     }
 
     /// Turns an inner result into progress (the deadline goes) or a wait (the deadline is
@@ -66,7 +77,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for Stalling<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            if let Some(slot) = this.first_byte.take() {
+                slot.heard();
+            }
+        }
         this.settle(cx, polled)
     }
 }

@@ -6,6 +6,7 @@
 
 mod collect_budget;
 mod collect_races;
+mod flood;
 mod input_limits;
 mod logging;
 mod precedence;
