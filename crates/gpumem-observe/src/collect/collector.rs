@@ -96,13 +96,40 @@ pub struct Collected {
     pub problem: Option<String>,
 }
 
+/// Which version of a file the listing saw: inode, size and modification time. A file whose
+/// stamp has not changed is not read again; its last outcome stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    inode: u64,
+    size: u64,
+    modified_ns: i128,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            inode: meta.ino(),
+            size: meta.size(),
+            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+}
+
+/// What reading one version of a file gave: its content and size, or why it was refused (the
+/// metric reason and the message).
+type Outcome = Result<(PublishedFile, u64), (&'static str, String)>;
+
 /// What the collector remembers about one file between scans.
 #[derive(Default)]
 struct FileState {
+    /// The version last read and what it gave.
+    read: Option<(Stamp, Outcome)>,
     /// The last content that parsed and validated, and its size in bytes.
     latest: Option<PublishedFile>,
     latest_bytes: u64,
-    /// The problem last logged for it, so each is logged once.
+    /// Its latest problem; one is logged only when the file was valid (or new) before, so a
+    /// file rewritten invalid again and again logs one line until it turns valid.
     problem: Option<String>,
     /// Why its process is not exported now (`stale`, `exited`), once counted.
     dropped: Option<&'static str>,
@@ -220,32 +247,38 @@ impl Collector {
         }
         // Regular files only (the file type does not follow links); `read_file` checks again on
         // what it opens, since the entry can be swapped in between.
-        let mut candidates: Vec<(String, f64)> = entries
+        // Names first (no system call), then one `stat` for the names that may be published.
+        let mut candidates: Vec<(String, f64, Stamp)> = entries
             .filter_map(Result::ok)
             .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
             .filter_map(|entry| {
-                let modified = entry.metadata().ok()?.modified().ok()?;
-                let seconds = modified
+                let name = entry.file_name().into_string().ok()?;
+                if !is_published_name(&name) {
+                    return None;
+                }
+                let meta = entry.metadata().ok()?;
+                let seconds = meta
+                    .modified()
+                    .ok()?
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
-                Some((entry.file_name().into_string().ok()?, seconds))
+                Some((name, seconds, Stamp::of(&meta)))
             })
-            .filter(|(name, _)| is_published_name(name))
             .collect();
         let found = candidates.len() as u64;
-        let present: HashSet<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
+        let present: HashSet<String> = candidates.iter().map(|(n, ..)| n.clone()).collect();
         // A process that stops cleanly removes its file: forget it, and its series go at once.
         self.files.retain(|name, _| present.contains(name));
         // Files nobody wrote for longer than any writer's staleness cannot be exported: leave
         // them unopened, so hundreds left behind by killed engines cost nothing. The newest
         // come first, so the cap below never hides a live engine behind dead ones.
         let horizon = now - self.settings.horizon_seconds();
-        candidates.retain(|(_, modified)| *modified >= horizon);
-        candidates.sort_by(|(a, ta), (b, tb)| tb.total_cmp(ta).then_with(|| a.cmp(b)));
+        candidates.retain(|(_, modified, _)| *modified >= horizon);
+        candidates.sort_by(|(a, ta, _), (b, tb, _)| tb.total_cmp(ta).then_with(|| a.cmp(b)));
         if candidates.len() > self.settings.max_files {
             let skipped = candidates.split_off(self.settings.max_files);
             let count = skipped.len() as u64;
-            for (name, _) in &skipped {
+            for (name, ..) in &skipped {
                 if let Some(state) = self.files.get_mut(name) {
                     state.latest = None;
                 }
@@ -263,16 +296,34 @@ impl Collector {
             }
         }
         let mut budget = Budget::default();
-        for (name, _) in &candidates {
+        let reading_until = std::time::Instant::now() + scan_budget(self.settings.interval);
+        let mut read = HashSet::new();
+        for (name, _, stamp) in &candidates {
             let state = self.files.entry(name.clone()).or_default();
-            let outcome = read_sized(&dir.join(name), self.settings.max_file_bytes).and_then(|f| {
+            let outcome = match &state.read {
+                // Unchanged since it was read: what it gave then stands.
+                Some((seen, outcome)) if seen == stamp => outcome.clone(),
+                // Changed, but this scan has spent its time: the file keeps what it had and is
+                // read at a later scan, so sampling never waits for a directory of big files.
+                Some((_, outcome)) if std::time::Instant::now() >= reading_until => outcome.clone(),
+                None if std::time::Instant::now() >= reading_until => continue,
+                _ => {
+                    let outcome = read_sized(&dir.join(name), self.settings.max_file_bytes)
+                        .map_err(|rejection| (rejection.reason(), rejection.to_string()));
+                    state.read = Some((*stamp, outcome.clone()));
+                    outcome
+                }
+            };
+            read.insert(name.clone());
+            let outcome = outcome.and_then(|f| {
                 // No figure that changes from scan to scan (how far ahead it is) in the
                 // message: it is also what says the problem was logged already.
                 if f.0.timestamp_seconds - now > MAX_CLOCK_SKEW_SECONDS {
-                    return Err(Rejection::Invalid(format!(
+                    let rejection = Rejection::Invalid(format!(
                         "\"timestamp_seconds\" is more than {MAX_CLOCK_SKEW_SECONDS}s ahead of \
                          this host's clock (is the writer's clock wrong?)"
-                    )));
+                    ));
+                    return Err((rejection.reason(), rejection.to_string()));
                 }
                 Ok(f)
             });
@@ -304,32 +355,32 @@ impl Collector {
                     state.latest = Some(file);
                     state.latest_bytes = bytes;
                 }
-                Err(rejection) => {
-                    let reason = rejection.reason();
+                Err((reason, message)) => {
                     *rejected.entry(reason).or_default() += 1;
                     *self.rejections_total.entry(reason).or_default() += 1;
-                    let message = rejection.to_string();
                     // The previous content stays only while the budget has room for it.
                     if let Some(previous) = &state.latest {
                         if !budget.admit(previous, state.latest_bytes, &self.settings) {
                             state.latest = None;
                         }
                     }
-                    if state.problem.as_deref() != Some(message.as_str()) {
+                    if state.problem.is_none() {
                         let kept = if state.latest.is_some() {
                             "; keeping its previous content until it goes stale"
                         } else {
                             ""
                         };
-                        tracing::warn!("collect: skipping {name}: {message}{kept}");
-                        state.problem = Some(message);
+                        tracing::warn!(
+                            "collect: skipping {name}: {message}{kept} (logged once until it \
+                             is valid again)"
+                        );
                     }
+                    state.problem = Some(message);
                 }
             }
         }
         // Files not read (over the cap, untouched too long) keep no devices: an old file's
         // process is then dropped as stale, once, by `export`.
-        let read: HashSet<&String> = candidates.iter().map(|(n, _)| n).collect();
         for (name, state) in &mut self.files {
             if !read.contains(name) {
                 if let Some(file) = &mut state.latest {
@@ -433,12 +484,19 @@ impl Collector {
     }
 }
 
+/// How long one scan may spend reading files that changed: a quarter of the interval, between
+/// 50 ms and 2 s. Unchanged files cost a `stat` and are not counted against it.
+fn scan_budget(interval: Duration) -> Duration {
+    (interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(2))
+}
+
 /// How old a file's snapshot may be and still be exported: three intervals, the collector's or
 /// the writer's own if longer (up to [`MAX_WRITER_INTERVAL`]: a huge claim must still expire).
 fn stale_limit(interval: Duration, file: &PublishedFile) -> f64 {
+    // A claim too large for a `Duration` (1.8e19 s) is the longest allowed, not none at all.
     let writer_interval = file
         .interval_seconds
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .map(|s| Duration::try_from_secs_f64(s).unwrap_or(MAX_WRITER_INTERVAL))
         .unwrap_or_default()
         .min(MAX_WRITER_INTERVAL);
     3.0 * interval.max(writer_interval).as_secs_f64()
@@ -467,5 +525,34 @@ impl Budget {
         }
         (self.series, self.bytes) = (series, bytes);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claiming(interval_seconds: &str) -> PublishedFile {
+        super::super::read::parse(
+            format!(
+                r#"{{"format":"gpumem.publish","version":1,"pid":42,"process":"p",
+                "timestamp_seconds":1700000000.0,"interval_seconds":{interval_seconds},
+                "devices":[]}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("a valid file")
+    }
+
+    #[test]
+    fn a_huge_writer_interval_counts_as_the_longest_allowed() {
+        let second = Duration::from_secs(1);
+        assert_eq!(stale_limit(second, &claiming("2.0")), 6.0);
+        assert_eq!(stale_limit(second, &claiming("1e6")), 1800.0);
+        // Past what a Duration holds (about 1.8e19 s): it used to count as no claim at all
+        // (3 s here), so a 5 s old file of a writer that says it writes rarely was dropped.
+        assert_eq!(stale_limit(second, &claiming("1.8e19")), 1800.0);
+        assert_eq!(stale_limit(second, &claiming("1.9e19")), 1800.0);
+        assert_eq!(stale_limit(second, &claiming("1e300")), 1800.0);
     }
 }

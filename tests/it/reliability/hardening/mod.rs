@@ -10,6 +10,7 @@ mod flood;
 mod input_limits;
 mod logging;
 mod precedence;
+mod publisher_files;
 mod web;
 mod writes;
 
