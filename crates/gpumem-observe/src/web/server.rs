@@ -43,6 +43,17 @@ pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may move no byte while it waits to read or write: a client that stops
 /// reading its response is dropped after this (Prometheus's own scrape timeout is 10 s).
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most one response may take to send once the server starts writing it, however steadily
+/// the client reads (a minute: a 3 MB `/metrics` at 50 KiB/s).
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// What the kernel may buffer for the server's unsent responses, all connections together:
+/// each connection's send buffer is this divided by the connection cap (16 KiB to 256 KiB),
+/// instead of the kernel's autotuning up to `tcp_wmem`'s 4 MiB. Linux counts twice the size
+/// set (its bookkeeping), so the kernel memory bound is 2 x this (docs/reliability.md).
+pub const SEND_BUFFERS_TOTAL: usize = 32 << 20;
+const SEND_BUFFER_MIN: usize = 16 << 10;
+const SEND_BUFFER_MAX: usize = 256 << 10;
+
 /// Both deadlines for a connection in the reserve: a health probe sends its request at once,
 /// but under a flood its packets may be dropped and resent (the listen queue overflows).
 const RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -76,6 +87,8 @@ pub struct ServerLimits {
     pub header_timeout: Duration,
     /// How long a connection may move no byte while waiting to read or write.
     pub stall_timeout: Duration,
+    /// How long one response may take to send once begun ([`RESPONSE_TIMEOUT`]).
+    pub response_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -84,6 +97,7 @@ impl Default for ServerLimits {
             max_connections: default_max_connections(),
             header_timeout: HEADER_READ_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
+            response_timeout: RESPONSE_TIMEOUT,
         }
     }
 }
@@ -92,6 +106,12 @@ impl ServerLimits {
     /// Of `max_connections`, how many are kept for `/healthz`.
     pub fn reserved(&self) -> usize {
         (self.max_connections / 16).clamp(1, 16)
+    }
+
+    /// Each connection's send buffer: [`SEND_BUFFERS_TOTAL`] shared by the cap.
+    pub fn send_buffer_bytes(&self) -> usize {
+        (SEND_BUFFERS_TOTAL / self.max_connections.max(MIN_CONNECTIONS))
+            .clamp(SEND_BUFFER_MIN, SEND_BUFFER_MAX)
     }
 }
 
@@ -166,6 +186,7 @@ pub async fn serve_with(
 ) -> io::Result<()> {
     let max = limits.max_connections.max(MIN_CONNECTIONS);
     let reserved = limits.reserved();
+    let send_buffer = limits.send_buffer_bytes();
     let general = Arc::new(Semaphore::new(max - reserved));
     let reserve = Arc::new(Semaphore::new(reserved));
     let health_only = app.clone().layer(axum::middleware::from_fn(health_only));
@@ -227,13 +248,26 @@ pub async fn serve_with(
         }
         // Small responses: send them at once rather than wait for more to coalesce.
         let _ = stream.set_nodelay(true);
-        let (service, header_timeout, stall_timeout) = if in_reserve {
-            (health_only.clone(), RESERVE_TIMEOUT, RESERVE_TIMEOUT)
+        // A fixed send buffer: what slow readers make the kernel hold stays within
+        // SEND_BUFFERS_TOTAL (x2) for all connections together.
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(send_buffer);
+        let (service, header_timeout, stall_timeout, response_timeout) = if in_reserve {
+            let short = RESERVE_TIMEOUT;
+            (health_only.clone(), short, short, short)
         } else {
-            (app.clone(), limits.header_timeout, limits.stall_timeout)
+            let app = app.clone();
+            (
+                app,
+                limits.header_timeout,
+                limits.stall_timeout,
+                limits.response_timeout,
+            )
         };
         let slot = silent.register(max);
-        let io = TokioIo::new(Stalling::new(stream, stall_timeout).telling(Arc::clone(&slot)));
+        let io = Stalling::new(stream, stall_timeout)
+            .telling(Arc::clone(&slot))
+            .with_response_limit(response_timeout);
+        let io = TokioIo::new(io);
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)

@@ -11,6 +11,7 @@ mod input_limits;
 mod logging;
 mod precedence;
 mod publisher_files;
+mod slow_readers;
 mod web;
 mod writes;
 
