@@ -328,7 +328,12 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS with {url} failed: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "TLS with {url} failed: {}",
+                without_debug_text(&e.to_string())
+            )
+        })?;
     let io = hyper_util::rt::TokioIo::new(tls);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
@@ -378,7 +383,11 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
     let list: PodList = serde_json::from_slice(&body)
         .map_err(|e| format!("the pod list from {url} is not a PodList: {e}"))?;
     if list.kind.as_deref().is_some_and(|k| k != "PodList") {
-        return Err(format!("{url} answered a {:?}, not a PodList", list.kind));
+        let kind = list.kind.as_deref().unwrap_or_default();
+        return Err(format!(
+            "{url} answered a {}, not a PodList",
+            gpumem::snapshot::process::clean_text(kind, 64)
+        ));
     }
     Ok(list)
 }
@@ -427,6 +436,45 @@ async fn read_body(
     Ok(Some(bytes))
 }
 
+/// rustls reports some certificate errors through their `Debug` form
+/// (`invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))`): the wrappers go and the
+/// innermost name is spelt as words (`invalid peer certificate: CA used as end entity`).
+fn without_debug_text(message: &str) -> String {
+    let (head, mut rest) = match message.rsplit_once(": ") {
+        Some((head, rest)) => (Some(head), rest),
+        None => (None, message),
+    };
+    let is_name = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric());
+    let mut unwrapped = false;
+    while let Some((name, inner)) = rest.split_once('(') {
+        match inner.strip_suffix(')') {
+            Some(inner) if is_name(name) => {
+                rest = inner;
+                unwrapped = true;
+            }
+            _ => break,
+        }
+    }
+    // A bare `UnknownIssuer` is a variant's name too; `HTTP` or `reset` are words already.
+    let camel = rest.starts_with(|c: char| c.is_ascii_uppercase())
+        && rest.contains(|c: char| c.is_ascii_lowercase());
+    if !is_name(rest) || !(unwrapped || camel) {
+        return message.to_string();
+    }
+    let mut words = String::new();
+    for (i, c) in rest.char_indices() {
+        if c.is_ascii_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    let words = words.replacen("ca ", "CA ", 1);
+    match head {
+        Some(head) => format!("{head}: {words}"),
+        None => words,
+    }
+}
+
 /// `: <message>` of a `Status` object the API server answers errors with, when it is one.
 fn status_message(body: &[u8]) -> String {
     #[derive(serde::Deserialize)]
@@ -469,6 +517,20 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn errors_shown_to_people_carry_no_debug_text() {
+        assert_eq!(
+            without_debug_text("invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))"),
+            "invalid peer certificate: CA used as end entity"
+        );
+        assert_eq!(
+            without_debug_text("invalid peer certificate: UnknownIssuer"),
+            "invalid peer certificate: unknown issuer"
+        );
+        assert_eq!(without_debug_text("answered HTTP"), "answered HTTP");
+        assert_eq!(without_debug_text("connection reset"), "connection reset");
     }
 
     #[test]

@@ -85,6 +85,9 @@ impl PublisherBuilder {
             dir: dir.clone(),
             source,
         };
+        if let Some(problem) = super::not_a_directory(&dir) {
+            return Err(dir_error(std::io::Error::other(problem)));
+        }
         std::fs::create_dir_all(&dir).map_err(dir_error)?;
         let mut worker = Worker {
             sampler: match self.sampling.flight {
