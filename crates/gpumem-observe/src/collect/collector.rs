@@ -116,6 +116,38 @@ impl Stamp {
     }
 }
 
+/// A file the scan may read: its name, modification time (Unix seconds) and version.
+type Candidate = (String, f64, Stamp);
+
+/// The newest first, then by name.
+fn newest_first(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0))
+}
+
+fn modified_seconds(meta: &std::fs::Metadata) -> f64 {
+    meta.modified()
+        .ok()
+        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The directory listed at its last full listing: what `list` may reuse while the directory
+/// itself has not changed.
+#[derive(Clone)]
+struct Listing {
+    dir_stamp: Stamp,
+    listed_at: std::time::Instant,
+    /// Published-looking names in the directory.
+    found: u64,
+    /// Within the horizon, newest first, at most `max_files`.
+    candidates: Vec<Candidate>,
+    /// Within the horizon, past `max_files`.
+    skipped: Vec<String>,
+}
+
+/// However still the directory is, it is listed in full at least this often.
+const FULL_LISTING_EVERY: Duration = Duration::from_secs(30);
+
 /// What reading one version of a file gave: its content and size, or why it was refused (the
 /// metric reason and the message).
 type Outcome = Result<(PublishedFile, u64), (&'static str, String)>;
@@ -148,6 +180,8 @@ pub struct Collector {
     warned_too_many: bool,
     budget_exceeded_total: u64,
     warned_budget: bool,
+    /// The latest full listing of the directory.
+    listing: Option<Listing>,
 }
 
 impl Collector {
@@ -164,6 +198,7 @@ impl Collector {
             warned_too_many: false,
             budget_exceeded_total: 0,
             warned_budget: false,
+            listing: None,
         }
     }
 
@@ -226,9 +261,10 @@ impl Collector {
         now: f64,
         rejected: &mut BTreeMap<&'static str, u64>,
     ) -> Result<u64, String> {
-        let dir = &self.settings.dir;
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
+        let dir = self.settings.dir.clone();
+        let horizon = now - self.settings.horizon_seconds();
+        let listing = match self.list(&dir, horizon) {
+            Ok(listing) => listing,
             Err(error) => {
                 self.dir_errors_total += 1;
                 let problem = format!(
@@ -245,40 +281,12 @@ impl Collector {
         if self.dir_problem.take().is_some() {
             tracing::info!("the collect directory {} is readable again", dir.display());
         }
-        // Regular files only (the file type does not follow links); `read_file` checks again on
-        // what it opens, since the entry can be swapped in between.
-        // Names first (no system call), then one `stat` for the names that may be published.
-        let mut candidates: Vec<(String, f64, Stamp)> = entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                if !is_published_name(&name) {
-                    return None;
-                }
-                let meta = entry.metadata().ok()?;
-                let seconds = meta
-                    .modified()
-                    .ok()?
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                Some((name, seconds, Stamp::of(&meta)))
-            })
-            .collect();
-        let found = candidates.len() as u64;
-        let present: HashSet<String> = candidates.iter().map(|(n, ..)| n.clone()).collect();
-        // A process that stops cleanly removes its file: forget it, and its series go at once.
-        self.files.retain(|name, _| present.contains(name));
-        // Files nobody wrote for longer than any writer's staleness cannot be exported: leave
-        // them unopened, so hundreds left behind by killed engines cost nothing. The newest
-        // come first, so the cap below never hides a live engine behind dead ones.
-        let horizon = now - self.settings.horizon_seconds();
-        candidates.retain(|(_, modified, _)| *modified >= horizon);
-        candidates.sort_by(|(a, ta, _), (b, tb, _)| tb.total_cmp(ta).then_with(|| a.cmp(b)));
-        if candidates.len() > self.settings.max_files {
-            let skipped = candidates.split_off(self.settings.max_files);
+        let (found, skipped) = (listing.found, listing.skipped.clone());
+        let candidates = listing.candidates.clone();
+        self.listing = Some(listing);
+        if !skipped.is_empty() {
             let count = skipped.len() as u64;
-            for (name, ..) in &skipped {
+            for name in &skipped {
                 if let Some(state) = self.files.get_mut(name) {
                     state.latest = None;
                 }
@@ -295,6 +303,7 @@ impl Collector {
                 self.warned_too_many = true;
             }
         }
+        let dir = &dir;
         let mut budget = Budget::default();
         let reading_until = std::time::Instant::now() + scan_budget(self.settings.interval);
         let mut read = HashSet::new();
@@ -390,6 +399,79 @@ impl Collector {
             }
         }
         Ok(found)
+    }
+
+    /// The files to read this scan, newest first: a full listing of the directory when it
+    /// changed (its own mtime: a file created, renamed or removed) or every
+    /// [`FULL_LISTING_EVERY`], else only the files read last time looked at again (one `stat`
+    /// each, for writers that rewrite in place). A directory of 100k files left behind cost a
+    /// fifth of a core listing and `stat`ing them all every second.
+    fn list(&mut self, dir: &Path, horizon: f64) -> std::io::Result<Listing> {
+        let dir_meta = std::fs::metadata(dir)?;
+        let dir_stamp = Stamp::of(&dir_meta);
+        if let Some(previous) = self
+            .listing
+            .as_ref()
+            .filter(|l| l.dir_stamp == dir_stamp && l.listed_at.elapsed() < FULL_LISTING_EVERY)
+        {
+            let mut candidates: Vec<Candidate> = previous
+                .candidates
+                .iter()
+                .filter_map(|(name, ..)| {
+                    let meta = dir.join(name).symlink_metadata().ok()?;
+                    meta.is_file()
+                        .then(|| (name.clone(), modified_seconds(&meta), Stamp::of(&meta)))
+                })
+                .collect();
+            candidates.retain(|(_, modified, _)| *modified >= horizon);
+            candidates.sort_by(newest_first);
+            return Ok(Listing {
+                candidates,
+                ..previous.clone()
+            });
+        }
+        // Regular files only (the file type does not follow links); `read_sized` checks again
+        // on what it opens, since the entry can be swapped in between. Names first (no system
+        // call), then one `stat` for the names that may be published.
+        let mut candidates: Vec<Candidate> = std::fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                if !is_published_name(&name) {
+                    return None;
+                }
+                let meta = entry.metadata().ok()?;
+                Some((name, modified_seconds(&meta), Stamp::of(&meta)))
+            })
+            .collect();
+        let found = candidates.len() as u64;
+        {
+            // A process that stops cleanly removes its file: forget it, and its series go at
+            // once.
+            let present: HashSet<&str> = candidates.iter().map(|(n, ..)| n.as_str()).collect();
+            self.files.retain(|name, _| present.contains(name.as_str()));
+        }
+        // Files nobody wrote for longer than any writer's staleness cannot be exported: leave
+        // them unopened, so hundreds left behind by killed engines cost nothing. The newest
+        // come first, so the cap below never hides a live engine behind dead ones.
+        candidates.retain(|(_, modified, _)| *modified >= horizon);
+        candidates.sort_by(newest_first);
+        let skipped = match candidates.len() > self.settings.max_files {
+            true => candidates
+                .split_off(self.settings.max_files)
+                .into_iter()
+                .map(|(name, ..)| name)
+                .collect(),
+            false => Vec::new(),
+        };
+        Ok(Listing {
+            dir_stamp,
+            listed_at: std::time::Instant::now(),
+            found,
+            candidates,
+            skipped,
+        })
     }
 
     /// The processes to export: fresh, alive, one per (process, pid).

@@ -136,3 +136,31 @@ fn twenty_large_invalid_files_cost_little_after_the_first_scan_and_warn_once() {
         assert_eq!(warnings_for(name), 1, "{name}:\n{log_text}");
     }
 }
+
+#[test]
+fn a_hundred_thousand_junk_files_cost_at_most_a_fifth_of_a_core() {
+    let dir = Scratch::new("junk-files");
+    for i in 0..100_000u32 {
+        // Named like published files, so each is listed and looked at; junk inside.
+        dir.file(&format!("junk-{i}.json"), b"junk");
+    }
+    let server = collecting_sidecar(dir.path(), "1s", std::process::Stdio::null());
+    let pid = server.pid();
+    std::thread::sleep(Duration::from_secs(4));
+    let (cpu_before, started) = (cpu_time(pid), Instant::now());
+    let mut unhealthy = 0;
+    while started.elapsed() < Duration::from_secs(8) {
+        if request(server.addr, "GET", "/healthz").map_or(true, |r| r.status != 200) {
+            unhealthy += 1;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let cpu = (cpu_time(pid) - cpu_before).as_secs_f64() / started.elapsed().as_secs_f64();
+    eprintln!(
+        "100k junk files: {:.1} % of a core after the first scans, peak {} MiB",
+        cpu * 100.0,
+        peak_kib(pid) / 1024
+    );
+    assert_eq!(unhealthy, 0);
+    assert!(cpu <= 0.20, "{:.1} % of a core", cpu * 100.0);
+}
