@@ -226,3 +226,39 @@ fn a_60_mib_pod_list_is_refused_within_the_memory_limit_and_the_last_one_kept() 
     assert_eq!(pod_list(&agent).1, 3.0, "the last good list is kept");
     assert!(peak <= 128 * 1024, "peak {peak} KiB");
 }
+
+#[test]
+fn a_ca_file_changed_at_run_time_is_read_again_under_the_same_rules() {
+    let api = ApiServer::start(NODE);
+    three_pods(&api);
+    let agent = agent(&api, Stdio::null());
+    assert!(
+        eventually(Duration::from_secs(15), || pod_list(&agent) == (1.0, 3.0)),
+        "the pod list is up"
+    );
+    let good_ca = std::fs::read(&api.ca_file).expect("the CA");
+    // Another CA, which did not sign the API server's certificate: read again, trusted, refused.
+    let other = rcgen::generate_simple_self_signed(vec!["other-ca.test".to_string()])
+        .expect("a certificate");
+    std::fs::write(&api.ca_file, other.cert.pem()).expect("write");
+    assert!(
+        eventually(Duration::from_secs(10), || pod_list(&agent).0 == 0.0),
+        "a CA that did not sign the server is used"
+    );
+    // A FIFO in its place: refused at once, named on /healthz.
+    std::fs::remove_file(&api.ca_file).expect("remove");
+    fifo(&api.ca_file);
+    assert!(
+        eventually(Duration::from_secs(10), || get(agent.addr, "/healthz")
+            .body
+            .contains("is a FIFO")),
+        "/healthz names the FIFO: {}",
+        get(agent.addr, "/healthz").body
+    );
+    std::fs::remove_file(&api.ca_file).expect("remove");
+    std::fs::write(&api.ca_file, good_ca).expect("write");
+    assert!(
+        eventually(Duration::from_secs(15), || pod_list(&agent).0 == 1.0),
+        "the pod list is up again with the right CA"
+    );
+}
