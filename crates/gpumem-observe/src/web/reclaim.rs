@@ -1,112 +1,214 @@
-//! Which connection gives its slot up when every slot is taken: the oldest of those that have
-//! not sent a single byte yet.
+//! Which connection gives its slot up when every slot is taken: the oldest of those with no
+//! request in flight — connected and silent, halfway through a request's headers, or kept
+//! alive and idle after a response.
 //!
-//! A connection that says nothing costs a slot until the header deadline, and a flood of them,
-//! opened again as they close, used to hold every slot and the `/healthz` reserve for good: a
-//! liveness probe then waited in the listen queue past its timeout and the agent was
-//! restarted. Now the accept loop keeps accepting while any connection is silent, and each
-//! connection accepted beyond the cap takes the slot of the oldest silent one. A real client
-//! (a probe, Prometheus) sends its request within a round trip of connecting, so it is never
-//! silent for long enough to be chosen while a flood keeps adding newer silent connections.
+//! Such a connection costs a slot until the header deadline (10 s), and a flood of them, opened
+//! again as they close, used to hold every slot and the `/healthz` reserve for good: a liveness
+//! probe then waited in the listen queue past its timeout and the agent was restarted. Now the
+//! accept loop keeps accepting while any connection is idle, and each connection accepted
+//! beyond the cap takes the slot of the oldest idle one. A real client (a probe, Prometheus)
+//! sends its request within a round trip of connecting, so it is busy long before a flood of
+//! newer idle connections could make it the oldest; a request being answered is never cut.
 
+use hyper::body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::sync::Notify;
 
-/// A connection that has sent nothing yet.
-const SILENT: u8 = 0;
-/// One that has sent a byte: never chosen.
-const HEARD: u8 = 1;
-/// One that ended, or was chosen to give its slot up.
+/// No request in flight: a candidate.
+const IDLE: u8 = 0;
+/// A request's headers arrived and its response is not sent yet: never chosen.
+const BUSY: u8 = 1;
+/// Ended, or chosen to give its slot up.
 const GONE: u8 = 2;
 
 /// One connection as the tracker sees it.
 pub(super) struct Slot {
-    /// [`SILENT`], [`HEARD`] or [`GONE`]; leaving `SILENT` (once) takes one off the count.
+    /// [`IDLE`], [`BUSY`] or [`GONE`]; the tracker's count follows every move in or out of
+    /// `IDLE`.
     state: AtomicU8,
     /// Wakes the connection's task to close it.
     reclaim: Notify,
-    /// The tracker's count of silent connections.
-    silent: Arc<AtomicUsize>,
+    /// The tracker's count of idle connections.
+    idle: Arc<AtomicUsize>,
 }
 
 impl Slot {
-    /// The client sent its first byte: this connection is no longer a candidate.
-    pub(super) fn heard(&self) {
-        self.leave_silence(HEARD);
+    /// A request's headers are complete: this connection is not a candidate until its
+    /// response is sent.
+    fn busy(&self) {
+        if self.moved(IDLE, BUSY) {
+            self.idle.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The response is sent (or dropped): the connection waits for its next request.
+    fn idle(&self) {
+        if self.moved(BUSY, IDLE) {
+            self.idle.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// The connection ended by itself.
     pub(super) fn finished(&self) {
-        if self.state.swap(GONE, Ordering::AcqRel) == SILENT {
-            self.silent.fetch_sub(1, Ordering::AcqRel);
+        if self.state.swap(GONE, Ordering::AcqRel) == IDLE {
+            self.idle.fetch_sub(1, Ordering::AcqRel);
         }
-    }
-
-    /// Moves a silent slot to `to`; whether it was silent.
-    fn leave_silence(&self, to: u8) -> bool {
-        let left = self
-            .state
-            .compare_exchange(SILENT, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if left {
-            self.silent.fetch_sub(1, Ordering::AcqRel);
-        }
-        left
-    }
-
-    fn is_silent(&self) -> bool {
-        self.state.load(Ordering::Acquire) == SILENT
     }
 
     /// Completes when the tracker chose this connection to give its slot up.
     pub(super) async fn reclaimed(&self) {
         self.reclaim.notified().await;
     }
+
+    fn moved(&self, from: u8, to: u8) -> bool {
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
 }
 
-/// The connections in the order they were accepted; see the module documentation.
+/// The open connections, oldest first; see the module documentation.
 #[derive(Default)]
 pub(super) struct Tracker {
     order: Mutex<VecDeque<Arc<Slot>>>,
-    silent: Arc<AtomicUsize>,
+    idle: Arc<AtomicUsize>,
 }
 
 impl Tracker {
-    /// A connection just accepted (silent until it sends a byte). `cap` bounds the bookkeeping:
-    /// entries of connections that spoke or ended are dropped once there are twice as many.
+    /// A connection just accepted (idle until its first request's headers are complete).
+    /// `cap` bounds the bookkeeping: entries of ended connections are dropped once there are
+    /// twice as many entries as connections allowed.
     pub(super) fn register(&self, cap: usize) -> Arc<Slot> {
         let slot = Arc::new(Slot {
-            state: AtomicU8::new(SILENT),
+            state: AtomicU8::new(IDLE),
             reclaim: Notify::new(),
-            silent: Arc::clone(&self.silent),
+            idle: Arc::clone(&self.idle),
         });
-        self.silent.fetch_add(1, Ordering::AcqRel);
+        self.idle.fetch_add(1, Ordering::AcqRel);
         let mut order = self.order.lock();
         if order.len() >= cap.saturating_mul(2).max(16) {
-            order.retain(|slot| slot.is_silent());
+            order.retain(|slot| slot.state() != GONE);
         }
         order.push_back(Arc::clone(&slot));
         slot
     }
 
-    /// How many open connections have sent nothing yet.
-    pub(super) fn silent(&self) -> usize {
-        self.silent.load(Ordering::Acquire)
+    /// How many open connections have no request in flight.
+    pub(super) fn idle(&self) -> usize {
+        self.idle.load(Ordering::Acquire)
     }
 
-    /// Closes the oldest connection that has sent nothing; `false` when there is none.
-    pub(super) fn reclaim_oldest_silent(&self) -> bool {
+    /// Closes the oldest connection with no request in flight; `false` when there is none.
+    /// Busy connections met on the way keep their place in the order.
+    pub(super) fn reclaim_oldest_idle(&self) -> bool {
         let mut order = self.order.lock();
+        let mut busy = Vec::new();
+        let mut found = false;
         while let Some(slot) = order.pop_front() {
-            if slot.leave_silence(GONE) {
-                slot.reclaim.notify_one();
-                return true;
+            match slot.state() {
+                GONE => {}
+                BUSY => busy.push(slot),
+                _ if slot.moved(IDLE, GONE) => {
+                    self.idle.fetch_sub(1, Ordering::AcqRel);
+                    slot.reclaim.notify_one();
+                    found = true;
+                    break;
+                }
+                // Became busy or ended just now.
+                _ => busy.push(slot),
             }
         }
-        false
+        for slot in busy.into_iter().rev() {
+            order.push_front(slot);
+        }
+        found
+    }
+}
+
+/// A connection's service, telling its slot when a request is in flight: busy from the
+/// request's headers until its response body is sent or dropped.
+pub(super) struct Tracked<S> {
+    inner: S,
+    slot: Arc<Slot>,
+}
+
+impl<S> Tracked<S> {
+    pub(super) fn new(inner: S, slot: Arc<Slot>) -> Self {
+        Tracked { inner, slot }
+    }
+}
+
+impl<S, R, B> hyper::service::Service<R> for Tracked<S>
+where
+    S: hyper::service::Service<R, Response = hyper::Response<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = hyper::Response<SentThenIdle<B>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn call(&self, request: R) -> Self::Future {
+        self.slot.busy();
+        let slot = Arc::clone(&self.slot);
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await;
+            match response {
+                Ok(response) => Ok(response.map(|body| SentThenIdle {
+                    body,
+                    slot: Some(slot),
+                })),
+                Err(error) => {
+                    slot.idle();
+                    Err(error)
+                }
+            }
+        })
+    }
+}
+
+/// A response body that marks its connection idle once it is dropped (hyper drops it when
+/// the last byte is written, or when the connection goes).
+pub(super) struct SentThenIdle<B> {
+    body: B,
+    slot: Option<Arc<Slot>>,
+}
+
+impl<B> Drop for SentThenIdle<B> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.idle();
+        }
+    }
+}
+
+impl<B: Body + Unpin> Body for SentThenIdle<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -115,36 +217,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_oldest_silent_connection_goes_first_and_speakers_never() {
+    fn the_oldest_idle_connection_goes_first_and_busy_ones_never() {
         let tracker = Tracker::default();
         let first = tracker.register(4);
         let second = tracker.register(4);
         let third = tracker.register(4);
-        assert_eq!(tracker.silent(), 3);
-        first.heard();
-        assert_eq!(tracker.silent(), 2);
-        assert!(tracker.reclaim_oldest_silent());
-        assert_eq!(second.state.load(Ordering::Acquire), GONE);
-        assert_eq!(first.state.load(Ordering::Acquire), HEARD);
+        assert_eq!(tracker.idle(), 3);
+        first.busy();
+        assert_eq!(tracker.idle(), 2);
+        assert!(tracker.reclaim_oldest_idle());
+        assert_eq!(second.state(), GONE);
+        assert_eq!(first.state(), BUSY);
         third.finished();
-        assert_eq!(tracker.silent(), 0);
+        assert_eq!(tracker.idle(), 0);
         assert!(
-            !tracker.reclaim_oldest_silent(),
-            "only a speaker and ended ones are left"
+            !tracker.reclaim_oldest_idle(),
+            "only a busy and ended ones are left"
         );
-        // A slot heard after it was chosen, or finished twice, counts once.
-        second.heard();
+        // The busy one answered: idle again, and now the one to go.
+        first.idle();
+        assert_eq!(tracker.idle(), 1);
+        assert!(tracker.reclaim_oldest_idle());
+        assert_eq!(first.state(), GONE);
+        // Moves after the end count nothing.
+        second.busy();
+        second.idle();
         second.finished();
-        assert_eq!(tracker.silent(), 0);
+        assert_eq!(tracker.idle(), 0);
     }
 
     #[test]
     fn the_bookkeeping_stays_bounded() {
         let tracker = Tracker::default();
         for _ in 0..1_000 {
-            tracker.register(8).heard();
+            tracker.register(8).finished();
         }
         assert!(tracker.order.lock().len() <= 16);
-        assert_eq!(tracker.silent(), 0);
+        assert_eq!(tracker.idle(), 0);
     }
 }

@@ -14,10 +14,10 @@
 //! the moment the rest are taken: a connection in the reserve is answered only for `/healthz`
 //! (anything else gets 503 and a `Retry-After`), with short deadlines and no keep-alive, so a
 //! liveness probe still gets its answer while scrapers flood the server. With the reserve full
-//! too, a new connection takes the slot of the oldest connection that has not sent a byte yet
-//! (`reclaim`: a flood of silent connections cannot keep a probe out), and when every
-//! connection has spoken, new ones wait in the kernel's listen queue, which costs no
-//! descriptor.
+//! too, a new connection takes the slot of the oldest connection with no request in flight
+//! (`reclaim`: a flood of silent, stalled or idle connections cannot keep a probe out), and
+//! when every connection has a request in flight, new ones wait in the kernel's listen queue,
+//! which costs no descriptor.
 
 use super::reclaim;
 use super::stall::Stalling;
@@ -67,7 +67,7 @@ pub const MAX_CONNECTIONS_CEILING: usize = 1024;
 /// The fewest connections a cap may allow: one for requests, one in the reserve and some room.
 pub const MIN_CONNECTIONS: usize = 4;
 
-/// How long a connection accepted beyond the cap waits for the slot of the silent connection
+/// How long a connection accepted beyond the cap waits for the slot of the idle connection
 /// it closed (its task only has to run once).
 const RECLAIM_WAIT: Duration = Duration::from_secs(1);
 
@@ -191,22 +191,23 @@ pub async fn serve_with(
     let reserve = Arc::new(Semaphore::new(reserved));
     let health_only = app.clone().layer(axum::middleware::from_fn(health_only));
     let connections = GracefulShutdown::new();
-    let silent = reclaim::Tracker::default();
+    let idle = reclaim::Tracker::default();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut at_cap = false;
     let mut last_cap_log: Option<std::time::Instant> = None;
     loop {
-        // Room first: with every slot taken by connections that speak, new ones wait in the
-        // listen queue. Only this loop takes permits, so room seen here is still there after
-        // the accept. While some connection has said nothing, the loop accepts anyway: the new
-        // connection takes the oldest silent one's slot (`reclaim`).
+        // Room first: with every slot taken by connections with a request in flight, new ones
+        // wait in the listen queue. Only this loop takes permits, so room seen here is still
+        // there after the accept. While some connection is idle (silent, halfway through its
+        // headers, or kept alive between requests), the loop accepts anyway: the new
+        // connection takes the oldest idle one's slot (`reclaim`).
         let room = async {
             tokio::select! {
                 permit = general.acquire() => drop(permit),
                 permit = reserve.acquire() => drop(permit),
             }
         };
-        let may_reclaim = silent.silent() > 0;
+        let may_reclaim = idle.idle() > 0;
         tokio::select! {
             () = room => {}
             () = std::future::ready(()), if may_reclaim => {}
@@ -225,10 +226,10 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
-        let Some((permit, in_reserve)) = take_slot(&general, &reserve, &silent).await else {
+        let Some((permit, in_reserve)) = take_slot(&general, &reserve, &idle).await else {
             continue;
         };
-        // Logged at most once a minute: a flood of silent connections moves a new connection
+        // Logged at most once a minute: a flood of idle connections moves a new connection
         // in and out of the reserve many times a second.
         if in_reserve != at_cap {
             at_cap = in_reserve;
@@ -237,8 +238,7 @@ pub async fn serve_with(
                 if at_cap {
                     tracing::warn!(
                         "{} connections open, the most allowed (--max-connections): new ones \
-                         get /healthz only, or the slot of one that has sent nothing, until \
-                         some close",
+                         get /healthz only, or the slot of an idle one, until some close",
                         max - reserved
                     );
                 } else {
@@ -263,16 +263,17 @@ pub async fn serve_with(
                 limits.response_timeout,
             )
         };
-        let slot = silent.register(max);
-        let io = Stalling::new(stream, stall_timeout)
-            .telling(Arc::clone(&slot))
-            .with_response_limit(response_timeout);
+        let slot = idle.register(max);
+        let io = Stalling::new(stream, stall_timeout).with_response_limit(response_timeout);
         let io = TokioIo::new(io);
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(!in_reserve)
-            .serve_connection(io, TowerToHyperService::new(service));
+            .serve_connection(
+                io,
+                reclaim::Tracked::new(TowerToHyperService::new(service), Arc::clone(&slot)),
+            );
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             // A client that vanishes or misses a deadline is not the server's error; one chosen
@@ -290,13 +291,13 @@ pub async fn serve_with(
     Ok(())
 }
 
-/// A slot for a connection just accepted: a free one (general first), else the oldest silent
+/// A slot for a connection just accepted: a free one (general first), else the oldest idle
 /// connection's, once it has closed. `None` when neither comes in time: the new connection is
 /// dropped.
 async fn take_slot(
     general: &Arc<Semaphore>,
     reserve: &Arc<Semaphore>,
-    silent: &reclaim::Tracker,
+    idle: &reclaim::Tracker,
 ) -> Option<(OwnedSemaphorePermit, bool)> {
     let free = |general: &Arc<Semaphore>, reserve: &Arc<Semaphore>| match Arc::clone(general)
         .try_acquire_owned()
@@ -310,9 +311,9 @@ async fn take_slot(
     if let Some(slot) = free(general, reserve) {
         return Some(slot);
     }
-    // No silent connection left (it spoke since the loop looked): wait for a slot as the
-    // listen queue would have, a while.
-    let wait = match silent.reclaim_oldest_silent() {
+    // No idle connection left (it sent a request since the loop looked): wait for a slot as
+    // the listen queue would have, a while.
+    let wait = match idle.reclaim_oldest_idle() {
         true => RECLAIM_WAIT,
         false => STALL_TIMEOUT,
     };

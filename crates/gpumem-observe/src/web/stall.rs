@@ -9,11 +9,9 @@
 //! `TimedOut` and hyper drops the connection. A slow but reading client keeps making progress
 //! and is never cut.
 
-use super::reclaim::Slot;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -25,8 +23,6 @@ pub(super) struct Stalling<T> {
     limit: Duration,
     /// Armed at the first wait after progress, cleared by progress.
     deadline: Option<Pin<Box<Sleep>>>,
-    /// Told of the client's first byte, then dropped (`reclaim`).
-    first_byte: Option<Arc<Slot>>,
     /// The most a response may take once the server starts writing it, however steadily the
     /// client reads: a reader that takes 2 KiB every few seconds never trips the stall rule,
     /// but would hold its slot (and the kernel's buffers) for as long as it liked.
@@ -41,7 +37,6 @@ impl<T> Stalling<T> {
             inner,
             limit,
             deadline: None,
-            first_byte: None,
             response_limit: None,
             writing_since: None,
         }
@@ -68,12 +63,6 @@ impl<T> Stalling<T> {
             )),
             _ => Ok(()),
         }
-    }
-
-    /// Tells `slot` when the client sends its first byte.
-    pub(super) fn telling(mut self, slot: Arc<Slot>) -> Self {
-        self.first_byte = Some(slot);
-        self
     }
 
     /// Turns an inner result into progress (the deadline goes) or a wait (the deadline is
@@ -118,9 +107,6 @@ impl<T: AsyncRead + Unpin> AsyncRead for Stalling<T> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            if let Some(slot) = this.first_byte.take() {
-                slot.heard();
-            }
             // A new request: the next response gets its own time.
             this.writing_since = None;
         }
