@@ -15,9 +15,10 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// No request in flight: a candidate.
@@ -27,11 +28,19 @@ const BUSY: u8 = 1;
 /// Ended, or chosen to give its slot up.
 const GONE: u8 = 2;
 
+/// A connection that has just sent a response is left alone this long: hyper drops a body
+/// once its last bytes are in its own buffer, before they reach the socket, and closing the
+/// connection then would cut the response short. Short, or a flood of connections that each
+/// send one request would leave nothing to reclaim.
+const ANSWERED_GRACE: Duration = Duration::from_millis(100);
+
 /// One connection as the tracker sees it.
 pub(super) struct Slot {
     /// [`IDLE`], [`BUSY`] or [`GONE`]; the tracker's count follows every move in or out of
     /// `IDLE`.
     state: AtomicU8,
+    /// When its latest response was sent (milliseconds on [`clock`]); 0 before any.
+    answered_ms: AtomicU64,
     /// Wakes the connection's task to close it.
     reclaim: Notify,
     /// The tracker's count of idle connections.
@@ -49,9 +58,16 @@ impl Slot {
 
     /// The response is sent (or dropped): the connection waits for its next request.
     fn idle(&self) {
+        self.answered_ms.store(clock().max(1), Ordering::Release);
         if self.moved(BUSY, IDLE) {
             self.idle.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Whether it answered a request within [`ANSWERED_GRACE`].
+    fn just_answered(&self) -> bool {
+        let at = self.answered_ms.load(Ordering::Acquire);
+        at != 0 && clock().saturating_sub(at) < ANSWERED_GRACE.as_millis() as u64
     }
 
     /// The connection ended by itself.
@@ -91,6 +107,7 @@ impl Tracker {
     pub(super) fn register(&self, cap: usize) -> Arc<Slot> {
         let slot = Arc::new(Slot {
             state: AtomicU8::new(IDLE),
+            answered_ms: AtomicU64::new(0),
             reclaim: Notify::new(),
             idle: Arc::clone(&self.idle),
         });
@@ -118,6 +135,7 @@ impl Tracker {
             match slot.state() {
                 GONE => {}
                 BUSY => busy.push(slot),
+                _ if slot.just_answered() => busy.push(slot),
                 _ if slot.moved(IDLE, GONE) => {
                     self.idle.fetch_sub(1, Ordering::AcqRel);
                     slot.reclaim.notify_one();
@@ -133,6 +151,12 @@ impl Tracker {
         }
         found
     }
+}
+
+/// Milliseconds since the first call, for the grace after a response.
+fn clock() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// A connection's service, telling its slot when a request is in flight: busy from the
@@ -234,9 +258,12 @@ mod tests {
             !tracker.reclaim_oldest_idle(),
             "only a busy and ended ones are left"
         );
-        // The busy one answered: idle again, and now the one to go.
+        // The busy one answered: idle again, left alone while its answer may still be in
+        // hyper's buffer, then the one to go.
         first.idle();
         assert_eq!(tracker.idle(), 1);
+        assert!(!tracker.reclaim_oldest_idle(), "it has just answered");
+        std::thread::sleep(ANSWERED_GRACE + Duration::from_millis(50));
         assert!(tracker.reclaim_oldest_idle());
         assert_eq!(first.state(), GONE);
         // Moves after the end count nothing.
