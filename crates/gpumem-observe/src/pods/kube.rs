@@ -7,10 +7,12 @@
 //! It runs on the pod directory's own thread, never on the sampling path; every request is
 //! bounded in time and in the size of its answer.
 
+use super::credentials::{load_roots, read_token};
+pub use super::credentials::{FileStamp, MAX_CA_BYTES, MAX_TOKEN_BYTES};
 use super::podlist::PodList;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +23,6 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// The largest pod list read: 110 pods of a few tens of KiB each is a few MiB.
 pub const MAX_LIST_BYTES: usize = 64 << 20;
-/// A CA bundle is a few KiB of PEM; a file past this is not one (`--kubernetes-ca /dev/zero`).
-pub const MAX_CA_BYTES: u64 = 1 << 20;
-/// A ServiceAccount token (a JWT) is 1-2 KiB; a file past this is not one.
-pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
 
 /// How to reach the API server.
 #[derive(Clone)]
@@ -199,91 +197,6 @@ fn parse_url(url: &str) -> Result<(String, u16), String> {
     ServerName::try_from(host.to_string())
         .map_err(|_| format!("the API server's URL {url:?} has a bad host"))?;
     Ok((host.to_string(), port))
-}
-
-/// Which version of a file: device, inode, size and modification time, as `stat` gives them
-/// after following links. Any change means the file is read again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStamp {
-    device: u64,
-    inode: u64,
-    size: u64,
-    modified_ns: i128,
-}
-
-impl FileStamp {
-    fn of(path: &Path) -> Option<FileStamp> {
-        std::fs::metadata(path).ok().as_ref().map(FileStamp::from)
-    }
-}
-
-impl From<&std::fs::Metadata> for FileStamp {
-    fn from(meta: &std::fs::Metadata) -> FileStamp {
-        use std::os::unix::fs::MetadataExt;
-        FileStamp {
-            device: meta.dev(),
-            inode: meta.ino(),
-            size: meta.size(),
-            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-        }
-    }
-}
-
-/// A credential file's bytes and version, read as `--config` is: links followed, opened
-/// without blocking, a regular file only, at most `limit` bytes. `what` names it in errors
-/// ("the CA file"), each one sentence.
-fn read_credential(path: &Path, limit: u64, what: &str) -> Result<(Vec<u8>, FileStamp), String> {
-    let shown = path.display();
-    let cannot = |e: std::io::Error| format!("cannot read {what} {shown}: {e}");
-    let file = gpumem::safe_fs::open_named_regular(path).map_err(|e| {
-        // The safe_fs message names the path already.
-        match e.kind() {
-            std::io::ErrorKind::InvalidInput => format!("cannot read {what}: {e}"),
-            _ => cannot(e),
-        }
-    })?;
-    let stamp = FileStamp::from(&file.metadata().map_err(cannot)?);
-    let bytes = gpumem::safe_fs::read_capped(file, limit)
-        .map_err(cannot)?
-        .map_err(|_| {
-            format!(
-                "{what} {shown} is larger than {}, too large to be one",
-                gpumem::units::Bytes(limit)
-            )
-        })?;
-    Ok((bytes, stamp))
-}
-
-/// The CA file's certificates as the only roots trusted, and the file's version.
-fn load_roots(path: &Path) -> Result<(rustls::RootCertStore, FileStamp), String> {
-    let shown = path.display();
-    let (bytes, stamp) = read_credential(path, MAX_CA_BYTES, "the CA file")?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&bytes) {
-        let cert = cert.map_err(|e| format!("the CA file {shown} is not PEM: {e}"))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("the CA file {shown} holds a bad certificate: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("the CA file {shown} holds no certificate"));
-    }
-    Ok((roots, stamp))
-}
-
-/// The bearer token, trimmed; an empty file is an error.
-fn read_token(path: &Path) -> Result<String, String> {
-    let shown = path.display();
-    let (bytes, _) = read_credential(path, MAX_TOKEN_BYTES, "the ServiceAccount token")?;
-    let token = String::from_utf8(bytes)
-        .map_err(|_| format!("the ServiceAccount token {shown} is not text"))?;
-    let token = token.trim();
-    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "the ServiceAccount token {shown} is empty or not a token"
-        ));
-    }
-    Ok(token.to_string())
 }
 
 /// Percent-encodes a query value (RFC 3986 unreserved characters stay).
