@@ -39,6 +39,14 @@ pub(crate) enum Allocator {
 
 impl Allocator {
     /// Whether this is the driver's stream-ordered pool, which only the CUDA backend has.
+    /// gpumem's pools, not one of the driver's allocators.
+    pub(crate) fn is_gpumem(self) -> bool {
+        matches!(
+            self,
+            Allocator::PoolHit | Allocator::PoolMiss | Allocator::PoolMissCold
+        )
+    }
+
     pub(crate) fn is_stream_ordered(self) -> bool {
         matches!(self, Allocator::DriverAsync | Allocator::DriverAsyncMiss)
     }

@@ -114,6 +114,20 @@ pub(super) fn run(args: BenchArgs, given: &Given) -> Result<(), CliError> {
             Bytes(total)
         )));
     }
+    // gpumem's own allocators also stop at the pools' cap (gpu_memory_fraction,
+    // max_pool_size): a size past it would fail the same way, half-way through the table.
+    let cap = config.pool_cap(total);
+    let pooled = args.allocators.iter().any(|a| a.is_gpumem());
+    if let Some(&size) = sizes.iter().find(|&&size| pooled && size > cap) {
+        return Err(CliError::usage(format!(
+            "--sizes: {} is more than gpumem's pools on device {device} may hold ({} of {}: \
+             gpu_memory_fraction / max_pool_size); give a smaller size or only the driver \
+             allocators",
+            Bytes(size),
+            Bytes(cap),
+            Bytes(total)
+        )));
+    }
     let mut target = BenchTarget::new(opened.backend, device);
     target.config = config;
     if !args.json {

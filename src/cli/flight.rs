@@ -72,6 +72,9 @@ impl FlightFlags {
 /// Creates the directory if missing, so a typo or a read-only mount fails at start, not at the
 /// first OOM.
 fn check_writable(dir: &Path) -> std::io::Result<()> {
+    if let Some(problem) = gpumem_observe::publish::not_a_directory(dir) {
+        return Err(std::io::Error::other(problem));
+    }
     std::fs::create_dir_all(dir)?;
     let probe = dir.join(format!(".gpumem-probe-{}", std::process::id()));
     std::fs::write(&probe, b"")?;

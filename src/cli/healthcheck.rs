@@ -80,9 +80,18 @@ fn parse_url(url: &str) -> Result<Target, String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("'{url}' is not an http:// URL"))?;
-    let (authority, path) = match rest.find('/') {
+    // A fragment is the client's own: it is never sent (RFC 9110, 4.2.4).
+    let rest = rest.split('#').next().unwrap_or(rest);
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(0) => ("", rest),
+        Some(at) if rest.as_bytes()[at] == b'?' => (&rest[..at], &rest[at..]),
         Some(slash) => (&rest[..slash], &rest[slash..]),
         None => (rest, "/"),
+    };
+    // `http://host?x` asks for `/?x`.
+    let path = match path.starts_with('?') {
+        true => format!("/{path}"),
+        false => path.to_string(),
     };
     if authority.is_empty() {
         return Err(format!("'{url}' has no host"));
@@ -96,10 +105,7 @@ fn parse_url(url: &str) -> Result<Target, String> {
     } else {
         format!("{authority}:80")
     };
-    Ok(Target {
-        authority,
-        path: path.to_string(),
-    })
+    Ok(Target { authority, path })
 }
 
 fn get(target: &Target, timeout: Duration) -> Result<(u16, String), String> {
@@ -251,6 +257,19 @@ mod tests {
         assert_eq!(
             parse_url("http://[::1]/").expect("valid").authority,
             "[::1]:80"
+        );
+        // The fragment stays with the client; a query without a path asks for `/`.
+        let t = parse_url("http://127.0.0.1:9400/healthz#top").expect("valid");
+        assert_eq!(t.path, "/healthz");
+        let t = parse_url("http://127.0.0.1:9400#x").expect("valid");
+        assert_eq!(
+            (t.authority.as_str(), t.path.as_str()),
+            ("127.0.0.1:9400", "/")
+        );
+        let t = parse_url("http://127.0.0.1:9400?verbose").expect("valid");
+        assert_eq!(
+            (t.authority.as_str(), t.path.as_str()),
+            ("127.0.0.1:9400", "/?verbose")
         );
         assert!(parse_url("https://x/").is_err());
         assert!(parse_url("http:///healthz").is_err());

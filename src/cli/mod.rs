@@ -332,6 +332,13 @@ pub(crate) fn run() -> i32 {
     let (cli, matches) = match parsed {
         Ok(parsed) => parsed,
         Err(error) => {
+            let args: Vec<String> = std::env::args_os()
+                .map(|arg| arg.to_string_lossy().into_owned())
+                .collect();
+            if let Some(line) = sources::clap_error_from_variable(&error, &Cli::command(), &args) {
+                eprintln!("gpumem: {}", one_line(&line));
+                return 2;
+            }
             // clap prints help and version to stdout with code 0, usage errors with code 2.
             let _ = error.print();
             return error.exit_code();

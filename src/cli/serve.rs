@@ -92,6 +92,12 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
             settings.max_series = args.collect_max_series;
             settings.max_bytes = gpumem::units::parse_bytes(&args.collect_max_bytes)
                 .map_err(|e| CliError::usage(format!("--collect-max-bytes: {e}")))?;
+            if settings.max_bytes == 0 {
+                return Err(CliError::usage(
+                    "--collect-max-bytes: 0 would skip every collected file; give at least the \
+                     size of one (the default suits a 128 MiB limit)",
+                ));
+            }
             Some(settings)
         }
         None => None,

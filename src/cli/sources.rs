@@ -134,6 +134,52 @@ pub(super) fn name_the_variable(
     }
 }
 
+/// clap's refusal of a value that came from a `GPUMEM_*` variable, as one line naming the
+/// variable: clap itself names only the flag (`invalid value 'abc' for '--max-connections
+/// <N>'`) and adds a usage hint, though the command line held no such flag. `None` for every
+/// other clap error (they stay clap's). `args` is the command line, program name first.
+pub(super) fn clap_error_from_variable(
+    error: &clap::Error,
+    command: &clap::Command,
+    args: &[String],
+) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let text = |kind| match error.get(kind) {
+        Some(ContextValue::String(text)) => Some(text.clone()),
+        _ => None,
+    };
+    let invalid_arg = text(ContextKind::InvalidArg)?;
+    let value = text(ContextKind::InvalidValue)?;
+    // "--max-connections <N>" -> "max-connections"
+    let long = invalid_arg
+        .strip_prefix("--")?
+        .split([' ', '='])
+        .next()?
+        .to_string();
+    let on_command_line = args
+        .iter()
+        .skip(1)
+        .any(|arg| arg == &format!("--{long}") || arg.starts_with(&format!("--{long}=")));
+    if on_command_line {
+        return None;
+    }
+    let arg = command
+        .get_subcommands()
+        .flat_map(|sub| sub.get_arguments())
+        .chain(command.get_arguments())
+        .find(|arg| arg.get_long() == Some(long.as_str()))?;
+    let variable = arg.get_env()?.to_string_lossy().into_owned();
+    if std::env::var(&variable).ok()? != value {
+        return None;
+    }
+    let why = std::error::Error::source(error)
+        .map(|source| format!(": {source}"))
+        .unwrap_or_default();
+    Some(format!(
+        "{variable}: '{value}' is not a valid value (the variable of --{long}){why}"
+    ))
+}
+
 /// Levenshtein distance over bytes (variable names are ASCII).
 fn edit_distance(a: &str, b: &str) -> usize {
     let (a, b) = (a.as_bytes(), b.as_bytes());

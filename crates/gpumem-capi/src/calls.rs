@@ -254,5 +254,40 @@ pub(super) fn publish(dir: Option<&str>) -> Result<(), String> {
         builder = builder.dir(dir);
     }
     *publisher = Some(builder.spawn().map_err(|e| e.to_string())?);
+    remove_published_file_at_exit();
     Ok(())
+}
+
+/// The process that started publishing: a forked child runs its parent's exit handlers too,
+/// and must leave the parent's file alone.
+static PUBLISHING_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A normal exit (the end of `main`, `exit()`, Python's interpreter exit) removes the
+/// published file, as docs/publish-format.md promises: the runtime is a static, never dropped,
+/// so its publisher used to leave the file behind for the collector to age out.
+fn remove_published_file_at_exit() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    PUBLISHING_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+    REGISTERED.call_once(|| {
+        // SAFETY: `atexit` only records the address of a function taking no arguments and
+        // returning nothing, which `stop_publishing_at_exit` is; it lives as long as the
+        // library, which is not unloaded while the process runs its exit handlers.
+        let _ = unsafe { libc::atexit(stop_publishing_at_exit) };
+    });
+}
+
+extern "C" fn stop_publishing_at_exit() {
+    if std::process::id() != PUBLISHING_PID.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    // Never unwind out of an exit handler; never wait on a lock another thread may hold.
+    let _ = std::panic::catch_unwind(|| {
+        let Ok(runtime) = runtime() else { return };
+        let Some(mut publisher) = runtime.publisher.try_lock() else {
+            return;
+        };
+        if let Some(handle) = publisher.take() {
+            handle.shutdown_within(std::time::Duration::from_secs(1));
+        }
+    });
 }

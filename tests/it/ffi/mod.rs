@@ -8,6 +8,7 @@
 mod abi;
 mod declarations;
 mod fork;
+mod publish_exit;
 mod python;
 mod tags;
 mod torch_abi;

@@ -51,9 +51,17 @@ impl Running {
 
     /// [`start`](Self::start), its log (stderr) going to `stderr` (a file the test reads).
     pub(crate) fn start_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Running {
-        let mut child = gpumem(args)
+        let mut command = gpumem(args);
+        command.stderr(stderr);
+        Self::start_command(command, args[0])
+    }
+
+    /// Starts `command` (a gpumem serving command, perhaps behind a shell that sets limits first)
+    /// and waits, as [`start`](Self::start) does, for "gpumem <name>: open http://ADDR/".
+    pub(crate) fn start_command(mut command: Command, name: &str) -> Running {
+        let args = [name];
+        let mut child = command
             .stdout(Stdio::piped())
-            .stderr(stderr)
             .spawn()
             .expect("the gpumem binary starts");
         let stdout = child.stdout.take().expect("stdout");

@@ -97,6 +97,7 @@ fn a_client_that_never_reads_is_dropped_at_the_stall_deadline() {
         max_connections: 16,
         header_timeout: DEADLINE,
         stall_timeout: DEADLINE,
+        ..ServerLimits::default()
     };
     let server = runtime.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();

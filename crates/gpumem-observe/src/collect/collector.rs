@@ -10,11 +10,14 @@
 
 use super::read::{read_sized, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
 use gpumem::snapshot::process::{current_pid_namespace, pid_alive};
-use gpumem::snapshot::published::{is_published_name, PublishedFile};
+use gpumem::snapshot::published::PublishedFile;
 use gpumem::snapshot::{unix_now, CollectStatus, CollectedProcess, ReasonCount};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod listing;
+use listing::{Listing, Stamp};
 
 /// Files read per scan, at most: bounds the work and the `process`/`pid` label values.
 pub const MAX_FILES: usize = 256;
@@ -96,13 +99,20 @@ pub struct Collected {
     pub problem: Option<String>,
 }
 
+/// What reading one version of a file gave: its content and size, or why it was refused (the
+/// metric reason and the message).
+type Outcome = Result<(PublishedFile, u64), (&'static str, String)>;
+
 /// What the collector remembers about one file between scans.
 #[derive(Default)]
 struct FileState {
+    /// The version last read and what it gave.
+    read: Option<(Stamp, Outcome)>,
     /// The last content that parsed and validated, and its size in bytes.
     latest: Option<PublishedFile>,
     latest_bytes: u64,
-    /// The problem last logged for it, so each is logged once.
+    /// Its latest problem; one is logged only when the file was valid (or new) before, so a
+    /// file rewritten invalid again and again logs one line until it turns valid.
     problem: Option<String>,
     /// Why its process is not exported now (`stale`, `exited`), once counted.
     dropped: Option<&'static str>,
@@ -121,6 +131,8 @@ pub struct Collector {
     warned_too_many: bool,
     budget_exceeded_total: u64,
     warned_budget: bool,
+    /// The latest full listing of the directory.
+    listing: Option<Listing>,
 }
 
 impl Collector {
@@ -137,6 +149,7 @@ impl Collector {
             warned_too_many: false,
             budget_exceeded_total: 0,
             warned_budget: false,
+            listing: None,
         }
     }
 
@@ -199,9 +212,10 @@ impl Collector {
         now: f64,
         rejected: &mut BTreeMap<&'static str, u64>,
     ) -> Result<u64, String> {
-        let dir = &self.settings.dir;
-        let entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries,
+        let dir = self.settings.dir.clone();
+        let horizon = now - self.settings.horizon_seconds();
+        let listing = match self.list(&dir, horizon) {
+            Ok(listing) => listing,
             Err(error) => {
                 self.dir_errors_total += 1;
                 let problem = format!(
@@ -218,34 +232,12 @@ impl Collector {
         if self.dir_problem.take().is_some() {
             tracing::info!("the collect directory {} is readable again", dir.display());
         }
-        // Regular files only (the file type does not follow links); `read_file` checks again on
-        // what it opens, since the entry can be swapped in between.
-        let mut candidates: Vec<(String, f64)> = entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
-            .filter_map(|entry| {
-                let modified = entry.metadata().ok()?.modified().ok()?;
-                let seconds = modified
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                Some((entry.file_name().into_string().ok()?, seconds))
-            })
-            .filter(|(name, _)| is_published_name(name))
-            .collect();
-        let found = candidates.len() as u64;
-        let present: HashSet<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
-        // A process that stops cleanly removes its file: forget it, and its series go at once.
-        self.files.retain(|name, _| present.contains(name));
-        // Files nobody wrote for longer than any writer's staleness cannot be exported: leave
-        // them unopened, so hundreds left behind by killed engines cost nothing. The newest
-        // come first, so the cap below never hides a live engine behind dead ones.
-        let horizon = now - self.settings.horizon_seconds();
-        candidates.retain(|(_, modified)| *modified >= horizon);
-        candidates.sort_by(|(a, ta), (b, tb)| tb.total_cmp(ta).then_with(|| a.cmp(b)));
-        if candidates.len() > self.settings.max_files {
-            let skipped = candidates.split_off(self.settings.max_files);
+        let (found, skipped) = (listing.found, listing.skipped.clone());
+        let candidates = listing.candidates.clone();
+        self.listing = Some(listing);
+        if !skipped.is_empty() {
             let count = skipped.len() as u64;
-            for (name, _) in &skipped {
+            for name in &skipped {
                 if let Some(state) = self.files.get_mut(name) {
                     state.latest = None;
                 }
@@ -262,17 +254,36 @@ impl Collector {
                 self.warned_too_many = true;
             }
         }
+        let dir = &dir;
         let mut budget = Budget::default();
-        for (name, _) in &candidates {
+        let reading_until = std::time::Instant::now() + scan_budget(self.settings.interval);
+        let mut read = HashSet::new();
+        for (name, _, stamp) in &candidates {
             let state = self.files.entry(name.clone()).or_default();
-            let outcome = read_sized(&dir.join(name), self.settings.max_file_bytes).and_then(|f| {
+            let outcome = match &state.read {
+                // Unchanged since it was read: what it gave then stands.
+                Some((seen, outcome)) if seen == stamp => outcome.clone(),
+                // Changed, but this scan has spent its time: the file keeps what it had and is
+                // read at a later scan, so sampling never waits for a directory of big files.
+                Some((_, outcome)) if std::time::Instant::now() >= reading_until => outcome.clone(),
+                None if std::time::Instant::now() >= reading_until => continue,
+                _ => {
+                    let outcome = read_sized(&dir.join(name), self.settings.max_file_bytes)
+                        .map_err(|rejection| (rejection.reason(), rejection.to_string()));
+                    state.read = Some((*stamp, outcome.clone()));
+                    outcome
+                }
+            };
+            read.insert(name.clone());
+            let outcome = outcome.and_then(|f| {
                 // No figure that changes from scan to scan (how far ahead it is) in the
                 // message: it is also what says the problem was logged already.
                 if f.0.timestamp_seconds - now > MAX_CLOCK_SKEW_SECONDS {
-                    return Err(Rejection::Invalid(format!(
+                    let rejection = Rejection::Invalid(format!(
                         "\"timestamp_seconds\" is more than {MAX_CLOCK_SKEW_SECONDS}s ahead of \
                          this host's clock (is the writer's clock wrong?)"
-                    )));
+                    ));
+                    return Err((rejection.reason(), rejection.to_string()));
                 }
                 Ok(f)
             });
@@ -304,32 +315,32 @@ impl Collector {
                     state.latest = Some(file);
                     state.latest_bytes = bytes;
                 }
-                Err(rejection) => {
-                    let reason = rejection.reason();
+                Err((reason, message)) => {
                     *rejected.entry(reason).or_default() += 1;
                     *self.rejections_total.entry(reason).or_default() += 1;
-                    let message = rejection.to_string();
                     // The previous content stays only while the budget has room for it.
                     if let Some(previous) = &state.latest {
                         if !budget.admit(previous, state.latest_bytes, &self.settings) {
                             state.latest = None;
                         }
                     }
-                    if state.problem.as_deref() != Some(message.as_str()) {
+                    if state.problem.is_none() {
                         let kept = if state.latest.is_some() {
                             "; keeping its previous content until it goes stale"
                         } else {
                             ""
                         };
-                        tracing::warn!("collect: skipping {name}: {message}{kept}");
-                        state.problem = Some(message);
+                        tracing::warn!(
+                            "collect: skipping {name}: {message}{kept} (logged once until it \
+                             is valid again)"
+                        );
                     }
+                    state.problem = Some(message);
                 }
             }
         }
         // Files not read (over the cap, untouched too long) keep no devices: an old file's
         // process is then dropped as stale, once, by `export`.
-        let read: HashSet<&String> = candidates.iter().map(|(n, _)| n).collect();
         for (name, state) in &mut self.files {
             if !read.contains(name) {
                 if let Some(file) = &mut state.latest {
@@ -433,12 +444,19 @@ impl Collector {
     }
 }
 
+/// How long one scan may spend reading files that changed: a quarter of the interval, between
+/// 50 ms and 2 s. Unchanged files cost a `stat` and are not counted against it.
+fn scan_budget(interval: Duration) -> Duration {
+    (interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(2))
+}
+
 /// How old a file's snapshot may be and still be exported: three intervals, the collector's or
 /// the writer's own if longer (up to [`MAX_WRITER_INTERVAL`]: a huge claim must still expire).
 fn stale_limit(interval: Duration, file: &PublishedFile) -> f64 {
+    // A claim too large for a `Duration` (1.8e19 s) is the longest allowed, not none at all.
     let writer_interval = file
         .interval_seconds
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .map(|s| Duration::try_from_secs_f64(s).unwrap_or(MAX_WRITER_INTERVAL))
         .unwrap_or_default()
         .min(MAX_WRITER_INTERVAL);
     3.0 * interval.max(writer_interval).as_secs_f64()
@@ -467,5 +485,34 @@ impl Budget {
         }
         (self.series, self.bytes) = (series, bytes);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claiming(interval_seconds: &str) -> PublishedFile {
+        super::super::read::parse(
+            format!(
+                r#"{{"format":"gpumem.publish","version":1,"pid":42,"process":"p",
+                "timestamp_seconds":1700000000.0,"interval_seconds":{interval_seconds},
+                "devices":[]}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("a valid file")
+    }
+
+    #[test]
+    fn a_huge_writer_interval_counts_as_the_longest_allowed() {
+        let second = Duration::from_secs(1);
+        assert_eq!(stale_limit(second, &claiming("2.0")), 6.0);
+        assert_eq!(stale_limit(second, &claiming("1e6")), 1800.0);
+        // Past what a Duration holds (about 1.8e19 s): it used to count as no claim at all
+        // (3 s here), so a 5 s old file of a writer that says it writes rarely was dropped.
+        assert_eq!(stale_limit(second, &claiming("1.8e19")), 1800.0);
+        assert_eq!(stale_limit(second, &claiming("1.9e19")), 1800.0);
+        assert_eq!(stale_limit(second, &claiming("1e300")), 1800.0);
     }
 }

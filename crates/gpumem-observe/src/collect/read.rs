@@ -115,6 +115,89 @@ fn short(detail: &str) -> String {
 struct Header {
     format: Option<String>,
     version: Option<u32>,
+    /// Counted, not built: a file past the entry caps is refused before its entries cost
+    /// memory (150k devices in 4 MiB took 227 MiB and most of a core to build, every scan).
+    #[serde(default)]
+    #[allow(dead_code)]
+    devices: Option<Counted<Devices>>,
+}
+
+/// What of a device is counted before it is parsed: its pools and tags.
+#[derive(Deserialize)]
+struct DeviceShape {
+    #[serde(default)]
+    #[allow(dead_code)]
+    pools: Option<Counted<Pools>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    tags: Option<Counted<Tags>>,
+}
+
+/// An array the header pass counts: what its entries are called, how many may be, and the
+/// shape read of each (nothing kept).
+trait Entries {
+    const WHAT: &'static str;
+    const CAP: usize;
+    type Shape: for<'de> Deserialize<'de>;
+}
+
+struct Devices;
+struct Pools;
+struct Tags;
+
+impl Entries for Devices {
+    const WHAT: &'static str = "devices";
+    const CAP: usize = MAX_DEVICES;
+    type Shape = DeviceShape;
+}
+
+impl Entries for Pools {
+    const WHAT: &'static str = "pools on one device";
+    const CAP: usize = MAX_POOLS;
+    type Shape = serde::de::IgnoredAny;
+}
+
+impl Entries for Tags {
+    const WHAT: &'static str = "tags on one device";
+    const CAP: usize = MAX_TAGS;
+    type Shape = serde::de::IgnoredAny;
+}
+
+/// An array of at most `E::CAP` entries, read without keeping them; one more is an error at
+/// once (the rest of the file is not read).
+struct Counted<E>(std::marker::PhantomData<E>);
+
+impl<'de, E: Entries> Deserialize<'de> for Counted<E> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<E>(std::marker::PhantomData<E>);
+        impl<'de, E: Entries> serde::de::Visitor<'de> for Visit<E> {
+            type Value = Counted<E>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "an array of at most {} {}", E::CAP, E::WHAT)
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut count = 0usize;
+                while seq.next_element::<E::Shape>()?.is_some() {
+                    count += 1;
+                    if count > E::CAP {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {} {}; at most {}",
+                            E::CAP,
+                            E::WHAT,
+                            E::CAP
+                        )));
+                    }
+                }
+                Ok(Counted(std::marker::PhantomData))
+            }
+        }
+        deserializer.deserialize_seq(Visit::<E>(std::marker::PhantomData))
+    }
 }
 
 /// Reads, parses and validates one file. The file is opened without following a link and

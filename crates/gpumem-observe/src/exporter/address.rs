@@ -12,11 +12,40 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
 pub const DEFAULT_LISTEN_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9400);
 
-/// An IP address and port such as `127.0.0.1:9400` or `[::1]:9400`.
+/// An IP address and port such as `127.0.0.1:9400` or `[::1]:9400`, or a host name and port
+/// (`localhost:9400`), resolved once here: its first IPv4 address, else its first address.
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    text.trim().parse().map_err(|_| {
-        format!("'{text}' is not an address with a port, such as 127.0.0.1:9400 or 0.0.0.0:9400")
-    })
+    let trimmed = text.trim();
+    if let Ok(addr) = trimmed.parse() {
+        return Ok(addr);
+    }
+    let usage = || {
+        format!(
+            "'{text}' is not an address with a port, such as 127.0.0.1:9400, 0.0.0.0:9400 or \
+             localhost:9400"
+        )
+    };
+    let (host, port) = trimmed.rsplit_once(':').ok_or_else(usage)?;
+    let is_name = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    let port: u16 = port.parse().map_err(|_| usage())?;
+    if !is_name {
+        return Err(usage());
+    }
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("'{text}': cannot resolve the host name '{host}': {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| format!("'{text}': the host name '{host}' has no address"))
 }
 
 /// Where a client reaches a server listening on `addr`: an unspecified address (0.0.0.0, ::)
@@ -76,6 +105,26 @@ mod tests {
     #[test]
     fn the_default_address_is_one_address() {
         assert_eq!(parse_listen(DEFAULT_LISTEN), Ok(DEFAULT_LISTEN_ADDR));
+    }
+
+    #[test]
+    fn host_names_are_resolved_or_say_why_not() {
+        let local = parse_listen("localhost:9410").expect("localhost resolves");
+        assert!(local.ip().is_loopback() && local.port() == 9410, "{local}");
+        let unknown = parse_listen("no-such-host.invalid:9400").expect_err("does not resolve");
+        assert!(
+            unknown.contains("cannot resolve the host name"),
+            "{unknown}"
+        );
+        for bad in [
+            "localhost",
+            "localhost:x",
+            ":9400",
+            "a b:9400",
+            "localhost:99999",
+        ] {
+            assert!(parse_listen(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -50,7 +50,9 @@ impl FlightRecorder {
             level: gpumem::manager::PressureLevel::Low,
             last_oom: None,
             last_critical: None,
+            seen: Instant::now(),
         });
+        watch.seen = Instant::now();
         if watch.last_oom.is_some_and(|t| t.elapsed() < min_gap) {
             return false;
         }

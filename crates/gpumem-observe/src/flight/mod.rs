@@ -94,7 +94,17 @@ struct Watch {
     /// critical pressure is still recorded.
     last_oom: Option<Instant>,
     last_critical: Option<Instant>,
+    /// When a sample last showed it: a watch unseen for [`WATCH_RETENTION`] is forgotten.
+    seen: Instant,
 }
+
+/// How long the recorder remembers a device or collected process no sample shows any more.
+/// Publishers that rename themselves (a process name per run, say) would otherwise grow the
+/// table for the life of the sidecar: 44k identities took 6 MiB and kept it. One that comes
+/// back later is met afresh (its OOM count from then on is the baseline).
+pub const WATCH_RETENTION: Duration = Duration::from_secs(15 * 60);
+/// How often the table is swept for watches past their retention.
+const WATCH_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Something to record: why, and how many refusals are new since which count.
 struct Due {
@@ -117,6 +127,8 @@ pub struct FlightRecorder {
     exits_recorded: HashSet<(u32, String, u64)>,
     /// The pod of this gpumem (the downward API), from the latest sample.
     recorded_in: Option<gpumem::snapshot::ThisPod>,
+    /// When `watched` was last swept.
+    swept: Instant,
 }
 
 impl FlightRecorder {
@@ -139,7 +151,18 @@ impl FlightRecorder {
             nvml: None,
             exits_recorded: HashSet::new(),
             recorded_in: None,
+            swept: Instant::now(),
         }
+    }
+
+    /// Forgets the watches no sample has shown for `retention`, and gives their memory back.
+    fn forget_unseen(&mut self, retention: Duration) {
+        self.watched
+            .retain(|_, watch| watch.seen.elapsed() <= retention);
+        if self.watched.len() < self.watched.capacity() / 4 {
+            self.watched.shrink_to_fit();
+        }
+        self.swept = Instant::now();
     }
 
     pub fn log(&self) -> Arc<FlightLog> {
@@ -170,6 +193,9 @@ impl FlightRecorder {
             }
         }
         self.read_others();
+        if self.swept.elapsed() >= WATCH_SWEEP_EVERY {
+            self.forget_unseen(WATCH_RETENTION);
+        }
     }
 
     /// Whether `key` calls for a record now. `count_existing`: OOMs counted before the first
@@ -188,7 +214,9 @@ impl FlightRecorder {
             level: PressureLevel::Low,
             last_oom: None,
             last_critical: None,
+            seen: Instant::now(),
         });
+        watch.seen = Instant::now();
         // A count that went down is a restarted process: start again from there.
         watch.ooms = watch.ooms.min(ooms);
         let rose = level == Some(PressureLevel::Critical) && watch.level < PressureLevel::Critical;
@@ -307,5 +335,35 @@ fn blank(due: Due, timestamp_seconds: f64) -> FlightRecord {
         held_bytes: None,
         exit_reason: None,
         recorded_in: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watches_of_identities_gone_past_retention_are_forgotten_and_their_memory_returned() {
+        let mut recorder = FlightRecorder::new(FlightSettings::default());
+        // Publishers renamed again and again: each name a watch of its own.
+        for i in 0..44_000 {
+            let _ = recorder.due(format!("engine-{i} {i} gpu0"), 0, None, false);
+        }
+        let grown = recorder.watched.capacity();
+        std::thread::sleep(Duration::from_millis(60));
+        // Ten still publishing.
+        for i in 0..10 {
+            let _ = recorder.due(format!("engine-{i} {i} gpu0"), 0, None, false);
+        }
+        recorder.forget_unseen(Duration::from_millis(50));
+        assert_eq!(recorder.watched.len(), 10);
+        assert!(
+            recorder.watched.capacity() < grown / 100,
+            "{}",
+            recorder.watched.capacity()
+        );
+        // A watch still seen keeps its count: one more OOM is due.
+        let due = recorder.due("engine-3 3 gpu0".to_string(), 1, None, false);
+        assert!(due.is_some_and(|d| d.new_ooms == 1));
     }
 }

@@ -26,9 +26,16 @@ struct State {
     /// When the table was fetched, for its age.
     fetched: Option<Instant>,
     last_error: Option<String>,
+    /// When the request in flight began: one that outlives [`STUCK_AFTER`] counts as failed.
+    in_flight: Option<Instant>,
     requests_total: u64,
     errors_total: u64,
 }
+
+/// A request still running this long after it began is reported as failing, whatever holds
+/// it up: every request is bounded by `kube::REQUEST_TIMEOUT`, so this only fires if a bound
+/// was missed, and then `gpumem_pod_list_up` and `/healthz` say so rather than "ok".
+const STUCK_AFTER: Duration = Duration::from_secs(super::kube::REQUEST_TIMEOUT.as_secs() + 5);
 
 /// A reading of the directory, taken in one short lock.
 #[derive(Clone, Default)]
@@ -51,7 +58,7 @@ pub struct PodDirectory {
 impl PodDirectory {
     /// Starts the thread; the first request goes out at once.
     pub fn spawn(
-        settings: KubeSettings,
+        mut settings: KubeSettings,
         refresh: Duration,
         min_gap: Duration,
     ) -> std::io::Result<PodDirectory> {
@@ -90,7 +97,12 @@ impl PodDirectory {
                         while nudged.try_recv().is_ok() {}
                     }
                     last_request = Some(Instant::now());
-                    let outcome = runtime.block_on(list_pods(&settings));
+                    shared.lock().in_flight = last_request;
+                    // A CA that changed is read again first, by the rules of the first read.
+                    let outcome = match settings.refresh_roots() {
+                        Ok(()) => runtime.block_on(list_pods(&settings)),
+                        Err(error) => Err(error),
+                    };
                     failures = if outcome.is_ok() {
                         0
                     } else {
@@ -124,10 +136,20 @@ impl PodDirectory {
     /// What is known now (never waits for the network).
     pub fn view(&self) -> DirectoryView {
         let state = self.state.lock();
+        let stuck = state
+            .in_flight
+            .map(|since| since.elapsed())
+            .filter(|running| *running > STUCK_AFTER)
+            .map(|running| {
+                format!(
+                    "the request for the pod list has not ended after {}s",
+                    running.as_secs()
+                )
+            });
         DirectoryView {
             table: state.table.clone(),
             list_age: state.fetched.map(|t| t.elapsed()),
-            error: state.last_error.clone(),
+            error: stuck.or_else(|| state.last_error.clone()),
             requests_total: state.requests_total,
             errors_total: state.errors_total,
         }
@@ -150,6 +172,7 @@ fn backoff(min_gap: Duration, refresh: Duration, failures: u32) -> Duration {
 
 fn record(state: &Mutex<State>, outcome: Result<super::podlist::PodList, String>) {
     let mut state = state.lock();
+    state.in_flight = None;
     state.requests_total += 1;
     match outcome {
         Ok(list) => {

@@ -7,10 +7,12 @@
 //! It runs on the pod directory's own thread, never on the sampling path; every request is
 //! bounded in time and in the size of its answer.
 
+use super::credentials::{load_roots, read_token};
+pub use super::credentials::{FileStamp, MAX_CA_BYTES, MAX_TOKEN_BYTES};
 use super::podlist::PodList;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +32,9 @@ pub struct KubeSettings {
     pub port: u16,
     /// The CA certificates that may sign the API server's certificate.
     pub roots: Arc<rustls::RootCertStore>,
+    /// Where they were read from, and which version of that file: read again when it changes
+    /// (`None` for roots given otherwise).
+    pub ca_file: Option<(PathBuf, FileStamp)>,
     /// Read again before every request: projected tokens are rotated by the kubelet.
     pub token_file: PathBuf,
     /// The node whose pods are listed (`spec.nodeName`).
@@ -89,12 +94,13 @@ impl KubeConfig {
             .token_file
             .clone()
             .unwrap_or_else(|| service_account.join("token"));
-        let roots = load_roots(&ca_file)?;
+        let (roots, stamp) = load_roots(&ca_file)?;
         read_token(&token_file)?;
         Ok(KubeSettings {
             host,
             port,
             roots: Arc::new(roots),
+            ca_file: Some((ca_file, stamp)),
             token_file,
             node: node.to_string(),
         })
@@ -102,6 +108,28 @@ impl KubeConfig {
 }
 
 impl KubeSettings {
+    /// Reads the CA file again when it changed since it was read (the kubelet rotates the
+    /// ServiceAccount's `ca.crt` by swapping a link), under the rules of the first read. On
+    /// an error the roots read before are kept for the next try, and the error is the
+    /// request's.
+    pub fn refresh_roots(&mut self) -> Result<(), String> {
+        let Some((path, stamp)) = &self.ca_file else {
+            return Ok(());
+        };
+        if FileStamp::of(path).as_ref() == Some(stamp) {
+            return Ok(());
+        }
+        let (roots, stamp) = load_roots(path)?;
+        let path = path.clone();
+        tracing::info!(
+            "pods: read the CA file {} again (it changed)",
+            path.display()
+        );
+        self.roots = Arc::new(roots);
+        self.ca_file = Some((path, stamp));
+        Ok(())
+    }
+
     pub fn url(&self) -> String {
         if self.host.contains(':') {
             format!("https://[{}]:{}", self.host, self.port)
@@ -171,37 +199,6 @@ fn parse_url(url: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port))
 }
 
-/// The CA file's certificates as the only roots trusted.
-fn load_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
-    let shown = path.display();
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the CA file {shown}: {e}"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&bytes) {
-        let cert = cert.map_err(|e| format!("the CA file {shown} is not PEM: {e}"))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("the CA file {shown} holds a bad certificate: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("the CA file {shown} holds no certificate"));
-    }
-    Ok(roots)
-}
-
-/// The bearer token, trimmed; an empty file is an error.
-fn read_token(path: &Path) -> Result<String, String> {
-    let shown = path.display();
-    let token = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the ServiceAccount token {shown}: {e}"))?;
-    let token = token.trim();
-    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "the ServiceAccount token {shown} is empty or not a token"
-        ));
-    }
-    Ok(token.to_string())
-}
-
 /// Percent-encodes a query value (RFC 3986 unreserved characters stay).
 fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len() * 3);
@@ -244,7 +241,12 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS with {url} failed: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "TLS with {url} failed: {}",
+                without_debug_text(&e.to_string())
+            )
+        })?;
     let io = hyper_util::rt::TokioIo::new(tls);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
@@ -271,12 +273,20 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
         .await
         .map_err(|e| format!("GET {url}/api/v1/pods failed: {e}"))?;
     let status = response.status();
-    let body = Limited::new(response.into_body(), MAX_LIST_BYTES)
-        .collect()
+    let cap = list_cap();
+    let body = read_body(response.into_body(), cap)
         .await
-        .map_err(|e| format!("reading the pod list from {url}: {e}"))?
-        .to_bytes();
+        .map_err(|e| format!("reading the pod list from {url}: {e}"))?;
     driver.abort();
+    let Some(body) = body else {
+        return Err(format!(
+            "the pod list from {url} is larger than {}, the most this agent reads within its \
+             memory limit (cgroup {}); keeping the last good list",
+            gpumem::units::Bytes(cap as u64),
+            memory_limit().map_or("unlimited".to_string(), |l| gpumem::units::Bytes(l)
+                .to_string())
+        ));
+    };
     if !status.is_success() {
         return Err(format!(
             "GET {url}/api/v1/pods answered {status}{}",
@@ -286,9 +296,96 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
     let list: PodList = serde_json::from_slice(&body)
         .map_err(|e| format!("the pod list from {url} is not a PodList: {e}"))?;
     if list.kind.as_deref().is_some_and(|k| k != "PodList") {
-        return Err(format!("{url} answered a {:?}, not a PodList", list.kind));
+        let kind = list.kind.as_deref().unwrap_or_default();
+        return Err(format!(
+            "{url} answered a {}, not a PodList",
+            gpumem::snapshot::process::clean_text(kind, 64)
+        ));
     }
     Ok(list)
+}
+
+/// The most bytes of pod list read: an eighth of the container's memory limit (a list costs its
+/// bytes once while read, and the pods kept are capped at `podlist::MAX_PODS` whatever their
+/// number), between 2 MiB and [`MAX_LIST_BYTES`] / 2; 16 MiB where no limit is set.
+pub fn list_cap() -> usize {
+    const UNLIMITED: usize = 16 << 20;
+    match memory_limit() {
+        Some(limit) => usize::try_from(limit / 8)
+            .unwrap_or(usize::MAX)
+            .clamp(2 << 20, MAX_LIST_BYTES / 2),
+        None => UNLIMITED,
+    }
+}
+
+/// This process's cgroup memory limit (v2 `memory.max`, else v1 `memory.limit_in_bytes`);
+/// `None` where none is set or it cannot be read.
+fn memory_limit() -> Option<u64> {
+    let read = |path: &str| {
+        let file = gpumem::safe_fs::open_named_regular(Path::new(path)).ok()?;
+        let bytes = gpumem::safe_fs::read_capped(file, 64).ok()?.ok()?;
+        String::from_utf8(bytes).ok()?.trim().parse::<u64>().ok()
+    };
+    // v1 reports "no limit" as a huge number.
+    read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        .filter(|limit| *limit < 1 << 60)
+}
+
+/// The body's bytes, or `None` once they pass `cap` (what was read is dropped at once).
+async fn read_body(
+    mut body: hyper::body::Incoming,
+    cap: usize,
+) -> Result<Option<Vec<u8>>, hyper::Error> {
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if bytes.len() + data.len() > cap {
+                return Ok(None);
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(bytes))
+}
+
+/// rustls reports some certificate errors through their `Debug` form
+/// (`invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))`): the wrappers go and the
+/// innermost name is spelt as words (`invalid peer certificate: CA used as end entity`).
+fn without_debug_text(message: &str) -> String {
+    let (head, mut rest) = match message.rsplit_once(": ") {
+        Some((head, rest)) => (Some(head), rest),
+        None => (None, message),
+    };
+    let is_name = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric());
+    let mut unwrapped = false;
+    while let Some((name, inner)) = rest.split_once('(') {
+        match inner.strip_suffix(')') {
+            Some(inner) if is_name(name) => {
+                rest = inner;
+                unwrapped = true;
+            }
+            _ => break,
+        }
+    }
+    // A bare `UnknownIssuer` is a variant's name too; `HTTP` or `reset` are words already.
+    let camel = rest.starts_with(|c: char| c.is_ascii_uppercase())
+        && rest.contains(|c: char| c.is_ascii_lowercase());
+    if !is_name(rest) || !(unwrapped || camel) {
+        return message.to_string();
+    }
+    let mut words = String::new();
+    for (i, c) in rest.char_indices() {
+        if c.is_ascii_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    let words = words.replacen("ca ", "CA ", 1);
+    match head {
+        Some(head) => format!("{head}: {words}"),
+        None => words,
+    }
 }
 
 /// `: <message>` of a `Status` object the API server answers errors with, when it is one.
@@ -336,11 +433,26 @@ mod tests {
     }
 
     #[test]
+    fn errors_shown_to_people_carry_no_debug_text() {
+        assert_eq!(
+            without_debug_text("invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))"),
+            "invalid peer certificate: CA used as end entity"
+        );
+        assert_eq!(
+            without_debug_text("invalid peer certificate: UnknownIssuer"),
+            "invalid peer certificate: unknown issuer"
+        );
+        assert_eq!(without_debug_text("answered HTTP"), "answered HTTP");
+        assert_eq!(without_debug_text("connection reset"), "connection reset");
+    }
+
+    #[test]
     fn the_field_selector_is_encoded() {
         let settings = KubeSettings {
             host: "fd00::1".into(),
             port: 6443,
             roots: Arc::new(rustls::RootCertStore::empty()),
+            ca_file: None,
             token_file: PathBuf::new(),
             node: "gpu-node-1.example".into(),
         };

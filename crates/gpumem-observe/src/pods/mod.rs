@@ -6,6 +6,7 @@
 
 pub mod attribute;
 pub mod cgroup;
+mod credentials;
 pub mod directory;
 pub mod kube;
 pub mod podlist;

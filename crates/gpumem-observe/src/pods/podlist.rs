@@ -23,8 +23,41 @@ const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 #[derive(Debug, Deserialize)]
 pub struct PodList {
     pub kind: Option<String>,
-    #[serde(default)]
+    /// At most [`MAX_PODS`]: the rest are skipped while parsing, never built (a list of a
+    /// million minimal pods would otherwise cost hundreds of MiB for a few MiB of text).
+    #[serde(default, deserialize_with = "at_most_max_pods")]
     pub items: Vec<Pod>,
+}
+
+/// The first [`MAX_PODS`] items of the array; the others are read past without being kept.
+fn at_most_max_pods<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<Pod>, D::Error> {
+    struct FirstPods;
+    impl<'de> serde::de::Visitor<'de> for FirstPods {
+        type Value = Vec<Pod>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of pods")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Pod>, A::Error> {
+            let mut pods = Vec::new();
+            while pods.len() < MAX_PODS {
+                match seq.next_element::<Pod>()? {
+                    Some(pod) => pods.push(pod),
+                    None => return Ok(pods),
+                }
+            }
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(pods)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Vec<Pod>, E> {
+            Ok(Vec::new())
+        }
+    }
+    deserializer.deserialize_any(FirstPods)
 }
 
 #[derive(Debug, Deserialize)]
@@ -276,6 +309,18 @@ mod tests {
             .expect("the mirror pod");
         assert_eq!(found.pod, "kube-proxy-node-1");
         assert!(table.knows("6b3d0b1f0a9a8e6b8f0d5c4b3a2e1f0d"));
+    }
+
+    #[test]
+    fn pods_past_the_cap_are_skipped_while_parsing() {
+        let items: Vec<String> = (0..MAX_PODS + 10)
+            .map(|i| format!(r#"{{"metadata":{{"uid":"u{i}"}}}}"#))
+            .collect();
+        let list = format!(r#"{{"kind":"PodList","items":[{}]}}"#, items.join(","));
+        let list: PodList = serde_json::from_str(&list).expect("parses");
+        assert_eq!(list.items.len(), MAX_PODS);
+        let empty: PodList = serde_json::from_str(r#"{"items":null}"#).expect("null items");
+        assert!(empty.items.is_empty());
     }
 
     #[test]

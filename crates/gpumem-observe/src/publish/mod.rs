@@ -23,3 +23,18 @@ pub use gpumem::snapshot::published::{file_name, Identity, PublishedFile, FORMAT
 pub use publisher::{
     default_dir, PublishError, Publisher, PublisherBuilder, PublisherHandle, DEFAULT_DIR,
 };
+
+/// Why `dir` cannot be a directory to write into: it, or the nearest of its parents that
+/// exists, is something else (a file). `None` when it is a directory or could be made one;
+/// `create_dir_all` would only say "File exists" or "Not a directory" without naming which.
+pub fn not_a_directory(dir: &std::path::Path) -> Option<String> {
+    let existing = dir
+        .ancestors()
+        .find(|path| path.symlink_metadata().is_ok())?;
+    match std::fs::metadata(existing) {
+        Ok(meta) if meta.is_dir() => None,
+        Ok(_) => Some(format!("{} is a file, not a directory", existing.display())),
+        // A dangling link: creating through it fails with a clear enough error.
+        Err(_) => None,
+    }
+}

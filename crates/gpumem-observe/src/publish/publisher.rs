@@ -85,6 +85,9 @@ impl PublisherBuilder {
             dir: dir.clone(),
             source,
         };
+        if let Some(problem) = super::not_a_directory(&dir) {
+            return Err(dir_error(std::io::Error::other(problem)));
+        }
         std::fs::create_dir_all(&dir).map_err(dir_error)?;
         let mut worker = Worker {
             sampler: match self.sampling.flight {
@@ -142,6 +145,26 @@ impl PublisherHandle {
                 tracing::error!("the publisher thread panicked");
             }
         }
+    }
+}
+
+impl PublisherHandle {
+    /// [`shutdown`](Self::shutdown), waiting at most `limit` for the thread; past it the file
+    /// is removed here. For exit handlers: the thread may be stuck behind a lock the exiting
+    /// thread holds, and an exit must not hang on it.
+    pub fn shutdown_within(mut self, limit: Duration) {
+        let _ = self.stop.send(());
+        let started = std::time::Instant::now();
+        if let Some(thread) = self.thread.take() {
+            while !thread.is_finished() && started.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+                return;
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -50,8 +50,9 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// The middleware: 400 for a request with more than one `Host` (RFC 9112: a proxy and this
-/// server could each pick another one), 403 for a request naming another host.
+/// The middleware: 400 for a request with no `Host` or more than one (RFC 9112: a proxy and
+/// this server could each pick another one), 403 for a request naming another host in `Host`
+/// or in an absolute-form target.
 pub(crate) async fn check_host(
     State(allowed): State<AllowedHosts>,
     request: Request,
@@ -70,23 +71,35 @@ pub(crate) async fn check_host(
         )
             .into_response();
     }
+    // An absolute-form target (`GET http://name/metrics`) names the host itself, and a
+    // proxy in front would route by it: it must be acceptable too, and the same as `Host`.
+    let target = request.uri().authority().map(|a| a.as_str().to_string());
     let host = request
         .headers()
         .get(header::HOST)
         .map(|h| h.to_str().unwrap_or("\u{FFFD}"));
-    match host {
-        Some(host) if !allowed.allows(host) => (
+    let Some(host) = host else {
+        // RFC 9112, 3.2: a request without Host gets 400 (every HTTP/1.1 client sends one).
+        return (
+            StatusCode::BAD_REQUEST,
+            "a request must have a Host header\n",
+        )
+            .into_response();
+    };
+    let named = target.as_deref().unwrap_or(host);
+    if !allowed.allows(host) || !allowed.allows(named) {
+        let refused = if allowed.allows(host) { named } else { host };
+        return (
             StatusCode::FORBIDDEN,
             format!(
                 "Host {:?} is not allowed: use an IP address or localhost, or add the name with \
                  --allowed-hosts (GPUMEM_ALLOWED_HOSTS)\n",
-                host.chars().take(100).collect::<String>()
+                refused.chars().take(100).collect::<String>()
             ),
         )
-            .into_response(),
-        // No Host at all (HTTP/1.0 tools): no browser sends such a request.
-        _ => next.run(request).await,
+            .into_response();
     }
+    next.run(request).await
 }
 
 #[cfg(test)]

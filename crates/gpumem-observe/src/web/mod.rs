@@ -14,6 +14,7 @@ pub(crate) mod format;
 pub(crate) mod host;
 pub mod metrics;
 pub mod page;
+mod reclaim;
 pub mod runbook;
 pub mod runtime;
 mod server;
@@ -21,7 +22,7 @@ mod stall;
 
 pub use server::{
     default_max_connections, listen, serve, serve_with, serve_with_header_timeout, ServerLimits,
-    MAX_CONNECTIONS_CEILING, MIN_CONNECTIONS, STALL_TIMEOUT,
+    MAX_CONNECTIONS_CEILING, MIN_CONNECTIONS, RESPONSE_TIMEOUT, SEND_BUFFERS_TOTAL, STALL_TIMEOUT,
 };
 
 use crate::flight::FlightLog;

@@ -14,8 +14,12 @@
 //! the moment the rest are taken: a connection in the reserve is answered only for `/healthz`
 //! (anything else gets 503 and a `Retry-After`), with short deadlines and no keep-alive, so a
 //! liveness probe still gets its answer while scrapers flood the server. With the reserve full
-//! too, new connections wait in the kernel's listen queue, which costs no descriptor.
+//! too, a new connection takes the slot of the oldest connection with no request in flight
+//! (`reclaim`: a flood of silent, stalled or idle connections cannot keep a probe out), and
+//! when every connection has a request in flight, new ones wait in the kernel's listen queue,
+//! which costs no descriptor.
 
+use super::reclaim;
 use super::stall::Stalling;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -31,7 +35,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a client has to send a request's headers: ample for any real client and for
 /// Prometheus, short enough that idle or stalled connections do not pile up.
@@ -39,6 +43,17 @@ pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may move no byte while it waits to read or write: a client that stops
 /// reading its response is dropped after this (Prometheus's own scrape timeout is 10 s).
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most one response may take to send once the server starts writing it, however steadily
+/// the client reads (a minute: a 3 MB `/metrics` at 50 KiB/s).
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// What the kernel may buffer for the server's unsent responses, all connections together:
+/// each connection's send buffer is this divided by the connection cap (16 KiB to 256 KiB),
+/// instead of the kernel's autotuning up to `tcp_wmem`'s 4 MiB. Linux counts twice the size
+/// set (its bookkeeping), so the kernel memory bound is 2 x this (docs/reliability.md).
+pub const SEND_BUFFERS_TOTAL: usize = 32 << 20;
+const SEND_BUFFER_MIN: usize = 16 << 10;
+const SEND_BUFFER_MAX: usize = 256 << 10;
+
 /// Both deadlines for a connection in the reserve: a health probe sends its request at once,
 /// but under a flood its packets may be dropped and resent (the listen queue overflows).
 const RESERVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -51,6 +66,13 @@ const LISTEN_BACKLOG: i32 = 1024;
 pub const MAX_CONNECTIONS_CEILING: usize = 1024;
 /// The fewest connections a cap may allow: one for requests, one in the reserve and some room.
 pub const MIN_CONNECTIONS: usize = 4;
+
+/// How long a connection accepted beyond the cap waits for the slot of the idle connection
+/// it closed (its task only has to run once).
+const RECLAIM_WAIT: Duration = Duration::from_secs(1);
+
+/// The least time between two lines about the connection cap.
+const CAP_LOG_GAP: Duration = Duration::from_secs(60);
 
 /// After an accept error other than a connection reset (out of descriptors, say), wait this
 /// long before accepting again rather than spin.
@@ -65,6 +87,8 @@ pub struct ServerLimits {
     pub header_timeout: Duration,
     /// How long a connection may move no byte while waiting to read or write.
     pub stall_timeout: Duration,
+    /// How long one response may take to send once begun ([`RESPONSE_TIMEOUT`]).
+    pub response_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -73,6 +97,7 @@ impl Default for ServerLimits {
             max_connections: default_max_connections(),
             header_timeout: HEADER_READ_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
+            response_timeout: RESPONSE_TIMEOUT,
         }
     }
 }
@@ -81,6 +106,12 @@ impl ServerLimits {
     /// Of `max_connections`, how many are kept for `/healthz`.
     pub fn reserved(&self) -> usize {
         (self.max_connections / 16).clamp(1, 16)
+    }
+
+    /// Each connection's send buffer: [`SEND_BUFFERS_TOTAL`] shared by the cap.
+    pub fn send_buffer_bytes(&self) -> usize {
+        (SEND_BUFFERS_TOTAL / self.max_connections.max(MIN_CONNECTIONS))
+            .clamp(SEND_BUFFER_MIN, SEND_BUFFER_MAX)
     }
 }
 
@@ -155,23 +186,31 @@ pub async fn serve_with(
 ) -> io::Result<()> {
     let max = limits.max_connections.max(MIN_CONNECTIONS);
     let reserved = limits.reserved();
+    let send_buffer = limits.send_buffer_bytes();
     let general = Arc::new(Semaphore::new(max - reserved));
     let reserve = Arc::new(Semaphore::new(reserved));
     let health_only = app.clone().layer(axum::middleware::from_fn(health_only));
     let connections = GracefulShutdown::new();
+    let idle = reclaim::Tracker::default();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut at_cap = false;
+    let mut last_cap_log: Option<std::time::Instant> = None;
     loop {
-        // Room first: with every slot taken, connections wait in the listen queue. Only this
-        // loop takes permits, so room seen here is still there after the accept.
+        // Room first: with every slot taken by connections with a request in flight, new ones
+        // wait in the listen queue. Only this loop takes permits, so room seen here is still
+        // there after the accept. While some connection is idle (silent, halfway through its
+        // headers, or kept alive between requests), the loop accepts anyway: the new
+        // connection takes the oldest idle one's slot (`reclaim`).
         let room = async {
             tokio::select! {
                 permit = general.acquire() => drop(permit),
                 permit = reserve.acquire() => drop(permit),
             }
         };
+        let may_reclaim = idle.idle() > 0;
         tokio::select! {
             () = room => {}
+            () = std::future::ready(()), if may_reclaim => {}
             () = &mut shutdown => break,
         }
         let stream = tokio::select! {
@@ -187,48 +226,104 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
-        let (permit, in_reserve) = match Arc::clone(&general).try_acquire_owned() {
-            Ok(permit) => (permit, false),
-            Err(_) => match Arc::clone(&reserve).try_acquire_owned() {
-                Ok(permit) => (permit, true),
-                Err(_) => continue,
-            },
+        let Some((permit, in_reserve)) = take_slot(&general, &reserve, &idle).await else {
+            continue;
         };
+        // Logged at most once a minute: a flood of idle connections moves a new connection
+        // in and out of the reserve many times a second.
         if in_reserve != at_cap {
             at_cap = in_reserve;
-            if at_cap {
-                tracing::warn!(
-                    "{} connections open, the most allowed (--max-connections): new ones get \
-                     /healthz only until some close",
-                    max - reserved
-                );
-            } else {
-                tracing::info!("below the connection cap again");
+            if last_cap_log.is_none_or(|at| at.elapsed() >= CAP_LOG_GAP) {
+                last_cap_log = Some(std::time::Instant::now());
+                if at_cap {
+                    tracing::warn!(
+                        "{} connections open, the most allowed (--max-connections): new ones \
+                         get /healthz only, or the slot of an idle one, until some close",
+                        max - reserved
+                    );
+                } else {
+                    tracing::info!("below the connection cap again");
+                }
             }
         }
         // Small responses: send them at once rather than wait for more to coalesce.
         let _ = stream.set_nodelay(true);
-        let (service, header_timeout, stall_timeout) = if in_reserve {
-            (health_only.clone(), RESERVE_TIMEOUT, RESERVE_TIMEOUT)
+        // A fixed send buffer: what slow readers make the kernel hold stays within
+        // SEND_BUFFERS_TOTAL (x2) for all connections together.
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(send_buffer);
+        let (service, header_timeout, stall_timeout, response_timeout) = if in_reserve {
+            let short = RESERVE_TIMEOUT;
+            (health_only.clone(), short, short, short)
         } else {
-            (app.clone(), limits.header_timeout, limits.stall_timeout)
+            let app = app.clone();
+            (
+                app,
+                limits.header_timeout,
+                limits.stall_timeout,
+                limits.response_timeout,
+            )
         };
-        let io = TokioIo::new(Stalling::new(stream, stall_timeout));
+        let slot = idle.register(max);
+        let io = Stalling::new(stream, stall_timeout).with_response_limit(response_timeout);
+        let io = TokioIo::new(io);
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(!in_reserve)
-            .serve_connection(io, TowerToHyperService::new(service));
+            .serve_connection(
+                io,
+                reclaim::Tracked::new(TowerToHyperService::new(service), Arc::clone(&slot)),
+            );
         let connection = connections.watch(connection);
         tokio::spawn(async move {
-            // A client that vanishes or misses a deadline is not the server's error.
-            let _ = connection.await;
+            // A client that vanishes or misses a deadline is not the server's error; one chosen
+            // to give its slot up is dropped, which closes it.
+            tokio::select! {
+                _ = connection => {}
+                () = slot.reclaimed() => {}
+            }
+            slot.finished();
             drop(permit);
         });
     }
     drop(listener);
     connections.shutdown().await;
     Ok(())
+}
+
+/// A slot for a connection just accepted: a free one (general first), else the oldest idle
+/// connection's, once it has closed. `None` when neither comes in time: the new connection is
+/// dropped.
+async fn take_slot(
+    general: &Arc<Semaphore>,
+    reserve: &Arc<Semaphore>,
+    idle: &reclaim::Tracker,
+) -> Option<(OwnedSemaphorePermit, bool)> {
+    let free = |general: &Arc<Semaphore>, reserve: &Arc<Semaphore>| match Arc::clone(general)
+        .try_acquire_owned()
+    {
+        Ok(permit) => Some((permit, false)),
+        Err(_) => Arc::clone(reserve)
+            .try_acquire_owned()
+            .ok()
+            .map(|p| (p, true)),
+    };
+    if let Some(slot) = free(general, reserve) {
+        return Some(slot);
+    }
+    // No idle connection left (it sent a request since the loop looked): wait for a slot as
+    // the listen queue would have, a while.
+    let wait = match idle.reclaim_oldest_idle() {
+        true => RECLAIM_WAIT,
+        false => STALL_TIMEOUT,
+    };
+    let freed = async {
+        tokio::select! {
+            permit = Arc::clone(general).acquire_owned() => permit.ok().map(|p| (p, false)),
+            permit = Arc::clone(reserve).acquire_owned() => permit.ok().map(|p| (p, true)),
+        }
+    };
+    tokio::time::timeout(wait, freed).await.ok().flatten()
 }
 
 /// The reserve's router: `/healthz` as usual, anything else 503.

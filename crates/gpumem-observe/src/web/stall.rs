@@ -23,6 +23,12 @@ pub(super) struct Stalling<T> {
     limit: Duration,
     /// Armed at the first wait after progress, cleared by progress.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// The most a response may take once the server starts writing it, however steadily the
+    /// client reads: a reader that takes 2 KiB every few seconds never trips the stall rule,
+    /// but would hold its slot (and the kernel's buffers) for as long as it liked.
+    response_limit: Option<Duration>,
+    /// When the server began writing since the client last sent a byte.
+    writing_since: Option<Instant>,
 }
 
 impl<T> Stalling<T> {
@@ -31,6 +37,31 @@ impl<T> Stalling<T> {
             inner,
             limit,
             deadline: None,
+            response_limit: None,
+            writing_since: None,
+        }
+    }
+
+    /// Fails writes once a response has been written for longer than `limit`.
+    pub(super) fn with_response_limit(mut self, limit: Duration) -> Self {
+        self.response_limit = Some(limit);
+        self
+    }
+
+    /// When the response being written must be done by, if there is a limit.
+    fn response_due(&self) -> Option<Instant> {
+        Some(self.writing_since? + self.response_limit?)
+    }
+
+    /// Called before each write: starts the response's clock, or refuses once it ran out.
+    fn start_or_check_writing(&mut self) -> io::Result<()> {
+        let since = *self.writing_since.get_or_insert_with(Instant::now);
+        match self.response_limit {
+            Some(limit) if since.elapsed() > limit => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the response took longer than {limit:?} to send"),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -46,13 +77,20 @@ impl<T> Stalling<T> {
             return polled;
         }
         let limit = self.limit;
-        let deadline = self
-            .deadline
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + limit)));
+        let due = self.response_due();
+        let deadline = self.deadline.get_or_insert_with(|| {
+            let stalled = Instant::now() + limit;
+            Box::pin(tokio::time::sleep_until(
+                due.map_or(stalled, |due| due.min(stalled)),
+            ))
+        });
         match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("no byte moved for {limit:?}"),
+                match due.filter(|due| *due <= Instant::now()) {
+                    Some(_) => "the response took too long to send".to_string(),
+                    None => format!("no byte moved for {limit:?}"),
+                },
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -66,7 +104,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Stalling<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            // A new request: the next response gets its own time.
+            this.writing_since = None;
+        }
         this.settle(cx, polled)
     }
 }
@@ -78,6 +121,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Stalling<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Err(error) = this.start_or_check_writing() {
+            return Poll::Ready(Err(error));
+        }
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.settle(cx, polled)
     }
@@ -88,6 +134,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Stalling<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Err(error) = this.start_or_check_writing() {
+            return Poll::Ready(Err(error));
+        }
         let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         this.settle(cx, polled)
     }
@@ -153,6 +202,38 @@ mod tests {
             writer.shutdown().await.expect("shutdown");
             drop(writer);
             assert_eq!(slow.await.expect("reader"), 16 * 1024);
+        });
+    }
+
+    #[test]
+    fn a_response_read_slowly_but_steadily_is_cut_at_the_response_limit() {
+        let runtime = crate::web::runtime::build("stall-test").expect("runtime");
+        runtime.block_on(async {
+            // 512 bytes every 20 ms: never silent for the 200 ms stall limit.
+            let (writer, mut reader) = tokio::io::duplex(1024);
+            let mut writer = Stalling::new(writer, Duration::from_millis(200))
+                .with_response_limit(Duration::from_millis(500));
+            let slow = tokio::spawn(async move {
+                let mut buffer = [0u8; 512];
+                loop {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    match reader.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            });
+            let started = std::time::Instant::now();
+            let error = writer
+                .write_all(&vec![1u8; 1 << 20])
+                .await
+                .expect_err("a 1 MiB body at 25 KiB/s takes 40 s");
+            assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(450), "{took:?}");
+            assert!(took < Duration::from_secs(3), "{took:?}");
+            drop(writer);
+            slow.await.expect("reader");
         });
     }
 }

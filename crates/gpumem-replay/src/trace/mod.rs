@@ -69,6 +69,10 @@ pub enum TraceError {
 pub enum LineError {
     #[error("unknown op '{0}' (expected 'a <id> <size> <stream>' or 'f <id>')")]
     UnknownOp(String),
+    /// A bad line before any event: the file may be anything readable (`replay /etc/shadow`),
+    /// so its text is not quoted.
+    #[error("not a trace event (expected 'a <id> <size> <stream>' or 'f <id>'); is this a gpumem trace?")]
+    NotATrace,
     #[error("missing field <{field}> (expected '{usage}')")]
     MissingField {
         usage: &'static str,

@@ -58,7 +58,12 @@ pub(super) fn parse(
         state.line(line, text).map_err(|reason| TraceError::Line {
             file: label.to_string(),
             line,
-            reason,
+            reason: match reason {
+                // Until one event has been read, the file is not known to be a trace: a line
+                // that is no event is not quoted (it may be any file the user can read).
+                LineError::UnknownOp(_) if state.events.is_empty() => LineError::NotATrace,
+                reason => reason,
+            },
         })?;
     }
     if state.events.is_empty() {

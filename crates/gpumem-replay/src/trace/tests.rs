@@ -73,6 +73,17 @@ fn rejects_unknown_op() {
 }
 
 #[test]
+fn a_file_that_is_no_trace_is_not_quoted() {
+    let text = "root:x:0:0:secret-hash:/root:/bin/bash\n";
+    rejects(text, 1, "not a trace event");
+    let error = parse(text).expect_err("not a trace").to_string();
+    assert!(
+        !error.contains("secret") && !error.contains("root"),
+        "{error}"
+    );
+}
+
+#[test]
 fn rejects_missing_fields() {
     rejects("a 1 8\n", 1, "missing field <stream>");
     rejects("a 1 8 0\nf\n", 2, "missing field <id>");

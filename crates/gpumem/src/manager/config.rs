@@ -373,7 +373,7 @@ impl MemoryConfig {
     }
 
     /// The most the pools of a device with `total` bytes may hold.
-    pub(crate) fn pool_cap(&self, total: u64) -> u64 {
+    pub fn pool_cap(&self, total: u64) -> u64 {
         let by_fraction = (total as f64 * self.gpu_memory_fraction) as u64;
         self.max_pool_bytes
             .map_or(by_fraction, |cap| cap.min(by_fraction))

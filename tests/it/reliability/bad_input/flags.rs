@@ -306,3 +306,65 @@ fn values_that_used_to_slip_through_are_refused() {
     ]);
     run_table(cases);
 }
+
+/// Issue 48's smaller findings: values accepted, or refused with a message that did not say
+/// what was wrong, each now exit 2 with one line and nothing on stdout.
+#[test]
+fn issue_48_values_are_refused_with_one_line() {
+    let files = Files::new();
+    let collect_dir = files.path("").display().to_string();
+    let a_file = files.write("not-a-directory", b"");
+    let serve_rows: Rows = &[("--collect-max-bytes", "0", "--collect-max-bytes: 0")];
+    let mut cases = Vec::new();
+    rows(
+        &SERVE,
+        &["--collect-dir", &collect_dir],
+        serve_rows,
+        2,
+        &mut cases,
+    );
+    let demo = DEMO.args();
+    fn with<'a>(demo: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = demo.to_vec();
+        args.extend_from_slice(extra);
+        args
+    }
+    let inside_the_file = format!("{a_file}/records");
+    cases.extend([
+        case(
+            "demo --oom-dir FILE",
+            &with(&demo, &["--oom-dir", &a_file]),
+            2,
+            "is a file, not a directory",
+        ),
+        case(
+            "demo --oom-dir FILE/records",
+            &with(&demo, &["--oom-dir", &inside_the_file]),
+            2,
+            "is a file, not a directory",
+        ),
+        case(
+            "demo --publish-dir FILE",
+            &with(&demo, &["--publish-dir", &a_file]),
+            2,
+            "--publish-dir",
+        ),
+        // Within the simulated 80 GiB device but past its pools' cap (90 %): it used to print
+        // the table's header, then fail with exit 1.
+        case(
+            "bench --sizes 79G",
+            &["bench", "--backend", "sim", "--sizes", "79G"],
+            2,
+            "--sizes: 79.00 GiB is more than gpumem's pools",
+        ),
+        // A value clap refuses, from a variable: one line naming the variable.
+        case(
+            "GPUMEM_MAX_CONNECTIONS=abc",
+            &demo,
+            2,
+            "GPUMEM_MAX_CONNECTIONS",
+        )
+        .env("GPUMEM_MAX_CONNECTIONS", "abc"),
+    ]);
+    run_table(cases);
+}

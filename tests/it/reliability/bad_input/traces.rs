@@ -54,7 +54,7 @@ fn bad_trace_files_exit_2_naming_the_line_and_write_no_plot() {
         (
             "one long token",
             &long_line.as_bytes()[..10_000],
-            "unknown op 'xxxxxxxxxx",
+            "line 1: not a trace event",
         ),
         ("unknown op", b"a 1 100 0\nx 2\n", "line 2: unknown op 'x'"),
         ("missing stream", b"a 1 100\n", "missing field <stream>"),

@@ -6,9 +6,12 @@
 
 mod collect_budget;
 mod collect_races;
+mod flood;
 mod input_limits;
 mod logging;
 mod precedence;
+mod publisher_files;
+mod slow_readers;
 mod web;
 mod writes;
 

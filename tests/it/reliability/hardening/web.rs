@@ -43,6 +43,27 @@ fn requests_must_name_this_server() {
     ] {
         assert_eq!(status(rebound), 403, "Host: {rebound}");
     }
+    // No Host at all, and a target naming another host than Host does (issue 48: both 200).
+    let bare = request_raw(addr, "GET /api/v1/snapshot HTTP/1.1\r\n").expect("request");
+    assert_eq!(bare.status, 400, "no Host");
+    let absolute = |target_host: &str| {
+        request_raw(
+            addr,
+            &format!("GET http://{target_host}/api/v1/snapshot HTTP/1.1\r\nHost: {addr}\r\n"),
+        )
+        .expect("request")
+        .status
+    };
+    assert_eq!(
+        absolute("attacker.example"),
+        403,
+        "absolute-form, another host"
+    );
+    assert_eq!(
+        absolute(&addr.to_string()),
+        200,
+        "absolute-form, this server"
+    );
     // Two Hosts: a proxy in front and this server could each believe another one.
     for second in ["attacker.example", "127.0.0.1"] {
         let twice = request_raw(

@@ -8,4 +8,5 @@ pub(crate) mod agent;
 pub(crate) mod apiserver;
 mod cgroups;
 mod client;
+mod hostile;
 mod serve;

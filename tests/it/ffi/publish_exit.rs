@@ -1,0 +1,83 @@
+//! Issue 48, case 7: a process that started `gpumem_publish` and exits normally removes its
+//! published file (docs/publish-format.md), and a child it forked that exits normally leaves
+//! the parent's file alone. `gpumem.torch.publish` goes through this call. The library is the
+//! cdylib cargo built beside this test binary, loaded by python3 through ctypes on the
+//! simulated device; without python3 the test skips (fails under CI=true).
+
+use crate::sidecar::TempDir;
+use crate::web::tool_available;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The cdylib beside this test binary (`target/<profile>/deps`, or one level up).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let name = format!(
+        "{}gpumem{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [deps.join(&name), deps.parent().unwrap_or(deps).join(&name)]
+        .into_iter()
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{name} was not built next to {}", exe.display()))
+}
+
+/// Publishes every 100 ms, forks a child that exits normally, checks the file survived it,
+/// then returns from the script (the interpreter exits with status 0).
+const SCRIPT: &str = r#"
+import ctypes, os, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.gpumem_publish.argtypes = [ctypes.c_char_p]
+assert lib.gpumem_publish(sys.argv[2].encode()) == 0, "gpumem_publish failed"
+def files():
+    return [n for n in os.listdir(sys.argv[2]) if n.endswith(".json")]
+deadline = time.time() + 10
+while not files() and time.time() < deadline:
+    time.sleep(0.05)
+assert files(), "nothing published"
+child = os.fork()
+if child == 0:
+    sys.exit(0)
+_, status = os.waitpid(child, 0)
+assert status == 0, status
+time.sleep(0.3)
+assert files(), "the forked child removed its parent's file"
+print("published", files())
+"#;
+
+#[test]
+fn a_normal_exit_removes_the_file_gpumem_publish_wrote() {
+    if !tool_available("python3") {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "python3 is needed on CI"
+        );
+        eprintln!("skipped: no python3");
+        return;
+    }
+    let dir = TempDir::new("capi-publish-exit");
+    let output = Command::new("python3")
+        .args(["-c", SCRIPT])
+        .arg(library())
+        .arg(dir.path())
+        .env("GPUMEM_BACKEND", "sim")
+        .env("GPUMEM_INTERVAL", "100ms")
+        .env_remove("GPUMEM_PUBLISH_DIR")
+        .output()
+        .expect("python3 runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{said}");
+    assert!(said.contains("published"), "{said}");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "left behind at exit: {left:?}\n{said}");
+}
