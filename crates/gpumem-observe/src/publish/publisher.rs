@@ -8,7 +8,9 @@ use gpumem::snapshot::process::current_identity;
 use gpumem::snapshot::published::{file_name, Identity, PublishedFile};
 use gpumem::units::format_duration;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
@@ -98,7 +100,9 @@ impl PublisherBuilder {
             dir: dir.clone(),
             identity,
             last_error: None,
+            stopping: Arc::new(AtomicBool::new(false)),
         };
+        let stopping = Arc::clone(&worker.stopping);
         worker.publish().map_err(dir_error)?;
         let path = dir.join(&worker.file);
         let (stop, stopped) = mpsc::channel();
@@ -110,6 +114,7 @@ impl PublisherBuilder {
         Ok(PublisherHandle {
             path,
             stop,
+            stopping,
             thread: Some(thread),
         })
     }
@@ -128,6 +133,9 @@ pub fn default_dir() -> PathBuf {
 pub struct PublisherHandle {
     path: PathBuf,
     stop: mpsc::Sender<()>,
+    /// Set before a stop: a write the thread has not begun yet is skipped, so a file removed
+    /// at exit is not written again by a thread that was still sampling.
+    stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -139,6 +147,7 @@ impl PublisherHandle {
 
     /// Stops publishing, removes the file (so a collector drops this process at once) and waits.
     pub fn shutdown(mut self) {
+        self.stopping.store(true, Ordering::Release);
         let _ = self.stop.send(());
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
@@ -153,6 +162,7 @@ impl PublisherHandle {
     /// is removed here. For exit handlers: the thread may be stuck behind a lock the exiting
     /// thread holds, and an exit must not hang on it.
     pub fn shutdown_within(mut self, limit: Duration) {
+        self.stopping.store(true, Ordering::Release);
         let _ = self.stop.send(());
         let started = std::time::Instant::now();
         if let Some(thread) = self.thread.take() {
@@ -170,6 +180,7 @@ impl PublisherHandle {
 
 impl Drop for PublisherHandle {
     fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
         let _ = self.stop.send(());
     }
 }
@@ -181,6 +192,7 @@ struct Worker {
     file: String,
     identity: Identity,
     last_error: Option<String>,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -214,6 +226,10 @@ impl Worker {
         let sample = self.sampler.sample();
         let file = PublishedFile::from_snapshot(&sample.snapshot, &self.identity);
         let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+        if self.stopping.load(Ordering::Acquire) {
+            // Stopped while sampling: the file is being removed, never to be written again.
+            return Ok(());
+        }
         write_atomically(&self.dir.join(&self.file), &bytes, &WriteOptions::default())
     }
 }
