@@ -4,8 +4,6 @@
 use super::runtime::{runtime, Runtime};
 use gpumem::backend::StreamId;
 use gpumem::snapshot::{capture, CaptureSettings};
-use gpumem_observe::exporter::{parse_listen, Exporter, DEFAULT_LISTEN};
-use gpumem_observe::publish::Publisher;
 use serde_json::{json, Map, Value};
 
 /// The alignment PyTorch's own allocator gives every block; kernels may rely on it.
@@ -224,70 +222,4 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
         held.iter().map(|pool| pool.in_use_bytes).sum(),
     );
     Ok(Value::Object(out))
-}
-
-pub(super) fn serve(listen: Option<&str>) -> Result<i32, String> {
-    let addr = parse_listen(listen.unwrap_or(DEFAULT_LISTEN))?;
-    let runtime = runtime()?;
-    let mut exporter = runtime.exporter.lock();
-    if let Some(running) = exporter.as_ref() {
-        return Ok(i32::from(running.local_addr().port()));
-    }
-    let handle = Exporter::builder()
-        .manager(runtime.manager.clone())
-        .listen(addr)
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let port = i32::from(handle.local_addr().port());
-    *exporter = Some(handle);
-    Ok(port)
-}
-
-pub(super) fn publish(dir: Option<&str>) -> Result<(), String> {
-    let runtime = runtime()?;
-    let mut publisher = runtime.publisher.lock();
-    if publisher.is_some() {
-        return Err("already publishing; one publisher per process".to_string());
-    }
-    let mut builder = Publisher::builder().manager(runtime.manager.clone());
-    if let Some(dir) = dir {
-        builder = builder.dir(dir);
-    }
-    *publisher = Some(builder.spawn().map_err(|e| e.to_string())?);
-    remove_published_file_at_exit();
-    Ok(())
-}
-
-/// The process that started publishing: a forked child runs its parent's exit handlers too,
-/// and must leave the parent's file alone.
-static PUBLISHING_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// A normal exit (the end of `main`, `exit()`, Python's interpreter exit) removes the
-/// published file, as docs/publish-format.md promises: the runtime is a static, never dropped,
-/// so its publisher used to leave the file behind for the collector to age out.
-fn remove_published_file_at_exit() {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    PUBLISHING_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
-    REGISTERED.call_once(|| {
-        // SAFETY: `atexit` only records the address of a function taking no arguments and
-        // returning nothing, which `stop_publishing_at_exit` is; it lives as long as the
-        // library, which is not unloaded while the process runs its exit handlers.
-        let _ = unsafe { libc::atexit(stop_publishing_at_exit) };
-    });
-}
-
-extern "C" fn stop_publishing_at_exit() {
-    if std::process::id() != PUBLISHING_PID.load(std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    // Never unwind out of an exit handler; never wait on a lock another thread may hold.
-    let _ = std::panic::catch_unwind(|| {
-        let Ok(runtime) = runtime() else { return };
-        let Some(mut publisher) = runtime.publisher.try_lock() else {
-            return;
-        };
-        if let Some(handle) = publisher.take() {
-            handle.shutdown_within(std::time::Duration::from_secs(1));
-        }
-    });
 }

@@ -13,6 +13,7 @@
 #![allow(unsafe_code)]
 
 mod calls;
+mod exporting;
 mod fork;
 mod graphs;
 mod live;
@@ -296,7 +297,7 @@ pub unsafe extern "C" fn gpumem_serve(listen: *const c_char) -> c_int {
     guarded("gpumem_serve", -1, || {
         // SAFETY: forwarded from this function's own contract.
         let listen = unsafe { optional_str(listen) }?;
-        calls::serve(listen)
+        exporting::serve(listen)
     })
 }
 
@@ -310,7 +311,7 @@ pub unsafe extern "C" fn gpumem_publish(dir: *const c_char) -> c_int {
     guarded("gpumem_publish", -1, || {
         // SAFETY: forwarded from this function's own contract.
         let dir = unsafe { optional_str(dir) }?;
-        calls::publish(dir).map(|()| 0)
+        exporting::publish(dir).map(|()| 0)
     })
 }
 

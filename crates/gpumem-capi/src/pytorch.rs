@@ -180,7 +180,13 @@ fn torch_size(bytes: u64) -> String {
 }
 
 /// What other processes hold on `device`, from NVML: (total bytes, the largest holders as
-/// "pid N: size"). `None` when NVML cannot say.
+/// "pid N: size"). `None` when NVML cannot say, or this build has no NVML.
+#[cfg(not(feature = "exporter"))]
+fn other_processes(_runtime: &Runtime, _device: usize) -> Option<(u64, Vec<String>)> {
+    None // NVML comes with the exporter's crate
+}
+
+#[cfg(feature = "exporter")]
 fn other_processes(runtime: &Runtime, device: usize) -> Option<(u64, Vec<String>)> {
     use gpumem_observe::nvml::NvmlReader;
     static NVML: std::sync::OnceLock<Option<NvmlReader>> = std::sync::OnceLock::new();

@@ -9,9 +9,6 @@ use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::{open_backend, BackendChoice, DeviceBackend};
 use gpumem::manager::MemoryManager;
 use gpumem::settings::Settings;
-use gpumem_observe::exporter::ExporterHandle;
-use gpumem_observe::publish::PublisherHandle;
-use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 
 pub(super) struct Runtime {
@@ -22,8 +19,9 @@ pub(super) struct Runtime {
     pub live: LiveBuffers,
     pub graphs: GraphCaptures,
     pub deferred: DeferredFrees,
-    pub exporter: Mutex<Option<ExporterHandle>>,
-    pub publisher: Mutex<Option<PublisherHandle>>,
+    /// The exporter and publisher the host started (`exporting.rs`; empty without them).
+    #[cfg_attr(not(feature = "exporter"), allow(dead_code))]
+    pub exporting: super::exporting::Handles,
 }
 
 /// The runtime, opened by the first call that needs it. A failure to open is kept and returned
@@ -109,8 +107,7 @@ impl Runtime {
             live: LiveBuffers::new(),
             graphs: GraphCaptures::default(),
             deferred: DeferredFrees::default(),
-            exporter: Mutex::new(None),
-            publisher: Mutex::new(None),
+            exporting: Default::default(),
         }
     }
 
