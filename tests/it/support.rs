@@ -5,7 +5,7 @@ mod binary;
 mod chromium;
 mod promtool;
 
-pub(crate) use binary::{gpumem, gpumem_as_user, stderr, stdout, Running};
+pub(crate) use binary::{gpumem, gpumem_as_user, stderr, stdout, url_on_first_line, Running};
 pub(crate) use chromium::Chromium;
 pub(crate) use promtool::promtool_check_metrics;
 
@@ -71,4 +71,22 @@ pub(crate) fn all_backends() -> Vec<Arc<dyn DeviceBackend>> {
     let mut backends: Vec<Arc<dyn DeviceBackend>> = vec![sim_backend()];
     backends.extend(cuda_backend());
     backends
+}
+
+/// `VmHWM` (peak) and `VmRSS` (now) of process `pid`, in KiB; `None` once it is gone.
+pub(crate) fn memory_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse::<u64>().ok())
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// `VmHWM` of a running process `pid`, in KiB.
+pub(crate) fn peak_kib(pid: u32) -> u64 {
+    memory_kib(pid).expect("the process's VmHWM").0
 }

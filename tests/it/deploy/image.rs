@@ -6,14 +6,12 @@
 //! without buildah and mmdebstrap, unless CI=true.
 
 use super::{repo, strings};
-use crate::support::target_dir;
+use crate::support::{target_dir, url_on_first_line};
 use crate::web::{get, tool_available};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The tag the test builds (replaced by each run, removed at the end).
@@ -209,23 +207,8 @@ fn the_image_builds_and_serves_the_simulated_device_as_a_user_would_run_it() {
 
 /// The address of the first stdout line, which must start with `prefix`.
 fn first_url(child: &mut Child, prefix: &str) -> SocketAddr {
-    let stdout = child.stdout.take().expect("stdout");
-    let (lines, received) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let line = received
-        .recv_timeout(Duration::from_secs(60))
-        .expect("serve printed its URL inside the image");
-    line.strip_prefix(prefix)
-        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
-        .trim_end_matches('/')
-        .parse()
-        .expect("a socket address in the URL")
+    url_on_first_line(child, prefix, Duration::from_secs(60))
+        .expect("serve printed its URL inside the image")
 }
 
 /// The first process under `ancestor` (its children, theirs, ...) whose command is `name`.

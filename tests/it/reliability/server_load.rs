@@ -11,7 +11,7 @@
 //! never asserted (docs/reliability.md has the figures).
 
 use super::{open_fds, Scratch};
-use crate::support::Running;
+use crate::support::{memory_kib, Running};
 use gpumem::snapshot::unix_now;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -57,19 +57,6 @@ fn publisher(i: u32, t: f64) -> String {
                      "tags": tags, "pools": pools}],
     })
     .to_string()
-}
-
-/// `VmHWM` and `VmRSS` of `pid`, in KiB.
-fn memory_kib(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse::<u64>().ok())
-    };
-    Some((field("VmHWM:")?, field("VmRSS:")?))
 }
 
 /// What one scrape ended with.

@@ -64,26 +64,9 @@ impl Running {
             .stdout(Stdio::piped())
             .spawn()
             .expect("the gpumem binary starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let (lines, received) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let line = received
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("gpumem {args:?} printed no URL"));
         let prefix = format!("gpumem {}: open http://", args[0]);
-        let url = line
-            .strip_prefix(&prefix)
-            .unwrap_or_else(|| panic!("unexpected first line: {line}"));
-        let addr = url
-            .trim_end_matches('/')
-            .parse()
-            .expect("a socket address in the URL");
+        let addr = url_on_first_line(&mut child, &prefix, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("gpumem {args:?} printed no URL"));
         Running { child, addr }
     }
 
@@ -142,4 +125,32 @@ impl Drop for Running {
             self.kill_hard();
         }
     }
+}
+
+/// The address a child's first stdout line names after `prefix` (its "open http://ADDR/"),
+/// waiting at most `within`; `None` when it prints nothing by then. Later lines are read and
+/// dropped, so the child never blocks on a full pipe.
+pub(crate) fn url_on_first_line(
+    child: &mut Child,
+    prefix: &str,
+    within: Duration,
+) -> Option<SocketAddr> {
+    let stdout = child.stdout.take().expect("stdout piped");
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = received.recv_timeout(within).ok()?;
+    let url = line
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"));
+    Some(
+        url.trim_end_matches('/')
+            .parse()
+            .expect("a socket address in the URL"),
+    )
 }

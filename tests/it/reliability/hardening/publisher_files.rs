@@ -6,6 +6,7 @@
 
 use super::{collecting_sidecar, published};
 use crate::reliability::Scratch;
+use crate::support::peak_kib;
 use crate::web::request;
 use gpumem::snapshot::unix_now;
 use std::time::{Duration, Instant};
@@ -51,16 +52,6 @@ fn cpu_time(pid: u32) -> Duration {
         .unwrap_or(100)
         .max(1);
     Duration::from_millis(ticks * 1000 / per_second)
-}
-
-fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .expect("VmHWM")
 }
 
 #[test]

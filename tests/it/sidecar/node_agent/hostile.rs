@@ -7,7 +7,7 @@
 
 use super::apiserver::{pod, ApiServer};
 use crate::sidecar::TempDir;
-use crate::support::Running;
+use crate::support::{peak_kib, Running};
 use crate::web::{eventually, get, value_of};
 use std::path::Path;
 use std::process::Stdio;
@@ -171,17 +171,6 @@ fn a_token_turned_into_a_fifo_turns_the_pod_list_down_within_two_refreshes() {
         eventually(Duration::from_secs(15), || pod_list(&agent).0 == 1.0),
         "the pod list is up again"
     );
-}
-
-/// `VmHWM` of `pid`, in KiB.
-fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .expect("VmHWM")
 }
 
 #[test]
