@@ -139,8 +139,8 @@ fn pod_list(agent: &Running) -> (f64, f64) {
     )
 }
 
-#[test]
-fn a_token_turned_into_a_fifo_turns_the_pod_list_down_within_two_refreshes() {
+/// An API server with three pods on the node, and an agent whose pod list is up with them.
+fn agent_listing_three_pods() -> (ApiServer, Running) {
     let api = ApiServer::start(NODE);
     three_pods(&api);
     let agent = agent(&api, Stdio::null());
@@ -148,6 +148,12 @@ fn a_token_turned_into_a_fifo_turns_the_pod_list_down_within_two_refreshes() {
         eventually(Duration::from_secs(15), || pod_list(&agent) == (1.0, 3.0)),
         "the pod list is up"
     );
+    (api, agent)
+}
+
+#[test]
+fn a_token_turned_into_a_fifo_turns_the_pod_list_down_within_two_refreshes() {
+    let (api, agent) = agent_listing_three_pods();
     std::fs::remove_file(&api.token_file).expect("remove the token");
     fifo(&api.token_file);
     let swapped = Instant::now();
@@ -175,13 +181,7 @@ fn a_token_turned_into_a_fifo_turns_the_pod_list_down_within_two_refreshes() {
 
 #[test]
 fn a_60_mib_pod_list_is_refused_within_the_memory_limit_and_the_last_one_kept() {
-    let api = ApiServer::start(NODE);
-    three_pods(&api);
-    let agent = agent(&api, Stdio::null());
-    assert!(
-        eventually(Duration::from_secs(15), || pod_list(&agent) == (1.0, 3.0)),
-        "the pod list is up"
-    );
+    let (api, agent) = agent_listing_three_pods();
     // Minimal pods (a UID each), the cheapest to send and the most objects per byte.
     let mut raw = String::with_capacity(61 << 20);
     raw.push_str(r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#);
@@ -218,13 +218,7 @@ fn a_60_mib_pod_list_is_refused_within_the_memory_limit_and_the_last_one_kept() 
 
 #[test]
 fn a_ca_file_changed_at_run_time_is_read_again_under_the_same_rules() {
-    let api = ApiServer::start(NODE);
-    three_pods(&api);
-    let agent = agent(&api, Stdio::null());
-    assert!(
-        eventually(Duration::from_secs(15), || pod_list(&agent) == (1.0, 3.0)),
-        "the pod list is up"
-    );
+    let (api, agent) = agent_listing_three_pods();
     let good_ca = std::fs::read(&api.ca_file).expect("the CA");
     // Another CA, which did not sign the API server's certificate: read again, trusted, refused.
     let other = rcgen::generate_simple_self_signed(vec!["other-ca.test".to_string()])
