@@ -1,28 +1,13 @@
 //! Issue 48, case 7: a process that started `gpumem_publish` and exits normally removes its
 //! published file (docs/publish-format.md), and a child it forked that exits normally leaves
 //! the parent's file alone. `gpumem.torch.publish` goes through this call. The library is the
-//! cdylib cargo built beside this test binary, loaded by python3 through ctypes on the
+//! cdylib built once per run for this profile (`python::library`), loaded by python3 through ctypes on the
 //! simulated device; without python3 the test skips (fails under CI=true).
 
+use super::python::library;
 use crate::sidecar::TempDir;
 use crate::web::tool_available;
-use std::path::PathBuf;
 use std::process::Command;
-
-/// The cdylib beside this test binary (`target/<profile>/deps`, or one level up).
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    let name = format!(
-        "{}gpumem{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    [deps.join(&name), deps.parent().unwrap_or(deps).join(&name)]
-        .into_iter()
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| panic!("{name} was not built next to {}", exe.display()))
-}
 
 /// Publishes every 100 ms, forks a child that exits normally, checks the file survived it,
 /// then returns from the script (the interpreter exits with status 0).

@@ -61,7 +61,7 @@ fn target_dir() -> PathBuf {
 /// The C library (crates/gpumem-cdylib) for this test binary's profile, built once per run as
 /// a user builds it (`cargo build -p gpumem-cdylib`) into this target directory: `cargo test`
 /// builds no cdylib, that crate having no tests.
-fn library() -> PathBuf {
+pub(super) fn library() -> PathBuf {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY
         .get_or_init(|| {
