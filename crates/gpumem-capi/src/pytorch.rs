@@ -129,6 +129,27 @@ pub(super) fn largest_free_block(runtime: &Runtime, device: usize) -> u64 {
         .unwrap_or(0)
 }
 
+/// The chunks mapped under `[addr, addr + len)` on `device`, exported for another process
+/// (CUDA IPC; the CUDA backend only): `C <address> <size> <fd>` a line, in address order,
+/// decimal. The descriptors stay open until their chunks are released.
+pub(super) fn export_chunks_text(device: usize, addr: u64, len: u64) -> Result<String, String> {
+    let runtime = runtime()?;
+    let cuda = runtime.cuda.as_ref().ok_or_else(|| {
+        format!(
+            "sharing memory with another process needs the CUDA backend; this one is {}",
+            runtime.manager.backend().kind()
+        )
+    })?;
+    let chunks = runtime
+        .keeping_host_context(|| cuda.export_chunks(device, addr, len))
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    for chunk in chunks {
+        let _ = writeln!(text, "C {} {} {}", chunk.addr, chunk.bytes, chunk.fd);
+    }
+    Ok(text)
+}
+
 /// The segments of `device` as text, one line each, then a line per block:
 /// `S <address> <size> <stream> <small|large|direct> <graph 0|1>` and
 /// `B <address> <size> <requested> <allocated 0|1> <tag or ->`. Addresses and sizes in

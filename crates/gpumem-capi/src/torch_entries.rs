@@ -103,6 +103,16 @@ pub extern "C" fn gpumem_segments_text(device: c_int) -> *mut c_char {
     })
 }
 
+/// The chunks under `[ptr, ptr + len)` on `device`, exported as file descriptors another
+/// process imports (see `pytorch::export_chunks_text`), or null.
+#[no_mangle]
+pub extern "C" fn gpumem_export_chunks(device: c_int, ptr: *mut c_void, len: u64) -> *mut c_char {
+    guarded("gpumem_export_chunks", std::ptr::null_mut(), || {
+        pytorch::export_chunks_text(calls::device_index(device)?, ptr as usize as u64, len)
+            .map(to_c_string)
+    })
+}
+
 /// The message of the out-of-memory error for `size` bytes refused on `device`, gpumem's
 /// reason (this thread's latest error) included; or null.
 #[no_mangle]

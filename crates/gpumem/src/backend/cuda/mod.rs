@@ -8,12 +8,14 @@
 //! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
 //! baseline), `host` (pinned host memory for the CPU fallback), `host_context` (leaving the
 //! calling thread's current context as a host such as PyTorch set it), `capture` (CUDA graph
-//! capture: which capture a stream is in, and not breaking it) and `events` (fences).
+//! capture: which capture a stream is in, and not breaking it), `events` (fences) and `export`
+//! (mapped chunks as file descriptors another process imports: CUDA IPC).
 
 #![allow(unsafe_code)]
 
 mod capture;
 mod events;
+mod export;
 mod host;
 mod host_context;
 mod probe;
@@ -21,6 +23,7 @@ mod properties;
 mod stream_ordered;
 mod vmm;
 
+pub use export::ExportedChunk;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
@@ -30,9 +33,10 @@ use super::{
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, CStr};
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 
 /// All devices of the host as the CUDA driver reports them.
@@ -45,6 +49,9 @@ pub struct CudaBackend {
     /// Chunks mapped by `map`, by (device index, address their mapping starts at), so `unmap`
     /// can find, check and release them.
     chunks: Mutex<BTreeMap<(usize, u64), PhysicalChunk>>,
+    /// The file descriptors chunks were exported as (`export.rs`), by chunk handle: open until
+    /// the chunk is released, as another process may import them until then.
+    exported: Mutex<HashMap<u64, std::os::fd::OwnedFd>>,
     /// Our handle on the probed library: keeps it loaded while the backend lives (cudarc has its own).
     library_handle: libloading::Library,
 }
@@ -55,6 +62,9 @@ struct Device {
     properties: DeviceProperties,
     /// Retained on first use, released in `Drop`.
     context: OnceLock<PrimaryContext>,
+    /// Whether new chunks are created shareable (`vmm::create_chunk`): until the driver
+    /// refuses once.
+    shareable_pages: AtomicBool,
 }
 
 /// A retained primary context.
@@ -80,6 +90,7 @@ impl CudaBackend {
                 handle,
                 properties: properties::query(index, handle)?,
                 context: OnceLock::new(),
+                shareable_pages: AtomicBool::new(true),
             });
         }
         tracing::debug!(
@@ -93,6 +104,7 @@ impl CudaBackend {
             driver_version: driver.driver_version,
             devices,
             chunks: Mutex::new(BTreeMap::new()),
+            exported: Mutex::new(HashMap::new()),
             library_handle: driver.library,
         })
     }
