@@ -127,7 +127,7 @@ fn the_python_package_publishes_pytorch_statistics_as_a_valid_file() {
     if cfg!(target_os = "linux") {
         assert_eq!(
             file.pid_namespace,
-            gpumem::snapshot::process::current_pid_namespace()
+            gpumem_wire::process::current_pid_namespace()
         );
     }
     let names: Vec<_> = std::fs::read_dir(publish.path())
@@ -175,7 +175,7 @@ fn the_python_background_publisher_removes_its_file_at_exit() {
 /// record, whose fields are `/metrics`' families (checked in `web::metrics`): a misspelt key
 /// would otherwise be dropped without a word.
 fn every_key_is_a_record_field(path: &str) {
-    use gpumem::snapshot::{ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory};
+    use gpumem_wire::{ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory};
     let text = std::fs::read_to_string(path).expect("the published file");
     let written: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     let record = serde_json::to_value(ProcessDevice {

@@ -9,9 +9,9 @@
 //! sized for the sidecar's memory limit; a file over the budget is skipped and counted.
 
 use super::read::{read_sized, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
-use gpumem::snapshot::process::{current_pid_namespace, pid_alive};
-use gpumem::snapshot::published::PublishedFile;
-use gpumem::snapshot::{unix_now, CollectStatus, CollectedProcess, ReasonCount};
+use gpumem_wire::process::{current_pid_namespace, pid_alive};
+use gpumem_wire::published::PublishedFile;
+use gpumem_wire::{unix_now, CollectStatus, CollectedProcess, ReasonCount};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

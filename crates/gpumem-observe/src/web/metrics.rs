@@ -13,8 +13,8 @@ pub(crate) use families::{MANAGER_DEVICE, MANAGER_POOL};
 
 use families::DEVICE_READINGS;
 use gpumem::manager::pressure::PressureLevel;
-use gpumem::snapshot::published::{device_record, published_pool};
-use gpumem::snapshot::{ProcessDevice, Snapshot};
+use gpumem_wire::published::{device_record, published_pool};
+use gpumem_wire::{ProcessDevice, Snapshot};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::TextEncoder;

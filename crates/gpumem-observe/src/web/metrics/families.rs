@@ -6,7 +6,7 @@
 //! Adding a device metric: a line here, and the record's field that carries it.
 
 use super::{def, Def, COUNTER, GAUGE};
-use gpumem::snapshot::{DeviceSnapshot, ProcessDevice, ProcessPool};
+use gpumem_wire::{DeviceSnapshot, ProcessDevice, ProcessPool};
 
 pub(crate) const DEVICE: &[&str] = &["gpu", "uuid"];
 pub(crate) const POOL: &[&str] = &["gpu", "uuid", "pool"];
@@ -120,7 +120,7 @@ pub(crate) const MANAGER_POOL: &[(Def, PoolRecordValue)] = &[
 mod tests {
     use super::super::all_defs;
     use super::*;
-    use gpumem::snapshot::ProcessTag;
+    use gpumem_wire::ProcessTag;
 
     /// Every field of the device record (the publish format) is a family named after it, and
     /// every family of the tables is a field: the record and the tables cannot drift apart.

@@ -7,7 +7,7 @@
 
 use super::families::{PoolRecordValue, RecordValue};
 use super::{def, sample, Def, Families, COUNTER, GAUGE};
-use gpumem::snapshot::{PodRef, ReasonCount, Snapshot};
+use gpumem_wire::{PodRef, ReasonCount, Snapshot};
 use prometheus::proto::Metric;
 
 const PROCESS_MEMORY: Def = def("gpumem_process_used_bytes", GAUGE, &["gpu", "uuid", "pid", "process", "namespace", "pod", "container"],
@@ -279,7 +279,7 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
 }
 
 /// The node agent's pod list: whether it is fresh, how big, and who it left unnamed.
-fn add_pod_families(sidecar: &gpumem::snapshot::SidecarSnapshot, out: &mut Families) {
+fn add_pod_families(sidecar: &gpumem_wire::SidecarSnapshot, out: &mut Families) {
     let Some(pods) = &sidecar.pods else {
         return;
     };

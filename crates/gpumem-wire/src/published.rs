@@ -2,7 +2,7 @@
 //! Kept small and flat on purpose, so that a Python engine can write the same file from
 //! `torch.cuda.memory_stats()` in a dozen lines.
 
-use crate::snapshot::{
+use crate::{
     DeviceSnapshot, PoolSnapshot, ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory,
     Snapshot, TagGroup,
 };
