@@ -5,7 +5,7 @@
 //! cache knobs. Only misses and upkeep come here: a hit never does.
 
 use super::adaptive::{
-    decide, setting_at, CacheSetting, Observation, Tuning, COSTLY_MISS_NS, MEMORY_FIRST_LEVEL,
+    counts_as_cost, decide, setting_at, CacheSetting, Observation, Tuning, MEMORY_FIRST_LEVEL,
     WINDOW_MISSES,
 };
 use super::config::{CacheMode, MemoryConfig};
@@ -83,17 +83,17 @@ pub(crate) fn store(knobs: &CacheKnobs, setting: &CacheSetting, page_size: u64) 
 }
 
 impl MemoryManager {
-    /// A miss of `ns` nanoseconds was served on `managed`: into the latency histogram, and
-    /// into the adaptive window.
-    pub(super) fn record_miss(&self, managed: &ManagedDevice, ns: u64) {
+    /// A miss of `ns` nanoseconds that mapped `mapped_bytes` was served on `managed`: into the
+    /// latency histogram, and into the adaptive window.
+    pub(super) fn record_miss(&self, managed: &ManagedDevice, ns: u64, mapped_bytes: u64) {
         managed.pages.miss_ns.record(ns);
         if let Some(adapting) = &managed.adapting {
-            self.adapt(managed, adapting, ns);
+            self.adapt(managed, adapting, ns, mapped_bytes);
         }
     }
 
     #[cold]
-    fn adapt(&self, managed: &ManagedDevice, adapting: &Adapting, ns: u64) {
+    fn adapt(&self, managed: &ManagedDevice, adapting: &Adapting, ns: u64, mapped_bytes: u64) {
         // Another miss deciding right now has this window; one miss less in it changes nothing.
         let Some(mut window) = adapting.window.try_lock() else {
             return;
@@ -101,7 +101,7 @@ impl MemoryManager {
         let held = managed.reserve.reserved_bytes.load(Relaxed);
         let growth = held > window.held_high;
         window.held_high = window.held_high.max(held);
-        if growth || ns < COSTLY_MISS_NS {
+        if growth || !counts_as_cost(ns, mapped_bytes) {
             return;
         }
         window.misses += 1;
