@@ -275,7 +275,11 @@ impl Sweep<'_> {
 /// setting, its figures, against the pool's time where there is a pool, and beside the setting
 /// the sweep names (the leanest that beats the pool, else the fastest within its memory; on the
 /// simulated device, the fastest on the frontier within the adaptive default's memory).
-fn landed(adaptive: &ReplayReport, reports: &[ReplayReport], pool: Option<&ReplayReport>) -> String {
+fn landed(
+    adaptive: &ReplayReport,
+    reports: &[ReplayReport],
+    pool: Option<&ReplayReport>,
+) -> String {
     let level = adaptive
         .adaptive_level
         .map_or("?".to_string(), |l| l.to_string());
@@ -299,12 +303,15 @@ fn landed(adaptive: &ReplayReport, reports: &[ReplayReport], pool: Option<&Repla
         );
     }
     let named = match pool {
-        Some(pool) => beating_the_pool(reports, pool).first().copied().or_else(|| {
-            reports
-                .iter()
-                .filter(|r| r.reserved_over_peak <= pool.reserved_over_peak)
-                .min_by(|a, b| a.ns_per_op.total_cmp(&b.ns_per_op))
-        }),
+        Some(pool) => beating_the_pool(reports, pool)
+            .first()
+            .copied()
+            .or_else(|| {
+                reports
+                    .iter()
+                    .filter(|r| r.reserved_over_peak <= pool.reserved_over_peak)
+                    .min_by(|a, b| a.ns_per_op.total_cmp(&b.ns_per_op))
+            }),
         None => reports
             .iter()
             .filter(|r| r.reserved_over_peak <= adaptive.reserved_over_peak)

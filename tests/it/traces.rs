@@ -51,7 +51,10 @@ fn every_trace_stays_within_the_waste_bound_at_the_memory_first_setting() {
         let manager = MemoryManager::new(backend.clone(), config).unwrap();
         let (report, _) = replay(&manager, 0, &trace, |_| {}).unwrap();
         if report.reserved_over_peak > WASTE_BOUND {
-            failures.push(format!("{} at {:.4}", report.trace, report.reserved_over_peak));
+            failures.push(format!(
+                "{} at {:.4}",
+                report.trace, report.reserved_over_peak
+            ));
         }
         assert_eq!(report.cache_mode, "memory-first");
     }
@@ -84,10 +87,17 @@ fn the_adaptive_default_stays_under_its_ceiling_when_misses_cost_time() {
             ));
         }
         climbed += usize::from(report.adaptive_level.is_some_and(|level| level > 1));
-        assert_eq!(report.max_device_vs_reserved_gap_bytes, 0, "{}", report.trace);
+        assert_eq!(
+            report.max_device_vs_reserved_gap_bytes, 0,
+            "{}",
+            report.trace
+        );
     }
     assert!(failures.is_empty(), "{failures:?}");
-    assert!(climbed > 0, "misses at an H100's prices moved no trace's setting");
+    assert!(
+        climbed > 0,
+        "misses at an H100's prices moved no trace's setting"
+    );
 }
 
 #[test]

@@ -380,9 +380,7 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         idle_pages_kept: landed.map_or(config.idle_pages_kept, |(s, _)| s.idle_pages_kept),
         idle_per_mille: landed.map_or(config.idle_per_mille, |(s, _)| s.idle_per_mille),
         max_chunk_bytes: landed.map_or(config.max_chunk_bytes, |(s, _)| s.max_chunk_bytes),
-        inside_chunk_bytes: landed.map_or(config.inside_chunk_bytes, |(s, _)| {
-            s.inside_chunk_bytes
-        }),
+        inside_chunk_bytes: landed.map_or(config.inside_chunk_bytes, |(s, _)| s.inside_chunk_bytes),
         whole_chunks_when_growing: landed.map_or(config.whole_chunks_when_growing, |(s, _)| {
             s.whole_chunks_when_growing
         }),

@@ -120,10 +120,21 @@ impl MemoryManager {
             room_bytes: managed.pool_cap().saturating_sub(held),
         };
         let tuning = decide(window.tuning, &seen);
-        let setting = setting_at(tuning.level, &adapting.base, live_peak_bytes, managed.page_size);
+        let setting = setting_at(
+            tuning.level,
+            &adapting.base,
+            live_peak_bytes,
+            managed.page_size,
+        );
         if setting != window.setting {
             store(managed.pages.knobs(), &setting, managed.page_size);
-            tracing::debug!(device = managed.index, level = tuning.level, cost_ns_per_op = seen.cost_ns_per_op(), ?setting, "cache setting moved");
+            tracing::debug!(
+                device = managed.index,
+                level = tuning.level,
+                cost_ns_per_op = seen.cost_ns_per_op(),
+                ?setting,
+                "cache setting moved"
+            );
         }
         *window = Window {
             tuning,

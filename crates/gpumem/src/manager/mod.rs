@@ -3,8 +3,8 @@
 //! (releasing cached memory and retrying once first). Caching policy, upkeep, leaks, host
 //! fallback and multi-device placement live in the submodules.
 
-pub mod adaptive;
 mod adapting;
+pub mod adaptive;
 mod buffer;
 mod cache;
 pub mod config;
@@ -28,8 +28,8 @@ mod upkeep;
 pub mod views;
 pub mod workspace;
 
-pub use buffer::{AllocOptions, DeviceBuffer, GraphPoolId};
 pub use adaptive::CacheSetting;
+pub use buffer::{AllocOptions, DeviceBuffer, GraphPoolId};
 pub use config::{CacheMode, ConfigError, ManagerConfig, MemoryConfig, Strategy};
 #[cfg(feature = "config-file")]
 pub use config_file::{
