@@ -105,6 +105,8 @@ pub fn replay_driver_pool(
         reserved_after_empty_cache_bytes: after,
         ooms: 0,
         max_device_vs_reserved_gap_bytes: played.max_gap,
+        cache_mode: String::new(),
+        adaptive_level: None,
         idle_pages_kept: 0,
         idle_per_mille: 0,
         max_chunk_bytes: 0,
