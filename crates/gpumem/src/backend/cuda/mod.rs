@@ -27,8 +27,8 @@ pub use export::ExportedChunk;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
-    StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, Fence, MemInfo,
+    PhysicalChunk, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
@@ -216,35 +216,6 @@ impl DeviceBackend for CudaBackend {
         Ok(self.device(device)?.properties.allocation_granularity_bytes)
     }
 
-    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
-        self.make_current(device)?;
-        if size == 0 {
-            return Err(BackendError::InvalidArgument {
-                call: "alloc",
-                reason: "size must be greater than zero".to_string(),
-            });
-        }
-        let bytes = to_usize("alloc", size)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` is a valid out-pointer; a context for `device` is current.
-        check("cuMemAlloc_v2", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, bytes)
-        })
-        .map_err(|err| self.out_of_memory_or(device, size, err))?;
-        Ok(ptr)
-    }
-
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
-        self.make_current(device)?;
-        // SAFETY: freeing takes a plain address; the driver validates it and answers
-        // CUDA_ERROR_INVALID_VALUE for one it did not hand out, which we report as such.
-        let result = unsafe { sys::cuMemFree_v2(ptr) };
-        match result {
-            CUresult::CUDA_ERROR_INVALID_VALUE => Err(BackendError::InvalidAddress { device, ptr }),
-            other => check("cuMemFree_v2", other),
-        }
-    }
-
     fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
         self.reserve(device, size)
     }
@@ -287,14 +258,16 @@ impl DeviceBackend for CudaBackend {
         self.relaxed(|| self.release_physical(device, chunks))
     }
 
-    fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
-        self.host_alloc(device, size)
+    fn streams(&self) -> Option<&dyn StreamOrder> {
+        Some(self)
     }
 
-    fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
-        self.host_free(device, ptr)
+    fn direct(&self) -> Option<&dyn DirectMemory> {
+        Some(self)
     }
+}
 
+impl StreamOrder for CudaBackend {
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.wait_for(device, stream)
     }
@@ -317,6 +290,45 @@ impl DeviceBackend for CudaBackend {
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
         self.capture_id(device, stream)
+    }
+}
+
+impl DirectMemory for CudaBackend {
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        self.make_current(device)?;
+        if size == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "alloc",
+                reason: "size must be greater than zero".to_string(),
+            });
+        }
+        let bytes = to_usize("alloc", size)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; a context for `device` is current.
+        check("cuMemAlloc_v2", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes)
+        })
+        .map_err(|err| self.out_of_memory_or(device, size, err))?;
+        Ok(ptr)
+    }
+
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        self.make_current(device)?;
+        // SAFETY: freeing takes a plain address; the driver validates it and answers
+        // CUDA_ERROR_INVALID_VALUE for one it did not hand out, which we report as such.
+        let result = unsafe { sys::cuMemFree_v2(ptr) };
+        match result {
+            CUresult::CUDA_ERROR_INVALID_VALUE => Err(BackendError::InvalidAddress { device, ptr }),
+            other => check("cuMemFree_v2", other),
+        }
+    }
+
+    fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
+        self.host_alloc(device, size)
+    }
+
+    fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
+        self.host_free(device, ptr)
     }
 }
 

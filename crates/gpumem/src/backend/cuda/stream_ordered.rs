@@ -3,7 +3,7 @@
 //! replayed against, so it lives beside the other driver calls.
 
 use super::{check, to_usize, CudaBackend};
-use crate::backend::{DeviceBackend, DevicePtr};
+use crate::backend::{DevicePtr, StreamOrder};
 use crate::error::BackendError;
 use cudarc::driver::sys;
 

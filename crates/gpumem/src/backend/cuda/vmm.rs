@@ -5,7 +5,7 @@
 use super::properties::{device_location, page_allocation_prop};
 use super::Device;
 use super::{check, to_usize, CudaBackend};
-use crate::backend::PhysicalChunk;
+use crate::backend::{check_pages, PhysicalChunk};
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle};
 use std::collections::BTreeMap;
@@ -369,25 +369,4 @@ pub(super) fn unmap_and_release(
     unmap_range(at, bytes)?;
     // SAFETY: `handle` is no longer mapped anywhere.
     check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
-}
-
-/// Rejects empty, unaligned or overflowing ranges before the driver sees them.
-fn check_pages(
-    call: &'static str,
-    addr: u64,
-    size: u64,
-    granularity: u64,
-) -> Result<(), BackendError> {
-    let reason = if size == 0 {
-        "size must be greater than zero".to_string()
-    } else if granularity == 0 || size % granularity != 0 {
-        format!("size {size} is not a multiple of the {granularity}-byte page size")
-    } else if addr % granularity != 0 {
-        format!("address {addr:#x} is not aligned to the {granularity}-byte page size")
-    } else if addr.checked_add(size).is_none() {
-        format!("range at {addr:#x} of {size} bytes overflows the address space")
-    } else {
-        return Ok(());
-    };
-    Err(BackendError::InvalidArgument { call, reason })
 }

@@ -9,8 +9,8 @@ mod faults;
 mod streams;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
-    StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, Fence, MemInfo,
+    PhysicalChunk, StreamId, StreamOrder,
 };
 
 pub use costs::DriverCosts;
@@ -175,16 +175,7 @@ impl SimBackend {
     }
 
     fn check_pages(&self, call: &'static str, addr: u64, size: u64) -> Result<(), BackendError> {
-        if size == 0 || addr % self.granularity != 0 || size % self.granularity != 0 {
-            return Err(BackendError::InvalidArgument {
-                call,
-                reason: format!(
-                    "address {addr:#x} and size {size} must be non-zero multiples of the {} byte granularity",
-                    self.granularity
-                ),
-            });
-        }
-        Ok(())
+        super::check_pages(call, addr, size, self.granularity)
     }
 }
 
@@ -236,43 +227,6 @@ impl DeviceBackend for SimBackend {
     fn granularity(&self, device: usize) -> Result<u64, BackendError> {
         self.device(device)?;
         Ok(self.granularity)
-    }
-
-    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
-        let mut state = self.device(device)?.lock();
-        if size == 0 {
-            return Err(BackendError::InvalidArgument {
-                call: "alloc",
-                reason: "size is zero".to_string(),
-            });
-        }
-        self.faults.on_alloc_call()?;
-        let rounded = align_up(size, self.granularity);
-        state.take_physical(device, rounded)?;
-        let Some(ptr) = state.addresses.take(rounded) else {
-            state.used -= rounded;
-            return Err(BackendError::OutOfMemory {
-                device,
-                requested: size,
-                free: 0,
-            });
-        };
-        state.direct.insert(ptr, rounded);
-        spend(self.costs.direct(true));
-        Ok(ptr)
-    }
-
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
-        let mut state = self.device(device)?.lock();
-        self.faults.on_free_call()?;
-        let size = state
-            .direct
-            .remove(&ptr)
-            .ok_or(BackendError::InvalidAddress { device, ptr })?;
-        state.used -= size;
-        state.addresses.give_back(ptr, size);
-        spend(self.costs.direct(false));
-        Ok(())
     }
 
     fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
@@ -446,6 +400,16 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
+    fn streams(&self) -> Option<&dyn StreamOrder> {
+        Some(self)
+    }
+
+    fn direct(&self) -> Option<&dyn DirectMemory> {
+        Some(self)
+    }
+}
+
+impl StreamOrder for SimBackend {
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.sync_stream(device, stream)
     }
@@ -468,5 +432,44 @@ impl DeviceBackend for SimBackend {
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
         self.capture_on(device, stream)
+    }
+}
+
+impl DirectMemory for SimBackend {
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        let mut state = self.device(device)?.lock();
+        if size == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "alloc",
+                reason: "size is zero".to_string(),
+            });
+        }
+        self.faults.on_alloc_call()?;
+        let rounded = align_up(size, self.granularity);
+        state.take_physical(device, rounded)?;
+        let Some(ptr) = state.addresses.take(rounded) else {
+            state.used -= rounded;
+            return Err(BackendError::OutOfMemory {
+                device,
+                requested: size,
+                free: 0,
+            });
+        };
+        state.direct.insert(ptr, rounded);
+        spend(self.costs.direct(true));
+        Ok(ptr)
+    }
+
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        self.faults.on_free_call()?;
+        let size = state
+            .direct
+            .remove(&ptr)
+            .ok_or(BackendError::InvalidAddress { device, ptr })?;
+        state.used -= size;
+        state.addresses.give_back(ptr, size);
+        spend(self.costs.direct(false));
+        Ok(())
     }
 }
