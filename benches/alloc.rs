@@ -7,7 +7,6 @@
 //! auto) picks the device.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::{open_backend_or_simulate, sim::SimConfig, BackendChoice};
 use gpumem::units::{KIB, MIB};
 use gpumem::{AllocOptions, DeviceBackend, ManagerConfig, MemoryManager};
@@ -107,8 +106,13 @@ fn single_thread(c: &mut Criterion) {
 
 /// `cuMemAllocAsync` + `cuMemFreeAsync` on the device's default pool, when the backend is CUDA.
 fn stream_ordered_baseline(c: &mut Criterion) {
-    let Ok(cuda) = CudaBackend::open() else {
+    let Ok(opened) = gpumem::backend::open_backend(gpumem::BackendChoice::Cuda, Default::default())
+    else {
         eprintln!("no CUDA device: skipping the cuMemAllocAsync baseline");
+        return;
+    };
+    let Some(cuda) = opened.backend.driver_pool() else {
+        eprintln!("skipping the cuMemAllocAsync baseline: the backend has no driver pool");
         return;
     };
     if let Err(error) = cuda.prepare_stream_ordered_pool(0) {

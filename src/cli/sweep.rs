@@ -12,7 +12,6 @@
 
 use super::replay::{median_run, micros, print_report, progress_bar, replay_fresh};
 use super::CliError;
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::DeviceBackend;
 use gpumem::manager::{CacheMode, MemoryConfig};
 use gpumem::units::{Bytes, MIB};
@@ -83,7 +82,7 @@ pub(super) struct Sweep<'a> {
     pub grid: bool,
     pub repeat: u32,
     /// The driver's pool to compare with (CUDA only).
-    pub driver_pool: Option<&'a CudaBackend>,
+    pub driver_pool: Option<&'a dyn DeviceBackend>,
     pub json: bool,
 }
 

@@ -134,10 +134,11 @@ pub(super) fn largest_free_block(runtime: &Runtime, device: usize) -> u64 {
 /// decimal. The descriptors stay open until their chunks are released.
 pub(super) fn export_chunks_text(device: usize, addr: u64, len: u64) -> Result<String, String> {
     let runtime = runtime()?;
-    let cuda = runtime.cuda.as_ref().ok_or_else(|| {
+    let backend = runtime.manager.backend();
+    let cuda = backend.shareable().ok_or_else(|| {
         format!(
             "sharing memory with another process needs the CUDA backend; this one is {}",
-            runtime.manager.backend().kind()
+            backend.kind()
         )
     })?;
     let chunks = runtime

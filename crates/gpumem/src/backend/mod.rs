@@ -217,6 +217,80 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     fn direct(&self) -> Option<&dyn DirectMemory> {
         None
     }
+
+    /// The driver's own stream-ordered pool, when it has one: the baseline `replay` and
+    /// `bench` measure gpumem against.
+    fn driver_pool(&self) -> Option<&dyn DriverPool> {
+        None
+    }
+
+    /// Keeping a host's current context (a host such as PyTorch reads its current device from
+    /// it), when the backend switches contexts.
+    fn host_context(&self) -> Option<&dyn HostContext> {
+        None
+    }
+
+    /// Exporting mapped memory for another process to import (CUDA IPC), when it can.
+    fn shareable(&self) -> Option<&dyn ShareableMemory> {
+        None
+    }
+}
+
+/// A backend that makes its own context current on the calling thread, and can put the host's
+/// back afterwards.
+pub trait HostContext: Send + Sync {
+    /// Runs `f`, then makes current again the context that was current before, if the backend
+    /// switched it inside.
+    fn keep_current_context(&self, f: &mut dyn FnMut());
+}
+
+/// One chunk under an exported range: where it is mapped, its size, and the file descriptor
+/// that stands for it in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportedChunk {
+    pub addr: u64,
+    pub bytes: u64,
+    pub fd: i32,
+}
+
+/// Mapped memory another process can import.
+pub trait ShareableMemory: Send + Sync {
+    /// The chunks mapped over `[addr, addr + len)` on `device`, in address order, each
+    /// exported once; the descriptors stay open until their chunks are released.
+    fn export_chunks(
+        &self,
+        device: usize,
+        addr: u64,
+        len: u64,
+    ) -> Result<Vec<ExportedChunk>, BackendError>;
+}
+
+impl dyn HostContext + '_ {
+    /// [`keep_current_context`](HostContext::keep_current_context) for a closure with a result.
+    pub fn keeping<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut f = Some(f);
+        let mut result = None;
+        self.keep_current_context(&mut || result = f.take().map(|f| f()));
+        result.expect("keep_current_context runs its closure once")
+    }
+}
+
+/// The driver's own stream-ordered pool (`cuMemAllocAsync` / `cuMemFreeAsync` on the device's
+/// default pool): not what gpumem allocates with, but what it is measured against.
+pub trait DriverPool: Send + Sync {
+    /// Checks the driver has stream-ordered allocation and sets the default pool of `device` to
+    /// keep what it frees (release threshold: unlimited), as a long-running engine would.
+    fn prepare_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError>;
+    /// `cuMemAllocAsync` on the default stream.
+    fn alloc_stream_ordered(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
+    /// `cuMemFreeAsync` on the default stream.
+    fn free_stream_ordered(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError>;
+    /// The pool's reserved bytes now and at their peak.
+    fn stream_ordered_reserved(&self, device: usize) -> Result<(u64, u64), BackendError>;
+    /// Starts the reserved peak again from now.
+    fn reset_stream_ordered_peak(&self, device: usize) -> Result<(), BackendError>;
+    /// Gives everything the pool keeps unused back to the driver.
+    fn trim_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError>;
 }
 
 /// Work on a device's streams and CUDA graph captures: what lets a pool hand memory freed on

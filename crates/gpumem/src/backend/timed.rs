@@ -3,8 +3,8 @@
 //! of a replay's time per operation, was spent inside the driver and how much in the allocator.
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, Fence, MemInfo,
-    PhysicalChunk, StreamId, StreamOrder,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, Fence,
+    HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use std::fmt;
@@ -196,6 +196,19 @@ impl DeviceBackend for TimedBackend {
 
     fn direct(&self) -> Option<&dyn DirectMemory> {
         self.inner.direct().map(|_| self as &dyn DirectMemory)
+    }
+
+    /// The inner backend's, untimed: the baseline is not what this backend measures.
+    fn driver_pool(&self) -> Option<&dyn DriverPool> {
+        self.inner.driver_pool()
+    }
+
+    fn host_context(&self) -> Option<&dyn HostContext> {
+        self.inner.host_context()
+    }
+
+    fn shareable(&self) -> Option<&dyn ShareableMemory> {
+        self.inner.shareable()
     }
 }
 

@@ -5,26 +5,17 @@
 
 use super::vmm::{create_chunk, map_existing, release_handle, unmap_range};
 use super::{check, to_usize, CudaBackend, Device};
-use crate::backend::PhysicalChunk;
+use crate::backend::{ExportedChunk, PhysicalChunk, ShareableMemory};
 use crate::error::BackendError;
 use cudarc::driver::sys;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// One chunk under an exported range: where it is mapped, its size, and the descriptor that
-/// stands for it in this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExportedChunk {
-    pub addr: u64,
-    pub bytes: u64,
-    pub fd: RawFd,
-}
-
-impl CudaBackend {
+impl ShareableMemory for CudaBackend {
     /// The chunks mapped over `[addr, addr + len)` on `device`, in address order, each exported
     /// once (later calls return the same descriptor). Fails when part of the range is not
     /// mapped by this backend, or a chunk was created without a shareable handle.
-    pub fn export_chunks(
+    fn export_chunks(
         &self,
         device: usize,
         addr: u64,
@@ -53,7 +44,9 @@ impl CudaBackend {
             })
             .collect()
     }
+}
 
+impl CudaBackend {
     /// Backs each of `chunks` larger than a page with chunks of one page each, the same memory
     /// under the same addresses: new pages are filled from the old at a scratch range, then
     /// mapped in the old chunk's place, which is released. The context is synchronised first,

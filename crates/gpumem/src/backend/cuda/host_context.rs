@@ -97,3 +97,9 @@ impl CudaBackend {
         false
     }
 }
+
+impl crate::backend::HostContext for CudaBackend {
+    fn keep_current_context(&self, f: &mut dyn FnMut()) {
+        self.keeping_current_context(f)
+    }
+}

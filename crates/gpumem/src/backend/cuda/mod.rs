@@ -23,12 +23,11 @@ mod properties;
 mod stream_ordered;
 mod vmm;
 
-pub use export::ExportedChunk;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, Fence, MemInfo,
-    PhysicalChunk, StreamId, StreamOrder,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, Fence,
+    HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
@@ -263,6 +262,18 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn direct(&self) -> Option<&dyn DirectMemory> {
+        Some(self)
+    }
+
+    fn driver_pool(&self) -> Option<&dyn DriverPool> {
+        Some(self)
+    }
+
+    fn host_context(&self) -> Option<&dyn HostContext> {
+        Some(self)
+    }
+
+    fn shareable(&self) -> Option<&dyn ShareableMemory> {
         Some(self)
     }
 }
