@@ -1,5 +1,5 @@
 //! What PyTorch's allocator interface asks beyond alloc and free, for the C++ layer that
-//! implements that interface over this library (`python/gpumem/torch_allocator.cpp`):
+//! implements that interface over this library (`python/gpumem/torch_layer/`):
 //! statistics under PyTorch's names, the memory fraction, the segments of a memory snapshot,
 //! and the out-of-memory message. Safe Rust with `Result<_, String>`; `torch_entries.rs` holds
 //! the entry points.

@@ -1,4 +1,4 @@
-//! The entry points of the C ABI that only the PyTorch layer (`python/gpumem/torch_allocator.cpp`,
+//! The entry points of the C ABI that only the PyTorch layer (`python/gpumem/torch_layer/`,
 //! PyTorch's `CUDAAllocator` interface implemented over this library) calls; what each does is
 //! in `pytorch.rs`. Like every entry point, none unwinds: failures return -1 or null and leave
 //! their message for `gpumem_last_error`.

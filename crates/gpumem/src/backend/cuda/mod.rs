@@ -1,7 +1,7 @@
-//! The CUDA driver backend, one of the two modules allowed `unsafe` (the C ABI in `ffi` is the
-//! other): probes libcuda before cudarc touches it, caches device properties, keeps one retained
-//! primary context per device, and implements [`DeviceBackend`] with raw `cudarc::driver::sys`
-//! calls.
+//! The CUDA driver backend, one of the two modules allowed `unsafe` (the C ABI,
+//! `crates/gpumem-capi`, is the other): probes libcuda before cudarc touches it, caches device
+//! properties, keeps one retained primary context per device, and implements
+//! [`DeviceBackend`] and its capabilities with raw `cudarc::driver::sys` calls.
 //!
 //! Submodules: `probe` (library, symbols, `cuInit`, device count), `properties` (what
 //! `gpumem devices` prints; no context needed), `vmm` (reserve address space; create, map,
