@@ -13,13 +13,13 @@
 #![allow(unsafe_code)]
 
 mod calls;
+mod deferred_frees;
 mod exporting;
 mod fork;
 mod graphs;
 mod live;
 pub mod pytorch;
 mod runtime;
-mod streams;
 mod tags;
 mod torch_entries;
 

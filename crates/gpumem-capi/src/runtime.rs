@@ -2,9 +2,9 @@
 //! (`cuda`, the default, or `sim` for tests without a GPU), `GPUMEM_CONFIG` and the `GPUMEM_*`
 //! settings the command line reads too. Also the exporter and publisher it may run.
 
+use super::deferred_frees::DeferredFrees;
 use super::graphs::GraphCaptures;
 use super::live::LiveBuffers;
-use super::streams::DeferredFrees;
 use gpumem::backend::{open_backend, BackendChoice};
 use gpumem::manager::MemoryManager;
 use gpumem::settings::Settings;

@@ -21,7 +21,7 @@ pub mod placement;
 pub mod pressure;
 mod refusals;
 mod segments;
-mod streams;
+mod stream_pools;
 mod tag;
 mod thread_ids;
 mod upkeep;
@@ -41,7 +41,7 @@ pub use fallback::{FallbackBuffer, HostBuffer};
 pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use segments::{BlockLayout, SegmentLayout};
-pub use streams::MAX_STREAMS_WITH_OWN_POOLS;
+pub use stream_pools::MAX_STREAMS_WITH_OWN_POOLS;
 pub use tag::{clean_tag, held_tags, Tag, MAX_TAGS, MAX_TAG_CHARS, OTHER_TAG};
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
@@ -86,8 +86,8 @@ pub(crate) struct ManagedDevice {
     pool_cap: AtomicU64,
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
-    /// Streams with pools of their own (`streams.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
-    other_streams: RwLock<HashMap<StreamId, Arc<streams::StreamPools>>>,
+    /// Streams with pools of their own (`stream_pools.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
+    other_streams: RwLock<HashMap<StreamId, Arc<stream_pools::StreamPools>>>,
     /// What the other streams share.
     shared_streams: Box<[Arc<Pool>]>,
     /// Pools of streams dropped from `other_streams` while a block was live in them: still

@@ -63,7 +63,7 @@ pub struct PoolSettings {
     /// Address space each arena reserves.
     pub span: u64,
     /// Whether arenas place a block on free mapped pages before unmapped ones
-    /// (`place_on_mapped_pages` of the configuration; `arena/placement.rs`).
+    /// (`place_on_mapped_pages` of the configuration; `arena/block_placement.rs`).
     pub place_on_mapped_pages: bool,
 }
 

@@ -7,15 +7,15 @@
 //! `gpumem devices` prints; no context needed), `vmm` (reserve address space; create, map,
 //! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
 //! baseline), `host` (pinned host memory for the CPU fallback), `host_context` (leaving the
-//! calling thread's current context as a host such as PyTorch set it), `capture` (CUDA graph
+//! calling thread's current context as a host such as PyTorch set it), `graph_capture` (CUDA graph
 //! capture: which capture a stream is in, and not breaking it), `events` (fences) and `export`
 //! (mapped chunks as file descriptors another process imports: CUDA IPC).
 
 #![allow(unsafe_code)]
 
-mod capture;
 mod events;
 mod export;
+mod graph_capture;
 mod host;
 mod host_context;
 mod probe;

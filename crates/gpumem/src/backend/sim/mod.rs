@@ -6,7 +6,7 @@
 mod address_space;
 mod costs;
 mod faults;
-mod streams;
+mod sim_streams;
 
 use super::{
     BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, Fence, MemInfo,
@@ -21,9 +21,9 @@ use crate::units::{align_up, GIB, MIB};
 use address_space::{AddressSpace, Mappings};
 use costs::spend;
 use parking_lot::Mutex;
+use sim_streams::{SimCaptures, SimFences};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use streams::{SimCaptures, SimFences};
 
 /// Address space each simulated device hands out (1 PiB): every arena reserves twice the
 /// device, per kind, shard and stream, so 64 TiB ran out at a 4 TiB device or a few dozen

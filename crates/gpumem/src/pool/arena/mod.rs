@@ -438,8 +438,8 @@ impl Arena {
     }
 }
 
+mod block_placement;
 mod pinning;
-mod placement;
 mod release;
 #[cfg(test)]
 mod tests;
