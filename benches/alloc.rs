@@ -192,7 +192,7 @@ fn live_count(c: &mut Criterion) {
 
 /// A miss with `place_on_mapped_pages` off and on, beside 1,000 and 20,000 free holes on mapped
 /// pages too small for it: with the setting on, every would-be miss first walks the free blocks
-/// of its arena and their mapped runs for a stretch that holds it (`pool/arena/placement.rs`);
+/// of its arena and their mapped runs for a stretch that holds it (`pool/arena/block_placement.rs`);
 /// this is what that walk costs when it finds none. The holes are 128 KiB blocks freed between
 /// live ones (the large pool's), the request 8 MiB; the cache is emptied after each free so
 /// that every request maps its pages.
