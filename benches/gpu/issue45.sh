@@ -15,6 +15,10 @@
 set -euo pipefail
 repository="$(cd "$(dirname "$0")/../.." && pwd)"
 part="${1:-}"
+case "$part" in
+  compat | e2e) ;;
+  *) echo "usage: benches/gpu/issue45.sh compat|e2e" >&2; exit 2 ;;
+esac
 : "${OUT:?OUT must name the directory the results go to}"
 library="$repository/.gpu/libgpumem.so"
 [ -f "$library" ] || { echo "issue45.sh: no $library (copy a release libgpumem.so there)" >&2; exit 2; }
@@ -32,9 +36,5 @@ case "$part" in
   e2e)
     python "$repository/benches/gpu/torch_workloads.py" --repeat 3 \
       --modes default,default_again,expandable,gpumem 2>&1 | tee "$OUT/e2e.md"
-    ;;
-  *)
-    echo "usage: benches/gpu/issue45.sh compat|e2e" >&2
-    exit 2
     ;;
 esac
