@@ -52,7 +52,7 @@ fn keep_busy(thread: usize, stop: &AtomicBool) {
         let size = sizes[round % sizes.len()];
         let ptr = gpumem_alloc(size, 0, stream);
         assert!(!ptr.is_null(), "the parent allocates");
-        if round % 7 == 0 {
+        if round.is_multiple_of(7) {
             gpumem_record_stream(ptr, 0x2000 as *mut c_void);
         }
         live.push_back((ptr, size));
@@ -60,7 +60,7 @@ fn keep_busy(thread: usize, stop: &AtomicBool) {
             let (old, size) = live.pop_front().expect("one");
             gpumem_free(old, size, 0, stream);
         }
-        if thread == 0 && round % 16 == 0 {
+        if thread == 0 && round.is_multiple_of(16) {
             take(gpumem_memory_stats_json(0)).expect("statistics");
             take(gpumem_snapshot_json()).expect("a snapshot");
         }

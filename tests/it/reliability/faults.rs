@@ -351,7 +351,7 @@ fn the_sampler_and_healthz_survive_a_failing_driver() {
                     40 => faults.set_fail_frees(false),
                     _ => {}
                 }
-                if i % 50 == 0 {
+                if i.is_multiple_of(50) {
                     manager.trim(GIB);
                 }
             }

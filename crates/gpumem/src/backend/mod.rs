@@ -430,9 +430,9 @@ pub fn check_pages(
 ) -> Result<(), BackendError> {
     let reason = if size == 0 {
         "size must be greater than zero".to_string()
-    } else if granularity == 0 || size % granularity != 0 {
+    } else if granularity == 0 || !size.is_multiple_of(granularity) {
         format!("size {size} is not a multiple of the {granularity}-byte page size")
-    } else if addr % granularity != 0 {
+    } else if !addr.is_multiple_of(granularity) {
         format!("address {addr:#x} is not aligned to the {granularity}-byte page size")
     } else if addr.checked_add(size).is_none() {
         format!("range at {addr:#x} of {size} bytes overflows the address space")

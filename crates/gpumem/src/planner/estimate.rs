@@ -233,13 +233,13 @@ impl ModelShape {
         check("layers", self.layers, MAX_LAYERS)?;
         check("heads", self.heads, MAX_LAYERS)?;
         check("kv-heads", self.kv_heads, MAX_LAYERS)?;
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(ShapeError::HeadsDoNotDivideHidden {
                 hidden: self.hidden,
                 heads: self.heads,
             });
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ShapeError::KvHeadsDoNotDivideHeads {
                 heads: self.heads,
                 kv_heads: self.kv_heads,
