@@ -22,6 +22,9 @@ const LEAK_CHUNK: u64 = 8 * MIB;
 const FRAGMENT_BUFFERS: usize = 2048;
 const FRAGMENT_BYTES: u64 = 32 * KIB;
 
+/// What the neighbours hold when the demo starts, in percent of the device.
+const NEIGHBOURS_AT_START_PERCENT: u64 = 30;
+
 /// The tag of the buffers that keep the small pool fragmented: held for good, not a leak.
 pub(super) const PINNED_TAG: &str = "pinned_small_buffers";
 
@@ -47,6 +50,12 @@ impl AlertsLoad {
         sim: Arc<SimBackend>,
         node: Arc<NodeView>,
     ) -> Self {
+        // The neighbours load their models first, so the demo sizes its own budget (from the
+        // free memory it finds) to leave the device clearly below medium pressure at rest.
+        let at_start = total / 100 * NEIGHBOURS_AT_START_PERCENT;
+        if sim.set_used_by_others(device, at_start).is_ok() {
+            node.set_others(device, at_start);
+        }
         AlertsLoad {
             device,
             total,

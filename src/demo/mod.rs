@@ -386,6 +386,16 @@ fn run_workload(
             .backend()
             .properties(device)
             .map_or(0, |p| p.total_memory_bytes);
+        let alerts = match (driver.scenario, &sim) {
+            (Scenario::Alerts, Some(sim)) => Some(alerts::AlertsLoad::new(
+                device,
+                total,
+                Arc::clone(sim),
+                Arc::clone(&driver.view),
+            )),
+            _ => None,
+        };
+        // Read after the alerts scenario's neighbours took their share.
         let free = manager
             .backend()
             .mem_info(device)
@@ -394,14 +404,9 @@ fn run_workload(
             Some(sim) => PressureSource::Simulated(Arc::clone(sim)),
             None => PressureSource::Ballast,
         };
-        let pressure = match (driver.scenario, &sim) {
-            (Scenario::Alerts, Some(sim)) => DevicePressure::Alerts(alerts::AlertsLoad::new(
-                device,
-                total,
-                Arc::clone(sim),
-                Arc::clone(&driver.view),
-            )),
-            _ => DevicePressure::Calm(PressureSwing::new(source, device, total, free)),
+        let pressure = match alerts {
+            Some(load) => DevicePressure::Alerts(load),
+            None => DevicePressure::Calm(PressureSwing::new(source, device, total, free)),
         };
         devices.push((
             DeviceWorkload::new(device, Budget::for_free_memory(free)),

@@ -20,6 +20,8 @@ const RUNBOOK: &str = "docs/runbook.md";
 pub(super) struct AlertRule {
     pub name: String,
     pub expr: String,
+    /// Its `for:` as written ("5m").
+    pub for_: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
 }
@@ -54,6 +56,7 @@ pub(super) fn alert_rules() -> Vec<AlertRule> {
                     .as_str()
                     .expect("every rule has an expr")
                     .to_string(),
+                for_: rule["for"].as_str().unwrap_or("0s").to_string(),
                 labels: string_map(&rule["labels"]),
                 annotations: string_map(&rule["annotations"]),
             })
