@@ -122,9 +122,9 @@ pub(crate) fn moment(elapsed: Duration) -> Moment {
     let at = in_cycle(elapsed);
     let fill = PRESSURE
         .iter()
-        .filter(|(span, _)| span.holds(at))
+        .rev()
+        .find(|(span, _)| span.holds(at))
         .map(|(_, fill)| *fill)
-        .last()
         .unwrap_or(Fill::Low);
     Moment {
         fill,
