@@ -63,7 +63,11 @@ const DEMO_ROWS: Rows = &[
     ("--leak-age", "old", "--leak-age"),
     ("--spike-at", "later", "--spike-at"),
     ("--spike-at", "-1s", "--spike-at"),
-    ("--scenario", "loud", "'loud' is not a scenario; give one of calm, alerts"),
+    (
+        "--scenario",
+        "loud",
+        "'loud' is not a scenario; give one of calm, alerts",
+    ),
 ];
 
 const SERVE_ROWS: Rows = &[
