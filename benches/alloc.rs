@@ -7,7 +7,6 @@
 //! auto) picks the device.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::{open_backend_or_simulate, sim::SimConfig, BackendChoice};
 use gpumem::units::{KIB, MIB};
 use gpumem::{AllocOptions, DeviceBackend, ManagerConfig, MemoryManager};
@@ -107,8 +106,13 @@ fn single_thread(c: &mut Criterion) {
 
 /// `cuMemAllocAsync` + `cuMemFreeAsync` on the device's default pool, when the backend is CUDA.
 fn stream_ordered_baseline(c: &mut Criterion) {
-    let Ok(cuda) = CudaBackend::open() else {
+    let Ok(opened) = gpumem::backend::open_backend(gpumem::BackendChoice::Cuda, Default::default())
+    else {
         eprintln!("no CUDA device: skipping the cuMemAllocAsync baseline");
+        return;
+    };
+    let Some(cuda) = opened.backend.driver_pool() else {
+        eprintln!("skipping the cuMemAllocAsync baseline: the backend has no driver pool");
         return;
     };
     if let Err(error) = cuda.prepare_stream_ordered_pool(0) {
@@ -188,7 +192,7 @@ fn live_count(c: &mut Criterion) {
 
 /// A miss with `place_on_mapped_pages` off and on, beside 1,000 and 20,000 free holes on mapped
 /// pages too small for it: with the setting on, every would-be miss first walks the free blocks
-/// of its arena and their mapped runs for a stretch that holds it (`pool/arena/placement.rs`);
+/// of its arena and their mapped runs for a stretch that holds it (`pool/arena/block_placement.rs`);
 /// this is what that walk costs when it finds none. The holes are 128 KiB blocks freed between
 /// live ones (the large pool's), the request 8 MiB; the cache is emptied after each free so
 /// that every request maps its pages.

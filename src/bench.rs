@@ -5,9 +5,8 @@
 //! alloc + free pair), on one thread or several at once, and for gpumem how much of that time
 //! was spent inside driver calls. `gpumem bench` prints it.
 
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::timed::{CallKind, CallTotals, TimedBackend};
-use gpumem::backend::{BackendKind, DeviceBackend};
+use gpumem::backend::DeviceBackend;
 use gpumem::manager::{AllocOptions, MemoryConfig, MemoryManager};
 use serde::Serialize;
 use std::hint::black_box;
@@ -122,19 +121,18 @@ fn driver_shares(spent: &CallTotals, pairs: u64) -> (f64, Vec<DriverCallShare>) 
 pub(crate) struct BenchTarget {
     pub backend: Arc<dyn DeviceBackend>,
     pub device: usize,
-    /// Present on the CUDA backend when the driver has stream-ordered allocation.
-    pub stream_ordered: Option<Arc<CudaBackend>>,
+    /// The backend again, when it has the driver's stream-ordered pool (`DriverPool`).
+    pub stream_ordered: Option<Arc<dyn DeviceBackend>>,
     /// The managers' configuration (`--config`); the device is set per run.
     pub config: MemoryConfig,
 }
 
 impl BenchTarget {
     pub(crate) fn new(backend: Arc<dyn DeviceBackend>, device: usize) -> Self {
-        let stream_ordered = (backend.kind() == BackendKind::Cuda)
-            .then(CudaBackend::open)
-            .and_then(Result::ok)
-            .filter(|cuda| cuda.prepare_stream_ordered_pool(device).is_ok())
-            .map(Arc::new);
+        let stream_ordered = backend
+            .driver_pool()
+            .is_some_and(|pool| pool.prepare_stream_ordered_pool(device).is_ok())
+            .then(|| Arc::clone(&backend));
         BenchTarget {
             backend,
             device,
@@ -237,7 +235,10 @@ pub(crate) fn measure(
                 backend.free(device, ptr).map_err(|e| e.to_string())
             }
             Allocator::DriverAsync | Allocator::DriverAsyncMiss => {
-                let cuda = async_pool.as_ref().ok_or("no stream-ordered pool")?;
+                let cuda = async_pool
+                    .as_deref()
+                    .and_then(|backend| backend.driver_pool())
+                    .ok_or("no stream-ordered pool")?;
                 let ptr = cuda
                     .alloc_stream_ordered(device, size)
                     .map_err(|e| e.to_string())?;

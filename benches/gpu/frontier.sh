@@ -22,7 +22,7 @@ done
 # The setting named for each trace the default does not win on both axes: what `replay --sweep`
 # named for it (named_settings.txt, written by sweep_named.sh). Placement on mapped pages with
 # 32 MiB chunks is also run on every trace, as the one setting that serves most of them.
-placed=(GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=32MiB)
+placed=(GPUMEM_CACHE_MODE=fixed GPUMEM_PLACE_ON_MAPPED_PAGES=true GPUMEM_MAX_CHUNK_BYTES=32MiB)
 named_file=${NAMED:-$here/named_settings.txt}
 [ -f "$named_file" ] && [ -r "$named_file" ] || { echo "cannot read $named_file" >&2; exit 2; }
 declare -A named

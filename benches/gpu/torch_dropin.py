@@ -276,29 +276,56 @@ def check_compile(torch, mode):
     return {"losses": losses, "inference_max_difference": max(diffs), "ok": max(diffs) < 1e-3}
 
 
-def _ipc_receiver(queue, done):
-    import torch
+def _ipc_receiver(receiver_mode, queue, done):
+    torch = setup(receiver_mode)
+    while True:
+        tensor = queue.get()
+        if tensor is None:
+            break
+        total = float(tensor.sum())
+        tensor.add_(1)  # the sender must see this: the memory is shared, not copied
+        torch.cuda.synchronize()
+        done.put(total)
+        del tensor
 
-    tensor = queue.get()
-    done.put(float(tensor.sum()))
-    del tensor
+
+# 4 KiB and 4 MiB lie on one chunk of gpumem's; 66 MiB and 300 MiB on chunks of several sizes,
+# which the sender re-backs with pages of one size before it can describe them to PyTorch.
+IPC_ELEMENTS = {"4KiB": 1024, "4MiB": 1024 * 1024, "66MiB": 33 * MIB // 2, "300MiB": 75 * MIB}
 
 
 def check_ipc(torch, mode):
+    """Tensors sent to a process under each allocator: each arrives with its values, and the
+    receiver's writes reach the sender (shared memory, not a copy)."""
     import torch.multiprocessing as mp
-
-    context = mp.get_context("spawn")
-    queue, done = context.Queue(), context.Queue()
-    receiver = context.Process(target=_ipc_receiver, args=(queue, done), daemon=True)
-    receiver.start()
-    tensor = torch.full((1024, 1024), 2.0, device="cuda")
     from torch.multiprocessing.reductions import reduce_tensor
 
-    reduce_tensor(tensor)  # what the queue's pickler calls: raises here if sharing is refused
-    queue.put(tensor)
-    total = done.get(timeout=120)
-    receiver.join(60)
-    return {"received_sum": total, "ok": total == 2.0 * 1024 * 1024}
+    context = mp.get_context("spawn")
+    out, ok = {}, True
+    for receiver_mode in ("default", "gpumem"):
+        queue, done = context.Queue(), context.Queue()
+        receiver = context.Process(target=_ipc_receiver, args=(receiver_mode, queue, done),
+                                   daemon=True)
+        receiver.start()
+        sent = []
+        for name, elements in IPC_ELEMENTS.items():
+            neighbour = torch.full((elements // 3 + 1,), 5.0, device="cuda")
+            tensor = torch.full((elements,), 2.0, device="cuda")
+            reduce_tensor(tensor)  # what the queue's pickler calls: raises here if refused
+            queue.put(tensor)
+            total = done.get(timeout=120)
+            torch.cuda.synchronize()
+            result = {"received_sum": total, "sum_expected": 2.0 * elements,
+                      "receiver_write_seen": bool((tensor == 3.0).all()),
+                      "neighbour_intact": bool((neighbour == 5.0).all())}
+            result["ok"] = (total == 2.0 * elements and result["receiver_write_seen"]
+                            and result["neighbour_intact"])
+            ok = ok and result["ok"]
+            out[f"to_{receiver_mode}_{name}"] = result
+            sent.append((tensor, neighbour))  # alive until the receiver has let go
+        queue.put(None)
+        receiver.join(60)
+    return {**out, "ok": ok}
 
 
 def check_profiler(torch, mode):

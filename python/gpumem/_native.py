@@ -98,6 +98,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "gpumem_largest_free_block": ([ctypes.c_int], ctypes.c_int64),
         "gpumem_allocation_size": ([void_p], ctypes.c_int64),
         "gpumem_segments_text": ([ctypes.c_int], owned),
+        "gpumem_export_chunks": ([ctypes.c_int, void_p, ctypes.c_uint64], owned),
         "gpumem_oom_message": ([ctypes.c_int, ctypes.c_ssize_t], owned),
         "gpumem_print_errors": ([ctypes.c_int], ctypes.c_int),
         "gpumem_last_error": ([], owned),

@@ -30,7 +30,7 @@ from ._native import GpumemError
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_layer")
 SOURCES = ["gpumem_api.cpp", "private_pools.cpp", "history.cpp", "allocator.cpp",
-           "stats_snapshot.cpp", "install.cpp"]
+           "stats_snapshot.cpp", "ipc.cpp", "install.cpp"]
 
 
 class LayerUnavailable(GpumemError):

@@ -68,6 +68,10 @@ int64_t gpumem_allocation_size(void *ptr);    /* size asked for, or -1 when not 
 /* "S addr size stream small|large|direct graph" per segment, then "B addr size requested
  * allocated tag" per block, one a line, decimal; NULL on failure. */
 char *gpumem_segments_text(int device);
+/* The chunks mapped under [ptr, ptr + len) on `device`, exported for CUDA IPC: "C addr size fd"
+ * a line, decimal; each descriptor stays open until its chunk is released. NULL on failure
+ * (part of the range not mapped by gpumem, the simulated device, a chunk not shareable). */
+char *gpumem_export_chunks(int device, void *ptr, uint64_t len);
 /* torch.cuda.OutOfMemoryError's message for `size` bytes refused on `device` (gpumem's reason:
  * this thread's latest error). */
 char *gpumem_oom_message(int device, ssize_t size);

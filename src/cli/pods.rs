@@ -4,9 +4,9 @@
 
 use super::CliError;
 use clap::Args;
-use gpumem::snapshot::ThisPod;
 use gpumem_observe::collect::Sidecar;
 use gpumem_observe::pods::{KubeConfig, KubeSettings, PodDirectory, DEFAULT_MIN_GAP};
+use gpumem_wire::ThisPod;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -146,7 +146,7 @@ impl PodFlags {
     fn this_pod(&self) -> Result<Option<ThisPod>, CliError> {
         let clean = |v: &Option<String>| {
             v.as_deref()
-                .map(|v| gpumem::snapshot::process::clean_text(v, 253))
+                .map(|v| gpumem_wire::process::clean_text(v, 253))
                 .filter(|v| !v.is_empty())
         };
         match (clean(&self.pod_namespace), clean(&self.pod_name)) {

@@ -5,9 +5,7 @@ use super::sweep::Sweep;
 use super::{CliError, CommonArgs, Given};
 use crate::plot::{line_chart_svg, Series};
 use clap::Args;
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::timed::TimedBackend;
-use gpumem::backend::BackendKind;
 use gpumem::manager::{MemoryConfig, MemoryManager, Strategy};
 use gpumem::safe_fs::{check_target, write_atomically, WriteOptions};
 use gpumem::units::Bytes;
@@ -178,33 +176,23 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
     }
     // Every trace gets a fresh manager with this configuration, checked before anything is
     // printed: a bad --idle-per-mille is bad input (exit 2), not a failure half-way.
+    // The driver's own pool is a capability of the CUDA backend (cuMemAllocAsync).
+    let has_driver_pool = backend.driver_pool().is_some();
     let driver_pool = match args.strategy {
-        ReplayStrategy::Pooled
-            if args.against_driver_pool && backend.kind() != BackendKind::Cuda =>
-        {
+        ReplayStrategy::Pooled if args.against_driver_pool && !has_driver_pool => {
             return Err(CliError::usage(
                 "--against-driver-pool needs the CUDA backend (cuMemAllocAsync); the simulated device has no driver pool",
             ));
         }
-        ReplayStrategy::Pooled if args.against_driver_pool => {
-            Some(CudaBackend::open().map_err(|e| {
-                CliError::runtime(format!("--against-driver-pool: the driver pool: {e}"))
-            })?)
-        }
+        ReplayStrategy::Pooled if args.against_driver_pool => Some(&*backend),
         // A sweep on the driver compares every setting with the driver's own pool.
-        ReplayStrategy::Pooled if args.sweep && backend.kind() == BackendKind::Cuda => Some(
-            CudaBackend::open()
-                .map_err(|e| CliError::runtime(format!("--sweep: the driver pool: {e}")))?,
-        ),
-        ReplayStrategy::DriverPool if backend.kind() != BackendKind::Cuda => {
+        ReplayStrategy::Pooled if args.sweep && has_driver_pool => Some(&*backend),
+        ReplayStrategy::DriverPool if !has_driver_pool => {
             return Err(CliError::usage(
                 "--strategy driver-pool needs the CUDA backend (cuMemAllocAsync); the simulated device has no driver pool",
             ));
         }
-        ReplayStrategy::DriverPool => Some(
-            CudaBackend::open()
-                .map_err(|e| CliError::runtime(format!("--strategy driver-pool: {e}")))?,
-        ),
+        ReplayStrategy::DriverPool => Some(&*backend),
         _ => None,
     };
     let config = replay_config(base, device);
@@ -243,7 +231,7 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             base: &config,
             grid: args.sweep,
             repeat: args.repeat,
-            driver_pool: driver_pool.as_ref(),
+            driver_pool,
             json: args.json,
         };
         return sweep.run(&traces);
@@ -276,7 +264,7 @@ pub(super) fn run(args: ReplayArgs, given: &Given) -> Result<(), CliError> {
             let bar = progress_bar(trace.events.len() as u64, &label);
             let progress = |done| bar.set_position(done);
             let replayed = match &driver_pool {
-                Some(cuda) => replay_driver_pool(cuda, device, trace, progress),
+                Some(pool) => replay_driver_pool(*pool, device, trace, progress),
                 None => replay_fresh(&backend, device, &config, trace, progress, misses.as_mut())?,
             }
             .map_err(|e| CliError::runtime(e.to_string()))?;

@@ -6,13 +6,14 @@
 //! own pool is replayed in every round beside them, and the setting that holds no more memory
 //! than the pool *and* takes no more time per operation is named, with the variables that
 //! select it, and after several traces the one setting that does so on the most of them.
-//! `--against-driver-pool` is the same for the one setting given.
+//! `--against-driver-pool` is the same for the one setting given. With the adaptive default
+//! (the configuration's `cache_mode`), the sweep replays it in every round too and says, for
+//! each trace, where it landed beside the setting the sweep names.
 
 use super::replay::{median_run, micros, print_report, progress_bar, replay_fresh};
 use super::CliError;
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::DeviceBackend;
-use gpumem::manager::MemoryConfig;
+use gpumem::manager::{CacheMode, MemoryConfig};
 use gpumem::units::{Bytes, MIB};
 use gpumem_replay::replay::{replay_driver_pool, ReplayReport, TimelinePoint};
 use gpumem_replay::trace::Trace;
@@ -81,7 +82,7 @@ pub(super) struct Sweep<'a> {
     pub grid: bool,
     pub repeat: u32,
     /// The driver's pool to compare with (CUDA only).
-    pub driver_pool: Option<&'a CudaBackend>,
+    pub driver_pool: Option<&'a dyn DeviceBackend>,
     pub json: bool,
 }
 
@@ -91,13 +92,19 @@ impl Sweep<'_> {
     pub(super) fn run(&self, traces: &[Trace]) -> Result<(), CliError> {
         let mut against_pool = Vec::new();
         for trace in traces {
-            let (reports, pool) = self.replay_all(trace)?;
+            let (mut reports, pool) = self.replay_all(trace)?;
             if self.json {
                 for report in reports.iter().chain(&pool) {
                     print_report(report, true)?;
                 }
-            } else {
-                self.print_table(trace, &reports, pool.as_ref());
+                continue;
+            }
+            // The adaptive default's replay is not a setting of the grid: it is reported apart.
+            let adaptive = self.sweeps_adaptive().then(|| reports.pop()).flatten();
+            self.print_table(trace, &reports, pool.as_ref());
+            if let Some(adaptive) = &adaptive {
+                println!("{}", landed(adaptive, &reports, pool.as_ref()));
+                println!();
             }
             if let Some(pool) = pool {
                 against_pool.push((reports, pool));
@@ -109,10 +116,24 @@ impl Sweep<'_> {
         Ok(())
     }
 
+    /// Whether the grid's rounds also replay the adaptive default (the base's cache mode).
+    fn sweeps_adaptive(&self) -> bool {
+        self.grid && self.base.cache_mode == CacheMode::Adaptive
+    }
+
+    /// The grid's settings, each fixed, then the base itself when it adapts.
     fn settings(&self) -> Vec<MemoryConfig> {
         if !self.grid {
             return vec![self.base.clone()];
         }
+        let mut settings = self.grid_settings();
+        if self.sweeps_adaptive() {
+            settings.push(self.base.clone());
+        }
+        settings
+    }
+
+    fn grid_settings(&self) -> Vec<MemoryConfig> {
         LAYOUTS
             .iter()
             .flat_map(|&layout| {
@@ -125,6 +146,7 @@ impl Sweep<'_> {
                             max_chunk_bytes: layout.max_chunk_bytes,
                             whole_chunks_when_growing: layout.whole_when_growing,
                             place_on_mapped_pages: layout.on_mapped_pages,
+                            cache_mode: CacheMode::Fixed,
                             ..self.base.clone()
                         })
                 })
@@ -143,8 +165,13 @@ impl Sweep<'_> {
         for round in 1..=self.repeat {
             for (config, runs) in settings.iter().zip(runs.iter_mut()) {
                 let label = format!(
-                    "{} ({}{}{}/{}/{}, {round}/{})",
+                    "{} ({}{}{}{}/{}/{}, {round}/{})",
                     trace.name,
+                    if config.cache_mode == CacheMode::Adaptive {
+                        "adaptive from "
+                    } else {
+                        ""
+                    },
                     Bytes(config.max_chunk_bytes),
                     if config.whole_chunks_when_growing {
                         " whole"
@@ -243,6 +270,64 @@ impl Sweep<'_> {
     }
 }
 
+/// The line under a trace's table that says where the adaptive default landed: its level and
+/// setting, its figures, against the pool's time where there is a pool, and beside the setting
+/// the sweep names (the leanest that beats the pool, else the fastest within its memory; on the
+/// simulated device, the fastest on the frontier within the adaptive default's memory).
+fn landed(
+    adaptive: &ReplayReport,
+    reports: &[ReplayReport],
+    pool: Option<&ReplayReport>,
+) -> String {
+    let level = adaptive
+        .adaptive_level
+        .map_or("?".to_string(), |l| l.to_string());
+    let mut line = format!(
+        "  adaptive default: landed at level {level} ({}) with {:.4} reserved/peak, {:.0} ns/op",
+        setting(adaptive),
+        adaptive.reserved_over_peak,
+        adaptive.ns_per_op
+    );
+    if let Some(pool) = pool {
+        line += &format!(
+            ", {:.2}x the pool's time{}",
+            adaptive.ns_per_op / pool.ns_per_op,
+            if adaptive.reserved_over_peak <= pool.reserved_over_peak
+                && adaptive.ns_per_op <= pool.ns_per_op
+            {
+                ": at or under the pool on both"
+            } else {
+                ""
+            }
+        );
+    }
+    let named = match pool {
+        Some(pool) => beating_the_pool(reports, pool)
+            .first()
+            .copied()
+            .or_else(|| {
+                reports
+                    .iter()
+                    .filter(|r| r.reserved_over_peak <= pool.reserved_over_peak)
+                    .min_by(|a, b| a.ns_per_op.total_cmp(&b.ns_per_op))
+            }),
+        None => reports
+            .iter()
+            .filter(|r| r.reserved_over_peak <= adaptive.reserved_over_peak)
+            .min_by(|a, b| a.ns_per_op.total_cmp(&b.ns_per_op)),
+    };
+    if let Some(named) = named {
+        line += &format!(
+            "\n  beside the named setting: {} ({:.4}, {:.0} ns/op; the adaptive default at {:.2}x its time)",
+            setting(named),
+            named.reserved_over_peak,
+            named.ns_per_op,
+            adaptive.ns_per_op / named.ns_per_op
+        );
+    }
+    line
+}
+
 /// Whether another report is at least as good on both axes and better on one.
 fn dominated(report: &ReplayReport, all: &[ReplayReport]) -> bool {
     all.iter().any(|other| {
@@ -285,7 +370,8 @@ fn faster_every_round(report: &ReplayReport, pool: &ReplayReport) -> bool {
     ours.iter().zip(theirs).all(|(ours, theirs)| ours <= theirs)
 }
 
-/// The variables that select a report's setting, ready to prefix a command with.
+/// The variables that select a report's setting, ready to prefix a command with (fixed: without
+/// `GPUMEM_CACHE_MODE=fixed` they would be where the adaptive default starts).
 fn setting(report: &ReplayReport) -> String {
     let whole = if report.whole_chunks_when_growing {
         " GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true"
@@ -298,7 +384,7 @@ fn setting(report: &ReplayReport) -> String {
         ""
     };
     format!(
-        "GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}{placed}",
+        "GPUMEM_CACHE_MODE=fixed GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}{placed}",
         Bytes(report.max_chunk_bytes).to_string().replace(' ', ""),
         report.idle_pages_kept,
         report.idle_per_mille

@@ -3,6 +3,7 @@
 
 use crate::support::{all_backends, sim_backend};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::backend::DirectMemory;
 use gpumem::units::MIB;
 use gpumem::{BackendError, DeviceBackend, StreamId};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 #![cfg(target_os = "linux")]
 
 use gpumem::backend::cuda::{CudaBackend, DRIVER_SYMBOLS};
-use gpumem::backend::{DeviceBackend, StreamId};
+use gpumem::backend::{DeviceBackend, DirectMemory, StreamId, StreamOrder};
 use gpumem::error::BackendError;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -3,6 +3,7 @@
 //! stream (which would break the capture on CUDA).
 
 use crate::support::{all_backends, sim_backend, tight_manager};
+use gpumem::backend::StreamOrder;
 use gpumem::units::MIB;
 use gpumem::{AllocOptions, DeviceBackend, GraphPoolId, StreamId};
 use std::sync::Arc;

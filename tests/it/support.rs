@@ -9,7 +9,6 @@ pub(crate) use binary::{gpumem, gpumem_as_user, stderr, stdout, url_on_first_lin
 pub(crate) use chromium::Chromium;
 pub(crate) use promtool::promtool_check_metrics;
 
-use gpumem::backend::cuda::CudaBackend;
 use gpumem::backend::sim::{SimBackend, SimConfig};
 use gpumem::{DeviceBackend, ManagerConfig, MemoryManager};
 use std::sync::Arc;
@@ -50,8 +49,8 @@ pub(crate) fn gpu_required() -> bool {
 
 /// The CUDA backend when a GPU is usable; `None` (skip) otherwise, unless a GPU is required.
 pub(crate) fn cuda_backend() -> Option<Arc<dyn DeviceBackend>> {
-    match CudaBackend::open() {
-        Ok(backend) => Some(Arc::new(backend)),
+    match gpumem::backend::open_backend(gpumem::BackendChoice::Cuda, SimConfig::default()) {
+        Ok(opened) => Some(opened.backend),
         Err(error) if gpu_required() => {
             panic!("GPUMEM_REQUIRE_GPU=1 but CUDA is unusable: {error}")
         }

@@ -6,20 +6,20 @@
 //!
 //! Strings handed out (`gpumem_snapshot_json`, `gpumem_memory_stats_json`, `gpumem_last_error`)
 //! are the caller's to release with `gpumem_string_free`. The header is
-//! `gpumem.h` beside this crate;
-//! `docs/pytorch.md` describes the behaviour.
+//! `python/gpumem/gpumem.h` (the Python package ships it); `docs/pytorch.md` describes the
+//! behaviour.
 
 // With the CUDA backend, the only module allowed `unsafe`: raw pointers cross this boundary.
 #![allow(unsafe_code)]
 
 mod calls;
+mod deferred_frees;
 mod exporting;
 mod fork;
 mod graphs;
 mod live;
 pub mod pytorch;
 mod runtime;
-mod streams;
 mod tags;
 mod torch_entries;
 

@@ -1,5 +1,5 @@
 //! What PyTorch's allocator interface asks beyond alloc and free, for the C++ layer that
-//! implements that interface over this library (`python/gpumem/torch_allocator.cpp`):
+//! implements that interface over this library (`python/gpumem/torch_layer/`):
 //! statistics under PyTorch's names, the memory fraction, the segments of a memory snapshot,
 //! and the out-of-memory message. Safe Rust with `Result<_, String>`; `torch_entries.rs` holds
 //! the entry points.
@@ -127,6 +127,28 @@ pub(super) fn largest_free_block(runtime: &Runtime, device: usize) -> u64 {
         .map(|view| view.largest_cached_free_block_bytes)
         .max()
         .unwrap_or(0)
+}
+
+/// The chunks mapped under `[addr, addr + len)` on `device`, exported for another process
+/// (CUDA IPC; the CUDA backend only): `C <address> <size> <fd>` a line, in address order,
+/// decimal. The descriptors stay open until their chunks are released.
+pub(super) fn export_chunks_text(device: usize, addr: u64, len: u64) -> Result<String, String> {
+    let runtime = runtime()?;
+    let backend = runtime.manager.backend();
+    let cuda = backend.shareable().ok_or_else(|| {
+        format!(
+            "sharing memory with another process needs the CUDA backend; this one is {}",
+            backend.kind()
+        )
+    })?;
+    let chunks = runtime
+        .keeping_host_context(|| cuda.export_chunks(device, addr, len))
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    for chunk in chunks {
+        let _ = writeln!(text, "C {} {} {}", chunk.addr, chunk.bytes, chunk.fd);
+    }
+    Ok(text)
 }
 
 /// The segments of `device` as text, one line each, then a line per block:

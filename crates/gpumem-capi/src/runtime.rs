@@ -2,20 +2,16 @@
 //! (`cuda`, the default, or `sim` for tests without a GPU), `GPUMEM_CONFIG` and the `GPUMEM_*`
 //! settings the command line reads too. Also the exporter and publisher it may run.
 
+use super::deferred_frees::DeferredFrees;
 use super::graphs::GraphCaptures;
 use super::live::LiveBuffers;
-use super::streams::DeferredFrees;
-use gpumem::backend::cuda::CudaBackend;
-use gpumem::backend::{open_backend, BackendChoice, DeviceBackend};
+use gpumem::backend::{open_backend, BackendChoice};
 use gpumem::manager::MemoryManager;
 use gpumem::settings::Settings;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 pub(super) struct Runtime {
     pub manager: MemoryManager,
-    /// The same backend as the manager's, when it is the CUDA driver: for the host's current
-    /// context, which only it has.
-    pub cuda: Option<Arc<CudaBackend>>,
     pub live: LiveBuffers,
     pub graphs: GraphCaptures,
     pub deferred: DeferredFrees,
@@ -41,13 +37,11 @@ static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
 /// Makes `manager` the one the C ABI uses, instead of opening one from the environment: for a
 /// Rust program that hosts Python and wants one manager for both, and for tests. Only before
-/// the first call of the C ABI; an error afterwards. A CUDA manager installed this way does not
-/// restore the host's current context (the library knows the CUDA backend only when it opened
-/// it itself).
+/// the first call of the C ABI; an error afterwards.
 pub fn install(manager: MemoryManager) -> Result<(), String> {
     super::fork::watch();
     RUNTIME
-        .set(Ok(Runtime::new(manager, None)))
+        .set(Ok(Runtime::new(manager)))
         .map_err(|_| "the C ABI already has its memory manager".to_string())
 }
 
@@ -75,20 +69,14 @@ fn open() -> Result<Runtime, String> {
         }
         Some(choice) => choice,
     };
-    let (backend, cuda): (Arc<dyn DeviceBackend>, _) = match choice {
-        BackendChoice::Cuda => {
-            let cuda = Arc::new(CudaBackend::open().map_err(|e| {
-                format!(
-                    "{e} (GPUMEM_BACKEND=sim gives a simulated device, for tests without a GPU)"
-                )
-            })?);
-            (Arc::clone(&cuda) as Arc<dyn DeviceBackend>, Some(cuda))
-        }
-        choice => {
-            let opened = open_backend(choice, settings.sim.clone()).map_err(|e| e.to_string())?;
-            (opened.backend, None)
-        }
-    };
+    let backend = open_backend(choice, settings.sim.clone())
+        .map_err(|e| match choice {
+            BackendChoice::Cuda => format!(
+                "{e} (GPUMEM_BACKEND=sim gives a simulated device, for tests without a GPU)"
+            ),
+            _ => e.to_string(),
+        })?
+        .backend;
     // The same checks as the command line's: the selection, and a reserve or preallocation
     // that no selected device can hold.
     let config = settings
@@ -96,14 +84,13 @@ fn open() -> Result<Runtime, String> {
         .map_err(|e| e.to_string())?;
     let manager = MemoryManager::new(backend, config).map_err(|e| e.to_string())?;
     tracing::debug!(backend = %manager.backend().kind(), "gpumem library opened");
-    Ok(Runtime::new(manager, cuda))
+    Ok(Runtime::new(manager))
 }
 
 impl Runtime {
-    fn new(manager: MemoryManager, cuda: Option<Arc<CudaBackend>>) -> Self {
+    fn new(manager: MemoryManager) -> Self {
         Runtime {
             manager,
-            cuda,
             live: LiveBuffers::new(),
             graphs: GraphCaptures::default(),
             deferred: DeferredFrees::default(),
@@ -113,8 +100,8 @@ impl Runtime {
 
     /// Runs `f` so that the thread's current CUDA context is the same afterwards as before.
     pub(super) fn keeping_host_context<R>(&self, f: impl FnOnce() -> R) -> R {
-        match &self.cuda {
-            Some(cuda) => cuda.keeping_current_context(f),
+        match self.manager.backend().host_context() {
+            Some(host) => host.keeping(f),
             None => f(),
         }
     }

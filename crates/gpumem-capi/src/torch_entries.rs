@@ -1,4 +1,4 @@
-//! The entry points of the C ABI that only the PyTorch layer (`python/gpumem/torch_allocator.cpp`,
+//! The entry points of the C ABI that only the PyTorch layer (`python/gpumem/torch_layer/`,
 //! PyTorch's `CUDAAllocator` interface implemented over this library) calls; what each does is
 //! in `pytorch.rs`. Like every entry point, none unwinds: failures return -1 or null and leave
 //! their message for `gpumem_last_error`.
@@ -100,6 +100,16 @@ pub extern "C" fn gpumem_allocation_size(ptr: *mut c_void) -> i64 {
 pub extern "C" fn gpumem_segments_text(device: c_int) -> *mut c_char {
     guarded("gpumem_segments_text", std::ptr::null_mut(), || {
         pytorch::segments_text(calls::device_index(device)?).map(to_c_string)
+    })
+}
+
+/// The chunks under `[ptr, ptr + len)` on `device`, exported as file descriptors another
+/// process imports (see `pytorch::export_chunks_text`), or null.
+#[no_mangle]
+pub extern "C" fn gpumem_export_chunks(device: c_int, ptr: *mut c_void, len: u64) -> *mut c_char {
+    guarded("gpumem_export_chunks", std::ptr::null_mut(), || {
+        pytorch::export_chunks_text(calls::device_index(device)?, ptr as usize as u64, len)
+            .map(to_c_string)
     })
 }
 

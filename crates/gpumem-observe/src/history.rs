@@ -2,7 +2,7 @@
 //! used), one per step, for the status page's chart and `/api/v1/history`. Bounded: it never
 //! holds more than `window / step` points, however long the process runs.
 
-use gpumem::snapshot::Snapshot;
+use gpumem_wire::Snapshot;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -134,7 +134,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::snapshot::Snapshot;
+    use gpumem_wire::Snapshot;
     use std::time::Instant;
 
     fn sample_at(t: f64) -> Sample {

@@ -43,8 +43,15 @@ pub struct ReplayReport {
     /// gained since the start (`mem_info`) and what the pools say they reserve. Within the page
     /// size means the pools' accounting matches the driver's.
     pub max_device_vs_reserved_gap_bytes: u64,
-    /// The cache settings of the run (`--idle-pages`, `--idle-per-mille`, `max_chunk_bytes`,
-    /// `inside_chunk_bytes`, `whole_chunks_when_growing`, `place_on_mapped_pages`).
+    /// How the run chose its cache setting: `adaptive`, `memory-first` or `fixed`.
+    pub cache_mode: String,
+    /// With the adaptive default, the level of its ladder the run ended at (0 memory-first,
+    /// 1 the configured setting, higher keeps more; `manager/adaptive.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adaptive_level: Option<u8>,
+    /// The cache setting of the run at its end (`--idle-pages`, `--idle-per-mille`,
+    /// `max_chunk_bytes`, `inside_chunk_bytes`, `whole_chunks_when_growing`,
+    /// `place_on_mapped_pages`): the configured one, or where the adaptive default landed.
     pub idle_pages_kept: usize,
     pub idle_per_mille: usize,
     pub max_chunk_bytes: u64,
@@ -341,6 +348,7 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
     let played = play(target, trace, &mut progress);
     // Read before the final emptying, which releases every page and is not part of the trace.
     let at_end = manager.device_stats(device).ok();
+    let landed = manager.cache_setting(device);
     manager.empty_cache();
     let played = played?;
     let after = manager.device_stats(device).ok();
@@ -367,12 +375,18 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         reserved_after_empty_cache_bytes: after.as_ref().map_or(0, |s| s.counters.reserved_bytes),
         ooms: at_end.as_ref().map_or(0, |s| s.ooms),
         max_device_vs_reserved_gap_bytes: played.max_gap,
-        idle_pages_kept: config.idle_pages_kept,
-        idle_per_mille: config.idle_per_mille,
-        max_chunk_bytes: config.max_chunk_bytes,
-        inside_chunk_bytes: config.inside_chunk_bytes,
-        whole_chunks_when_growing: config.whole_chunks_when_growing,
-        place_on_mapped_pages: config.place_on_mapped_pages,
+        cache_mode: gpumem::named::Named::name(config.cache_mode).to_string(),
+        adaptive_level: landed.and_then(|(_, level)| level),
+        idle_pages_kept: landed.map_or(config.idle_pages_kept, |(s, _)| s.idle_pages_kept),
+        idle_per_mille: landed.map_or(config.idle_per_mille, |(s, _)| s.idle_per_mille),
+        max_chunk_bytes: landed.map_or(config.max_chunk_bytes, |(s, _)| s.max_chunk_bytes),
+        inside_chunk_bytes: landed.map_or(config.inside_chunk_bytes, |(s, _)| s.inside_chunk_bytes),
+        whole_chunks_when_growing: landed.map_or(config.whole_chunks_when_growing, |(s, _)| {
+            s.whole_chunks_when_growing
+        }),
+        place_on_mapped_pages: landed.map_or(config.place_on_mapped_pages, |(s, _)| {
+            s.place_on_mapped_pages
+        }),
         misses: at_end.as_ref().map_or(0, |s| s.misses),
         miss_p50_ns: at_end.as_ref().map_or(0, |s| s.miss_p50_ns),
         miss_p99_ns: at_end.as_ref().map_or(0, |s| s.miss_p99_ns),

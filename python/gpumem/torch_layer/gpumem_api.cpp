@@ -39,6 +39,7 @@ bool Api::load(const char* path, std::string& why) {
       find(library, "gpumem_largest_free_block", largest_free_block, why) &&
       find(library, "gpumem_allocation_size", allocation_size, why) &&
       find(library, "gpumem_segments_text", segments_text, why) &&
+      find(library, "gpumem_export_chunks", export_chunks, why) &&
       find(library, "gpumem_oom_message", oom_message, why) &&
       find(library, "gpumem_print_errors", print_errors, why) &&
       find(library, "gpumem_last_error", last_error, why) &&

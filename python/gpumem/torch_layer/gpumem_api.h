@@ -24,6 +24,7 @@ struct Api {
   decltype(&gpumem_largest_free_block) largest_free_block;
   decltype(&gpumem_allocation_size) allocation_size;
   decltype(&gpumem_segments_text) segments_text;
+  decltype(&gpumem_export_chunks) export_chunks;
   decltype(&gpumem_oom_message) oom_message;
   decltype(&gpumem_print_errors) print_errors;
   decltype(&gpumem_last_error) last_error;

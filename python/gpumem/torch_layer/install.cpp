@@ -1,5 +1,4 @@
-// The layer's one C entry point, which makes gpumem PyTorch's CUDA allocator, and what the
-// allocator says about CUDA IPC (allocator.h).
+// The layer's one C entry point, which makes gpumem PyTorch's CUDA allocator.
 #include "allocator.h"
 
 #include "gpumem_api.h"
@@ -18,20 +17,6 @@
 #include <unistd.h>
 
 namespace gpumem_torch {
-
-cca::ShareableHandle GpumemAllocator::shareIpcHandle(void* /*ptr*/) {
-  TORCH_CHECK(false,
-              "gpumem cannot share CUDA memory with another process yet: it maps memory through "
-              "CUDA's virtual-memory API, which PyTorch's CUDA IPC handles do not describe; send "
-              "the tensor from a process that keeps PyTorch's allocator (docs/pytorch.md, CUDA "
-              "IPC)");
-}
-
-std::shared_ptr<void> GpumemAllocator::getIpcDevPtr(std::string /*handle*/) {
-  TORCH_CHECK(false,
-              "gpumem cannot open CUDA memory another process shared yet (docs/pytorch.md, "
-              "CUDA IPC)");
-}
 
 namespace {
 // GPUMEM_TORCH_LAYER_DEBUG=1: a crash prints the C++ frames on stderr before the default

@@ -206,6 +206,17 @@ bool PrivatePools::free(void* ptr) {
   return true;
 }
 
+size_t PrivatePools::live_size(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto address = reinterpret_cast<uintptr_t>(ptr);
+  auto live = live_.find(address);
+  if (live == live_.end()) {
+    return 0;
+  }
+  const Segment& segment = std::prev(live->second->segments.upper_bound(address))->second;
+  return segment.blocks.at(address).size;
+}
+
 bool PrivatePools::record_stream(void* ptr, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto address = reinterpret_cast<uintptr_t>(ptr);

@@ -75,6 +75,8 @@ class PrivatePools {
                std::string& why);
   // Whether `ptr` was a live block of some pool (and is now free).
   bool free(void* ptr);
+  // The size of the live block at `ptr`; 0 when it is none of ours.
+  size_t live_size(void* ptr);
   // Other streams the live block at `ptr` is used on; false when it is none of ours.
   bool record_stream(void* ptr, cudaStream_t stream);
 

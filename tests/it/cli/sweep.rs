@@ -16,11 +16,16 @@ fn replay_sweeps_the_cache_settings_and_refuses_the_driver_pool_on_sim() {
         trace.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+    let mut rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
+    // The adaptive default is replayed beside the grid, last, and reported apart.
+    let adaptive = rows.pop().unwrap();
+    assert_eq!(adaptive["cache_mode"], "adaptive");
+    assert!(adaptive["adaptive_level"].as_u64().is_some());
+    assert!(rows.iter().all(|r| r["cache_mode"] == "fixed"));
     assert_eq!(
         rows.len(),
         90,

@@ -67,7 +67,7 @@ fn ramp(node: &Node, from: u64, to: u64, seconds: u64, restarted: bool) {
 #[test]
 #[ignore = "writes the README's pictures into docs/images; run by hand"]
 fn pictures() {
-    let start = gpumem::snapshot::unix_now();
+    let start = gpumem_wire::unix_now();
     // The page shows where snapshots are collected from: a plain name, not a test's.
     let collect = TempDir::at(&std::env::temp_dir().join("gpumem"));
     let mut node = Node::start(30 * GIB, collect);
@@ -82,7 +82,7 @@ fn pictures() {
     node.restart_vllm(GIB);
     ramp(&node, 1, 20, 24, true);
     std::thread::sleep(Duration::from_secs(2));
-    let end = gpumem::snapshot::unix_now();
+    let end = gpumem_wire::unix_now();
 
     // The page's chart has drawn twice: the history is on it.
     let page = screenshot(

@@ -191,7 +191,7 @@ impl Prometheus {
     /// The values of `label` among the series `selector` matches over the last hour (Grafana's
     /// `label_values(SELECTOR, LABEL)`), sorted.
     pub(super) fn label_values(&self, selector: &str, label: &str) -> Result<Vec<String>, String> {
-        let end = gpumem::snapshot::unix_now();
+        let end = gpumem_wire::unix_now();
         let path = format!(
             "/api/v1/label/{label}/values?match[]={}&start={}&end={end}",
             url_encode(selector),

@@ -121,3 +121,19 @@ fn segments_cover_their_pages_with_live_and_free_blocks() {
     assert!(take(gpumem_segments_text(9)).is_none());
     assert!(last_error().contains("device 9"), "{}", last_error());
 }
+
+/// CUDA IPC exports the driver's chunks, which a simulated device has none of: one message
+/// that says so, no descriptors (the GPU test in `torch_gpu.rs` sends tensors for real).
+#[test]
+fn exporting_chunks_for_ipc_needs_the_cuda_backend() {
+    let _turn = abi();
+    let ptr = gpumem_alloc_routed(3 * MIB, 0, stream(0));
+    assert!(!ptr.is_null(), "{}", last_error());
+    assert!(take(gpumem_export_chunks(0, ptr, 3 * MIB as u64)).is_none());
+    assert!(
+        last_error().contains("needs the CUDA backend"),
+        "{}",
+        last_error()
+    );
+    gpumem_free_ptr(ptr);
+}

@@ -12,7 +12,7 @@
 
 use super::{open_fds, Scratch};
 use crate::support::{memory_kib, Running};
-use gpumem::snapshot::unix_now;
+use gpumem_wire::unix_now;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

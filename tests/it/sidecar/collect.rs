@@ -11,7 +11,7 @@ fn collector(dir: &TempDir) -> Collector {
     Collector::new(CollectSettings::new(dir.path(), Duration::from_secs(1)))
 }
 
-fn count(counts: &[gpumem::snapshot::ReasonCount], reason: &str) -> u64 {
+fn count(counts: &[gpumem_wire::ReasonCount], reason: &str) -> u64 {
     counts
         .iter()
         .find(|c| c.reason == reason)
@@ -77,7 +77,7 @@ fn a_dead_pid_is_dropped_at_once_when_the_namespace_is_ours() {
     let foreign = published(dead, "elsewhere", t).replace(
         &format!(
             "\"pid_namespace\":\"{}\"",
-            gpumem::snapshot::process::current_pid_namespace().expect("linux")
+            gpumem_wire::process::current_pid_namespace().expect("linux")
         ),
         "\"pid_namespace\":\"pid:[1]\"",
     );

@@ -115,7 +115,7 @@ pub(crate) fn published(pid: u32, process: &str, timestamp: f64) -> String {
         "version": 1,
         "pid": pid,
         "process": process,
-        "pid_namespace": gpumem::snapshot::process::current_pid_namespace(),
+        "pid_namespace": gpumem_wire::process::current_pid_namespace(),
         "timestamp_seconds": timestamp,
         "interval_seconds": 1.0,
         "writer": "test",
@@ -133,5 +133,5 @@ pub(crate) fn published(pid: u32, process: &str, timestamp: f64) -> String {
 
 /// Seconds since the Unix epoch.
 pub(crate) fn now() -> f64 {
-    gpumem::snapshot::unix_now()
+    gpumem_wire::unix_now()
 }

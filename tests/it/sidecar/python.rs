@@ -90,6 +90,7 @@ fn the_python_package_publishes_pytorch_statistics_as_a_valid_file() {
     let file =
         read_file(std::path::Path::new(&path), u64::MAX).unwrap_or_else(|e| panic!("{path}: {e}"));
     assert_eq!(file.process, "engine.py");
+    every_key_is_a_record_field(&path);
     assert!(
         path.ends_with(&format!("gpumem-{}.json", file.pid)),
         "{path}"
@@ -126,7 +127,7 @@ fn the_python_package_publishes_pytorch_statistics_as_a_valid_file() {
     if cfg!(target_os = "linux") {
         assert_eq!(
             file.pid_namespace,
-            gpumem::snapshot::process::current_pid_namespace()
+            gpumem_wire::process::current_pid_namespace()
         );
     }
     let names: Vec<_> = std::fs::read_dir(publish.path())
@@ -168,4 +169,32 @@ fn the_python_background_publisher_removes_its_file_at_exit() {
     );
     let left = std::fs::read_dir(publish.path()).expect("list").count();
     assert_eq!(left, 0, "the file is removed when Python exits");
+}
+
+/// Every key the Python publisher writes for a device and a pool is a field of the device
+/// record, whose fields are `/metrics`' families (checked in `web::metrics`): a misspelt key
+/// would otherwise be dropped without a word.
+fn every_key_is_a_record_field(path: &str) {
+    use gpumem_wire::{ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory};
+    let text = std::fs::read_to_string(path).expect("the published file");
+    let written: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let record = serde_json::to_value(ProcessDevice {
+        device_memory: Some(PublishedDeviceMemory::default()),
+        pools: vec![ProcessPool::default()],
+        tags: vec![ProcessTag::default()],
+        ..ProcessDevice::default()
+    })
+    .expect("serialises");
+    let device = &written["devices"][0];
+    for (what, written, known) in [
+        ("device", device, &record),
+        ("pool", &device["pools"][0], &record["pools"][0]),
+    ] {
+        for key in written.as_object().expect("an object").keys() {
+            assert!(
+                known.get(key).is_some(),
+                "the publisher writes a {what} key {key:?} the record does not have"
+            );
+        }
+    }
 }

@@ -9,9 +9,9 @@
 //! sized for the sidecar's memory limit; a file over the budget is skipped and counted.
 
 use super::read::{read_sized, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
-use gpumem::snapshot::process::{current_pid_namespace, pid_alive};
-use gpumem::snapshot::published::PublishedFile;
-use gpumem::snapshot::{unix_now, CollectStatus, CollectedProcess, ReasonCount};
+use gpumem_wire::process::{current_pid_namespace, pid_alive};
+use gpumem_wire::published::PublishedFile;
+use gpumem_wire::{unix_now, CollectStatus, CollectedProcess, ReasonCount};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,10 +28,11 @@ pub const DEFAULT_MAX_SERIES: u64 = 40_000;
 /// The bytes of file content kept for all collected processes, by default: the shipped
 /// manifest's collect volume is a 16 MiB emptyDir.
 pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
-/// Series one collected device and one of its pools add (the sidecar's per-device and per-pool
-/// families), and one per process (its snapshot age). `web::metrics` checks these stay true.
-pub const SERIES_PER_DEVICE: u64 = 23;
-pub const SERIES_PER_POOL: u64 = 13;
+/// Series one collected device and one of its pools add: one for each of the manager's
+/// per-device and per-pool families (declared in `web::metrics`); and one per process (its
+/// snapshot age).
+pub const SERIES_PER_DEVICE: u64 = crate::web::metrics::MANAGER_DEVICE.len() as u64;
+pub const SERIES_PER_POOL: u64 = crate::web::metrics::MANAGER_POOL.len() as u64;
 /// A snapshot may claim to be this far in the future (clocks of two containers on one node
 /// differ by little); beyond it the file is rejected, or it would never go stale.
 pub const MAX_CLOCK_SKEW_SECONDS: f64 = 30.0;

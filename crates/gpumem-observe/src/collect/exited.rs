@@ -15,8 +15,8 @@
 
 use super::read::{parse, MAX_FILE_BYTES};
 use gpumem::safe_fs::{open_regular, read_capped};
-use gpumem::snapshot::process::{current_pid_namespace, pid_alive};
-use gpumem::snapshot::{CollectedProcess, ExitedProcess};
+use gpumem_wire::process::{current_pid_namespace, pid_alive};
+use gpumem_wire::{CollectedProcess, ExitedProcess};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

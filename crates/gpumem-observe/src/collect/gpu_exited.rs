@@ -6,7 +6,7 @@
 //! recorder writes a record of it. A process that released the GPU and still runs is not kept:
 //! nothing went wrong.
 
-use gpumem::snapshot::{ExitedGpuProcess, GpuProcess, PodRef};
+use gpumem_wire::{ExitedGpuProcess, GpuProcess, PodRef};
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -17,7 +17,7 @@
 //! pod the NVML process runs in and its host pid, so its pools and tags carry the same
 //! `pid`, `process`, `namespace`, `pod` and `container` labels as its `gpumem_process_used_bytes`.
 
-use gpumem::snapshot::{CollectedProcess, GpuProcess, PodRef};
+use gpumem_wire::{CollectedProcess, GpuProcess, PodRef};
 use std::collections::HashMap;
 
 /// Keeps every NVML process's series its own: two processes of one GPU whose own pids are the
@@ -258,7 +258,7 @@ mod tests {
         on_b.uuid = "GPU-b".into();
         let mut gpu = vec![on_a, on_b];
         let mut collected = vec![published(1, None)];
-        collected[0].devices = vec![gpumem::snapshot::ProcessDevice {
+        collected[0].devices = vec![gpumem_wire::ProcessDevice {
             uuid: Some("GPU-b".into()),
             ..Default::default()
         }];

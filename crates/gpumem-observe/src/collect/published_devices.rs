@@ -6,7 +6,8 @@
 //! (joined on the UUID, else the index), the freshest reading wins.
 
 use gpumem::manager::pressure::PressureLevel;
-use gpumem::snapshot::{CaptureSettings, CollectedProcess, DeviceMemory, DeviceSnapshot, Pressure};
+use gpumem::snapshot::CaptureSettings;
+use gpumem_wire::{CollectedProcess, DeviceMemory, DeviceSnapshot, Pressure};
 use std::collections::BTreeMap;
 
 /// One device per UUID (or index) some collected process published a reading of.
@@ -21,7 +22,7 @@ pub fn devices(processes: &[CollectedProcess], settings: &CaptureSettings) -> Ve
             let total = reading.total_bytes;
             let free = reading.free_bytes.min(total);
             let used = total - free;
-            let measured = Pressure::measure(&settings.pressure, used, total);
+            let measured = settings.pressure.measure(used, total);
             let pressure = match (reading.pressure_level, reading.pressure_used_ratio) {
                 (Some(level), Some(ratio)) if ratio.is_finite() => Pressure {
                     level: PressureLevel::ALL
@@ -69,7 +70,7 @@ pub fn devices(processes: &[CollectedProcess], settings: &CaptureSettings) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::snapshot::{ProcessDevice, PublishedDeviceMemory};
+    use gpumem_wire::{ProcessDevice, PublishedDeviceMemory};
 
     fn publisher(t: f64, free: u64, level: Option<u8>) -> CollectedProcess {
         CollectedProcess {

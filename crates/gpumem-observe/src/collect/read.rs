@@ -5,8 +5,8 @@
 
 use gpumem::manager::{clean_tag, MAX_TAG_CHARS};
 use gpumem::safe_fs::{open_regular, read_capped};
-use gpumem::snapshot::process::{clean_process_name, clean_text};
-use gpumem::snapshot::published::{PublishedFile, FORMAT, VERSION};
+use gpumem_wire::process::{clean_process_name, clean_text};
+use gpumem_wire::published::{PublishedFile, FORMAT, VERSION};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -374,7 +374,7 @@ fn validate(file: &mut PublishedFile) -> Result<(), String> {
 
 /// A device's tags: few, each once (they become `tag` label values); already cleaned, so
 /// short and printable, and not empty.
-fn validate_tags(gpu: u32, tags: &[gpumem::snapshot::ProcessTag]) -> Result<(), String> {
+fn validate_tags(gpu: u32, tags: &[gpumem_wire::ProcessTag]) -> Result<(), String> {
     if tags.len() > MAX_TAGS {
         return Err(format!(
             "gpu {gpu}: {} tags; at most {MAX_TAGS}",
@@ -448,10 +448,7 @@ mod tests {
         assert_eq!(reason(&twice), "invalid");
         let long_name = GOOD.replace("python3", &"p".repeat(500));
         let file = parse(long_name.as_bytes()).expect("names are cut, not refused");
-        assert_eq!(
-            file.process.len(),
-            gpumem::snapshot::process::MAX_PROCESS_NAME
-        );
+        assert_eq!(file.process.len(), gpumem_wire::process::MAX_PROCESS_NAME);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::record::{device_history, FlightRecord, RecordDevice, RecordProcess, T
 use super::sidecar::{holders, record_device};
 use super::{blank, Due, FlightRecorder};
 use crate::history::HistoryPoint;
-use gpumem::snapshot::{ExitedGpuProcess, SidecarSnapshot, Snapshot};
+use gpumem_wire::{ExitedGpuProcess, SidecarSnapshot, Snapshot};
 use std::time::Instant;
 
 impl FlightRecorder {

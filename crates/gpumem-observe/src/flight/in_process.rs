@@ -5,9 +5,9 @@ use super::record::{self, device_history, OtherProcess, RecordDevice};
 use super::{FlightRecord, FlightRecorder};
 use crate::history::HistoryPoint;
 use crate::nvml::NvmlReader;
-use gpumem::snapshot::published::published_pool;
-use gpumem::snapshot::DeviceSnapshot;
 use gpumem::units::Bytes;
+use gpumem_wire::published::published_pool;
+use gpumem_wire::DeviceSnapshot;
 
 impl FlightRecorder {
     pub(super) fn observe_own(
@@ -107,7 +107,7 @@ impl FlightRecorder {
                         pid: p.pid,
                         process: p.name.as_deref().map_or_else(
                             || "unknown".to_string(),
-                            gpumem::snapshot::process::clean_process_name,
+                            gpumem_wire::process::clean_process_name,
                         ),
                         used_bytes: p.used_bytes,
                         source: "nvml".to_string(),

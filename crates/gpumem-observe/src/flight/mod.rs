@@ -22,7 +22,7 @@ pub use record::{FlightRecord, Trigger};
 use crate::history::History;
 use crate::nvml::NvmlReader;
 use gpumem::manager::pressure::PressureLevel;
-use gpumem::snapshot::Snapshot;
+use gpumem_wire::Snapshot;
 use parking_lot::RwLock;
 use record::{RecordDevice, RecordProcess};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -126,14 +126,14 @@ pub struct FlightRecorder {
     /// Exited GPU processes already recorded, by (host pid, UUID, when).
     exits_recorded: HashSet<(u32, String, u64)>,
     /// The pod of this gpumem (the downward API), from the latest sample.
-    recorded_in: Option<gpumem::snapshot::ThisPod>,
+    recorded_in: Option<gpumem_wire::ThisPod>,
     /// When `watched` was last swept.
     swept: Instant,
 }
 
 impl FlightRecorder {
     pub fn new(settings: FlightSettings) -> Self {
-        let identity = gpumem::snapshot::process::current_identity();
+        let identity = gpumem_wire::process::current_identity();
         let log = Arc::new(FlightLog {
             records: RwLock::new(VecDeque::new()),
             dir: settings.dir.as_ref().map(|d| d.display().to_string()),

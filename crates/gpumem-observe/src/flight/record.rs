@@ -7,7 +7,7 @@
 
 use crate::history::HistoryPoint;
 use gpumem::manager::ooms::OomEvent;
-use gpumem::snapshot::{DeviceMemory, PodRef, Pressure, ProcessPool, TagGroup, ThisPod};
+use gpumem_wire::{DeviceMemory, PodRef, Pressure, ProcessPool, TagGroup, ThisPod};
 use serde::{Deserialize, Serialize};
 
 /// The value of `format`: what the file is, before anything else is trusted.

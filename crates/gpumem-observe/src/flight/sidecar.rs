@@ -5,10 +5,8 @@
 use super::record::{device_history, OtherProcess, RecordDevice, RecordProcess};
 use super::{blank, FlightRecord, FlightRecorder};
 use crate::history::HistoryPoint;
-use gpumem::snapshot::published::tag_groups;
-use gpumem::snapshot::{
-    CollectedProcess, DeviceSnapshot, ProcessDevice, SidecarSnapshot, Snapshot,
-};
+use gpumem_wire::published::tag_groups;
+use gpumem_wire::{CollectedProcess, DeviceSnapshot, ProcessDevice, SidecarSnapshot, Snapshot};
 
 impl FlightRecorder {
     pub(super) fn observe_sidecar_device(
@@ -88,15 +86,15 @@ impl FlightRecorder {
 
 /// In the sidecar shape (no pod attribution), a process that publishes into the sidecar's
 /// directory runs in the sidecar's pod: the downward API names it.
-fn publisher_pod(sidecar: &SidecarSnapshot) -> Option<gpumem::snapshot::PodRef> {
+fn publisher_pod(sidecar: &SidecarSnapshot) -> Option<gpumem_wire::PodRef> {
     if sidecar.pods.is_some() {
         return None;
     }
     let pod = sidecar.this_pod.as_ref()?;
-    Some(gpumem::snapshot::PodRef {
+    Some(gpumem_wire::PodRef {
         namespace: pod.namespace.clone(),
         pod: pod.pod.clone(),
-        ..gpumem::snapshot::PodRef::default()
+        ..gpumem_wire::PodRef::default()
     })
 }
 

@@ -156,7 +156,7 @@ fn short_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::snapshot::PodRef;
+    use gpumem_wire::PodRef;
 
     fn holder(pid: u32, gib: f64, pod: Option<(&str, &str)>) -> OtherProcess {
         OtherProcess {
@@ -201,7 +201,7 @@ mod tests {
             previous_ooms: 0,
         };
         let mut record = super::super::blank(due, 0.0);
-        record.device.memory = Some(gpumem::snapshot::DeviceMemory {
+        record.device.memory = Some(gpumem_wire::DeviceMemory {
             total_bytes: 80 * GIB,
             free_bytes: GIB,
             used_bytes: 79 * GIB,

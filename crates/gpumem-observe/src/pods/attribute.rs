@@ -7,7 +7,7 @@
 use super::cgroup::{self, CgroupIdentity};
 use super::directory::{DirectoryView, PodDirectory};
 use super::podlist::PodTable;
-use gpumem::snapshot::{PodRef, PodsStatus};
+use gpumem_wire::{PodRef, PodsStatus};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -98,7 +98,7 @@ impl PodAttributor {
                      know ({}); such processes are named by their command (logged once; \
                      docs/node-agent.md says how to record a fixture of it)",
                     text.as_deref()
-                        .map(|t| gpumem::snapshot::process::clean_text(t, 300))
+                        .map(|t| gpumem_wire::process::clean_text(t, 300))
                         .unwrap_or_default()
                 );
             }

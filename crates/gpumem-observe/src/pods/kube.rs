@@ -299,7 +299,7 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
         let kind = list.kind.as_deref().unwrap_or_default();
         return Err(format!(
             "{url} answered a {}, not a PodList",
-            gpumem::snapshot::process::clean_text(kind, 64)
+            gpumem_wire::process::clean_text(kind, 64)
         ));
     }
     Ok(list)
@@ -397,7 +397,7 @@ fn status_message(body: &[u8]) -> String {
     serde_json::from_slice::<Status>(body)
         .ok()
         .and_then(|s| s.message)
-        .map(|m| format!(": {}", gpumem::snapshot::process::clean_text(&m, 300)))
+        .map(|m| format!(": {}", gpumem_wire::process::clean_text(&m, 300)))
         .unwrap_or_default()
 }
 

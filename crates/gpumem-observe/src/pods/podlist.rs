@@ -3,8 +3,8 @@
 //! everything else in the (large) objects is skipped by serde.
 
 use super::cgroup::ContainerId;
-use gpumem::snapshot::process::clean_text;
-use gpumem::snapshot::PodRef;
+use gpumem_wire::process::clean_text;
+use gpumem_wire::PodRef;
 use serde::Deserialize;
 use std::collections::HashMap;
 

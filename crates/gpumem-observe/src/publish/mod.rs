@@ -14,12 +14,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The file format (its types live with the snapshot, in [`gpumem::snapshot::published`], so
+//! The file format (its types live with the snapshot, in [`gpumem_wire::published`], so
 //! that a reader needs only the core) is in `docs/publish-format.md`.
 
 mod publisher;
 
-pub use gpumem::snapshot::published::{file_name, Identity, PublishedFile, FORMAT, VERSION};
+pub use gpumem_wire::published::{file_name, Identity, PublishedFile, FORMAT, VERSION};
 pub use publisher::{
     default_dir, PublishError, Publisher, PublisherBuilder, PublisherHandle, DEFAULT_DIR,
 };

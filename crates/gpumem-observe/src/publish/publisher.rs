@@ -4,9 +4,9 @@
 
 use crate::sampler::{sampling_setters, Sampler, SamplingOptions, MIN_INTERVAL};
 use gpumem::safe_fs::{write_atomically, WriteOptions};
-use gpumem::snapshot::process::current_identity;
-use gpumem::snapshot::published::{file_name, Identity, PublishedFile};
 use gpumem::units::format_duration;
+use gpumem_wire::process::current_identity;
+use gpumem_wire::published::{file_name, Identity, PublishedFile};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -81,7 +81,7 @@ impl PublisherBuilder {
         let dir = self.dir.unwrap_or_else(default_dir);
         let mut identity = current_identity();
         if let Some(name) = self.process_name {
-            identity.process = gpumem::snapshot::process::clean_process_name(&name);
+            identity.process = gpumem_wire::process::clean_process_name(&name);
         }
         let dir_error = |source| PublishError::Dir {
             dir: dir.clone(),

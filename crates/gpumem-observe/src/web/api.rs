@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 const JSON: &str = "application/json";
 
-/// The latest snapshot, as it is (see `gpumem::snapshot::Snapshot` for the fields); serialised
+/// The latest snapshot, as it is (see `gpumem_wire::Snapshot` for the fields); serialised
 /// once per sample.
 pub(super) async fn snapshot(State(state): State<WebState>, request: HeaderMap) -> Response {
     let sample = state.latest();

@@ -1,5 +1,7 @@
 //! `/static/...`: the stylesheet, the chart script and the icon, compiled into the binary so the
-//! page needs no files on disk and nothing from the network.
+//! page needs no files on disk and nothing from the network. The files live in the repository's
+//! top-level `static/` (and the page's template in `templates/`); this crate's `static` and
+//! `templates` are links to them, which packaging (the Python sdist) turns into copies.
 
 use axum::extract::Path;
 use axum::http::{header, StatusCode};

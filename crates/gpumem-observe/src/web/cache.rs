@@ -109,7 +109,7 @@ pub(super) struct Bodies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem::snapshot::Snapshot;
+    use gpumem_wire::Snapshot;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 

@@ -5,11 +5,16 @@
 //! only (`tags`) — never ids. The sidecar's series (collected processes, NVML, `source`) are
 //! in `sidecar`.
 
+mod families;
 mod sidecar;
 mod tags;
 
+pub(crate) use families::{MANAGER_DEVICE, MANAGER_POOL};
+
+use families::DEVICE_READINGS;
 use gpumem::manager::pressure::PressureLevel;
-use gpumem::snapshot::{DeviceSnapshot, PoolSnapshot, Snapshot};
+use gpumem_wire::published::{device_record, published_pool};
+use gpumem_wire::{ProcessDevice, Snapshot};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::TextEncoder;
@@ -28,8 +33,6 @@ pub(crate) struct Def {
 
 const GAUGE: MetricType = MetricType::GAUGE;
 const COUNTER: MetricType = MetricType::COUNTER;
-const DEVICE: &[&str] = &["gpu", "uuid"];
-const POOL: &[&str] = &["gpu", "uuid", "pool"];
 
 const fn def(
     name: &'static str,
@@ -44,101 +47,6 @@ const fn def(
         labels,
     }
 }
-
-type DeviceValue = fn(&DeviceSnapshot) -> Option<f64>;
-type PoolValue = fn(&PoolSnapshot) -> f64;
-
-/// Per-device families with one value each.
-const DEVICE_METRICS: &[(Def, DeviceValue)] = &[
-    (def("gpumem_device_memory_total_bytes", GAUGE, DEVICE, "Total memory of the device."),
-        |d| Some(d.memory.map_or(d.total_bytes, |m| m.total_bytes) as f64)),
-    (def("gpumem_device_memory_free_bytes", GAUGE, DEVICE, "Free memory of the device as the driver reports it (cuMemGetInfo), for all processes."),
-        |d| d.memory.map(|m| m.free_bytes as f64)),
-    (def("gpumem_device_memory_used_bytes", GAUGE, DEVICE, "Used memory of the device (total minus free), by every process."),
-        |d| d.memory.map(|m| m.used_bytes as f64)),
-    (def("gpumem_device_memory_used_by_others_bytes", GAUGE, DEVICE, "Device memory used by anything but this process's pools: other processes, CUDA contexts, libraries allocating on their own."),
-        |d| d.memory.map(|m| m.used_by_others_bytes as f64)),
-    (def("gpumem_pressure_level", GAUGE, DEVICE, "Memory pressure of the device: 0 low, 1 medium, 2 high, 3 critical."),
-        |d| d.pressure.map(|p| f64::from(p.level.as_number()))),
-    (def("gpumem_pressure_used_ratio", GAUGE, DEVICE, "Used device memory over usable memory (total minus a reserve for the driver); the pressure levels are thresholds on it."),
-        |d| d.pressure.map(|p| p.used_ratio)),
-    (def("gpumem_requested_bytes", GAUGE, DEVICE, "Bytes callers asked for in live allocations on the device."),
-        |d| Some(d.stats.pools.requested_bytes as f64)),
-    (def("gpumem_in_use_bytes", GAUGE, DEVICE, "Bytes of pool blocks handed out to live allocations (requests rounded up to blocks)."),
-        |d| Some(d.stats.pools.in_use_bytes as f64)),
-    (def("gpumem_reserved_bytes", GAUGE, DEVICE, "Bytes this process's pools hold from the driver on the device, in use or cached for reuse."),
-        |d| Some(d.stats.pools.reserved_bytes as f64)),
-    (def("gpumem_in_use_peak_bytes", GAUGE, DEVICE, "Highest in-use bytes since start or the last peak reset."),
-        |d| Some(d.stats.pools.peak_in_use_bytes as f64)),
-    (def("gpumem_reserved_peak_bytes", GAUGE, DEVICE, "Highest reserved bytes since start or the last peak reset."),
-        |d| Some(d.stats.pools.peak_reserved_bytes as f64)),
-    (def("gpumem_allocations_total", COUNTER, DEVICE, "Allocations served on the device."),
-        |d| Some(d.stats.pools.allocations as f64)),
-    (def("gpumem_frees_total", COUNTER, DEVICE, "Allocations freed on the device."),
-        |d| Some(d.stats.pools.frees as f64)),
-    (def("gpumem_driver_allocs_total", COUNTER, DEVICE, "Driver calls that took memory for the device (cuMemAlloc, or mapping pool pages)."),
-        |d| Some(d.stats.pools.driver_allocs as f64)),
-    (def("gpumem_driver_frees_total", COUNTER, DEVICE, "Driver calls that gave the device's memory back (cuMemFree, or unmapping pool pages)."),
-        |d| Some(d.stats.pools.driver_frees as f64)),
-    (def("gpumem_driver_errors_total", COUNTER, DEVICE, "Driver calls for the device's memory that failed."),
-        |d| Some(d.stats.pools.driver_errors as f64)),
-    (def("gpumem_ooms_total", COUNTER, DEVICE, "Allocations refused because the device, or the pool limit, was full."),
-        |d| Some(d.stats.ooms as f64)),
-    (def("gpumem_oom_retries_total", COUNTER, DEVICE, "Allocations that hit out-of-memory, released cached pages and tried again."),
-        |d| Some(d.stats.oom_retries as f64)),
-    (def("gpumem_cpu_fallbacks_total", COUNTER, DEVICE, "Allocations served from host memory because the device could not serve them."),
-        |d| Some(d.stats.cpu_fallbacks as f64)),
-    (def("gpumem_host_fallback_bytes", GAUGE, DEVICE, "Host memory held now by allocations that fell back from the device."),
-        |d| Some(d.stats.host_fallback_bytes as f64)),
-    (def("gpumem_external_bytes", GAUGE, DEVICE, "Device memory this process allocated outside gpumem and registered with track_external (NCCL, cuBLAS workspaces, its own cuMemAlloc); not in any pool figure."),
-        |d| Some(d.external.bytes as f64)),
-    (def("gpumem_external_buffers", GAUGE, DEVICE, "Outside buffers registered with track_external on the device."),
-        |d| Some(d.external.count as f64)),
-    (def("gpumem_graph_pool_bytes", GAUGE, DEVICE, "Device memory held for CUDA graphs (pools of graphs not yet released): part of gpumem_reserved_bytes, but out of reach of every other allocation."),
-        |d| Some(d.graphs.reserved_bytes as f64)),
-    (def("gpumem_graph_pools", GAUGE, DEVICE, "Pools holding memory for CUDA graphs on the device."),
-        |d| Some(d.graphs.pools as f64)),
-    (def("gpumem_live_allocations", GAUGE, DEVICE, "Live (allocated, not yet freed) allocations on the device."),
-        |d| Some(d.live.count as f64)),
-    (def("gpumem_live_bytes", GAUGE, DEVICE, "Requested bytes of the live allocations on the device."),
-        |d| Some(d.live.bytes as f64)),
-    (def("gpumem_leak_suspect_allocations", GAUGE, DEVICE, "Live allocations older than the leak age (gpumem_leak_age_seconds) whose tag is not long-lived."),
-        |d| Some(d.live.leak_suspect_count as f64)),
-    (def("gpumem_leak_suspect_bytes", GAUGE, DEVICE, "Requested bytes of the leak suspects (see gpumem_leak_suspect_allocations)."),
-        |d| Some(d.live.leak_suspect_bytes as f64)),
-    (def("gpumem_oldest_allocation_age_seconds", GAUGE, DEVICE, "Age of the oldest live allocation whose tag is not long-lived (such as weights); 0 when there is none."),
-        |d| Some(d.live.oldest_age_seconds)),
-];
-
-/// Per-pool families (labels `gpu`, `uuid`, `pool`).
-const POOL_METRICS: &[(Def, PoolValue)] = &[
-    (def("gpumem_pool_reserved_bytes", GAUGE, POOL, "Bytes the pool holds from the driver, in use or cached."),
-        |p| p.reserved_bytes as f64),
-    (def("gpumem_pool_in_use_bytes", GAUGE, POOL, "Bytes of the pool's blocks handed out to live allocations."),
-        |p| p.in_use_bytes as f64),
-    (def("gpumem_pool_requested_bytes", GAUGE, POOL, "Bytes callers asked for in the pool's live allocations."),
-        |p| p.requested_bytes as f64),
-    (def("gpumem_pool_cached_free_bytes", GAUGE, POOL, "Bytes the pool holds but has not handed out (reserved minus in use)."),
-        |p| p.cached_free_bytes as f64),
-    (def("gpumem_pool_largest_free_block_bytes", GAUGE, POOL, "The largest request the pool can serve from its cache, without calling the driver."),
-        |p| p.largest_free_block_bytes as f64),
-    (def("gpumem_pool_fragmentation_ratio", GAUGE, POOL, "1 minus largest free block over cached free bytes: 0 when the cache is one block, near 1 when it is splinters."),
-        |p| p.fragmentation_ratio),
-    (def("gpumem_pool_idle_pages", GAUGE, POOL, "Mapped pages of the pool with nothing allocated in them, kept for reuse."),
-        |p| p.idle_pages as f64),
-    (def("gpumem_pool_live_allocations", GAUGE, POOL, "Live allocations served by the pool."),
-        |p| p.live_allocations as f64),
-    (def("gpumem_pool_requests_total", COUNTER, POOL, "Allocation requests that reached the pool."),
-        |p| p.requests as f64),
-    (def("gpumem_pool_hits_total", COUNTER, POOL, "Allocation requests the pool served from its cache, without a driver call."),
-        |p| p.hits as f64),
-    (def("gpumem_pool_driver_allocs_total", COUNTER, POOL, "Driver calls the pool made to take memory."),
-        |p| p.driver_allocs as f64),
-    (def("gpumem_pool_driver_frees_total", COUNTER, POOL, "Driver calls the pool made to give memory back."),
-        |p| p.driver_frees as f64),
-    (def("gpumem_pool_driver_errors_total", COUNTER, POOL, "Driver calls of the pool that failed."),
-        |p| p.driver_errors as f64),
-];
 
 const PRESSURE_STATE: Def = def("gpumem_pressure_state", GAUGE, &["gpu", "uuid", "state"],
     "Memory pressure of the device as a state set: 1 for the current level (low, medium, high, critical), 0 for the others.");
@@ -218,8 +126,9 @@ pub(crate) fn all_defs() -> impl Iterator<Item = &'static Def> {
     SPECIAL
         .iter()
         .copied()
-        .chain(DEVICE_METRICS.iter().map(|(d, _)| d))
-        .chain(POOL_METRICS.iter().map(|(d, _)| d))
+        .chain(DEVICE_READINGS.iter().map(|(d, _)| d))
+        .chain(MANAGER_DEVICE.iter().map(|(d, _)| d))
+        .chain(MANAGER_POOL.iter().map(|(d, _)| d))
         .chain(sidecar::DEFS.iter().copied())
         .chain(tags::TAG_METRICS.iter().map(|(d, _, _)| d))
 }
@@ -358,15 +267,27 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
         ]
     };
 
-    for (def, value) in DEVICE_METRICS {
-        let own = sidecar::own_device_series(snapshot, def);
-        let mut samples: Vec<Metric> = (0..snapshot.devices.len())
-            .filter(|_| own)
+    for (def, value) in DEVICE_READINGS {
+        let samples = (0..snapshot.devices.len())
             .filter_map(|i| {
                 value(&snapshot.devices[i]).map(|v| sample(def.kind, &device_labels(i), v))
             })
             .collect();
-        samples.extend(sidecar::process_device_samples(snapshot, def));
+        out.add(def, samples);
+    }
+    // This process's devices as the record it publishes; the sidecar has no pools of its own
+    // and exports only the collected processes' records.
+    let records: Vec<ProcessDevice> = match snapshot.sidecar {
+        None => snapshot.devices.iter().map(device_record).collect(),
+        Some(_) => Vec::new(),
+    };
+    for (def, value) in MANAGER_DEVICE {
+        let mut samples: Vec<Metric> = records
+            .iter()
+            .enumerate()
+            .filter_map(|(i, record)| value(record).map(|v| sample(def.kind, &device_labels(i), v)))
+            .collect();
+        samples.extend(sidecar::process_device_samples(snapshot, def, *value));
         out.add(def, samples);
     }
     let mut states = Vec::new();
@@ -392,19 +313,21 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
     out.add(&AGE_BAND_ALLOCATIONS, band_counts);
     out.add(&AGE_BAND_BYTES, band_bytes);
 
-    for (def, value) in POOL_METRICS {
+    for (def, value) in MANAGER_POOL {
         let mut samples = Vec::new();
         for (i, device) in snapshot.devices.iter().enumerate() {
             for pool in &device.pools {
                 let [gpu, uuid] = device_labels(i);
-                samples.push(sample(
-                    def.kind,
-                    &[gpu, uuid, ("pool", pool.pool.as_str())],
-                    value(pool),
-                ));
+                if let Some(v) = value(&published_pool(pool)) {
+                    samples.push(sample(
+                        def.kind,
+                        &[gpu, uuid, ("pool", pool.pool.as_str())],
+                        v,
+                    ));
+                }
             }
         }
-        samples.extend(sidecar::process_pool_samples(snapshot, def));
+        samples.extend(sidecar::process_pool_samples(snapshot, def, *value));
         out.add(def, samples);
     }
     tags::add_families(snapshot, &mut out);

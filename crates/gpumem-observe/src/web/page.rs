@@ -12,7 +12,7 @@ pub(crate) use sidecar::SidecarView;
 use super::format;
 use askama::Template;
 use device::DeviceView;
-use gpumem::snapshot::Snapshot;
+use gpumem_wire::Snapshot;
 use hints::{hints, Hint};
 
 #[derive(Template)]

@@ -3,12 +3,13 @@
 
 use super::{per_op, play, ratio, Held, ReplayError, ReplayReport, Replayed, TimelinePoint};
 use crate::trace::Trace;
-use gpumem::backend::cuda::CudaBackend;
-use gpumem::backend::DevicePtr;
+use gpumem::backend::{DeviceBackend, DevicePtr, DriverPool as Pool};
 use gpumem::error::AllocError;
+use gpumem::error::BackendError;
 
 struct DriverPool<'a> {
-    cuda: &'a CudaBackend,
+    backend: &'a dyn DeviceBackend,
+    cuda: &'a dyn Pool,
     device: usize,
     allocs: u64,
     frees: u64,
@@ -53,8 +54,10 @@ impl Replayed for DriverPool<'_> {
         }
     }
     fn device_used(&self) -> Option<u64> {
-        use gpumem::backend::DeviceBackend;
-        self.cuda.mem_info(self.device).ok().map(|info| info.used())
+        self.backend
+            .mem_info(self.device)
+            .ok()
+            .map(|info| info.used())
     }
 }
 
@@ -62,7 +65,7 @@ impl Replayed for DriverPool<'_> {
 /// `cuMemFreeAsync` on the device's default pool, release threshold max): the baseline,
 /// measured by the same loop. Its reserved peak is the pool's own high-water mark.
 pub fn replay_driver_pool(
-    cuda: &CudaBackend,
+    backend: &dyn DeviceBackend,
     device: usize,
     trace: &Trace,
     mut progress: impl FnMut(u64),
@@ -71,10 +74,17 @@ pub fn replay_driver_pool(
         trace: trace.name.clone(),
         source,
     };
+    let cuda = backend
+        .driver_pool()
+        .ok_or_else(|| BackendError::DriverUnavailable {
+            reason: format!("the {} backend has no driver pool", backend.kind()),
+        })
+        .map_err(baseline)?;
     cuda.prepare_stream_ordered_pool(device).map_err(baseline)?;
     cuda.trim_stream_ordered_pool(device).map_err(baseline)?;
     cuda.reset_stream_ordered_peak(device).map_err(baseline)?;
     let mut target = DriverPool {
+        backend,
         cuda,
         device,
         allocs: 0,
@@ -105,6 +115,8 @@ pub fn replay_driver_pool(
         reserved_after_empty_cache_bytes: after,
         ooms: 0,
         max_device_vs_reserved_gap_bytes: played.max_gap,
+        cache_mode: String::new(),
+        adaptive_level: None,
         idle_pages_kept: 0,
         idle_per_mille: 0,
         max_chunk_bytes: 0,

@@ -120,25 +120,24 @@ pub struct DeviceProperties {
     pub allocation_granularity_bytes: u64,
 }
 
-/// One device driver as the pools see it. Every method names the device it acts on, so one
-/// backend serves all devices of a host; implementations make the device's context current
-/// themselves. The virtual-memory methods mirror `cuMemAddressReserve` / `cuMemCreate` +
-/// `cuMemMap` / `cuMemUnmap` + `cuMemRelease`, which let a pool grow and shrink in pages; the
-/// physical chunks are explicit ([`PhysicalChunk`]), so a caller can unmap a chunk, keep it,
-/// and map it again elsewhere without the driver creating memory anew (a `cuMemMap` costs about
-/// a microsecond, a `cuMemCreate` ten or more).
+/// One device driver as the pools see it: the memory operations a pool needs. Every method
+/// names the device it acts on, so one backend serves all devices of a host; implementations
+/// make the device's context current themselves. The virtual-memory methods mirror
+/// `cuMemAddressReserve` / `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` / `cuMemUnmap` +
+/// `cuMemRelease`, which let a pool grow and shrink in pages; the physical chunks are explicit
+/// ([`PhysicalChunk`]), so a caller can unmap a chunk, keep it, and map it again elsewhere
+/// without the driver creating memory anew (a `cuMemMap` costs about a microsecond, a
+/// `cuMemCreate` ten or more).
+///
+/// What a device may or may not offer beyond that is asked for as a capability:
+/// [`streams`](Self::streams) (ordering work on streams, fences, graph capture) and
+/// [`direct`](Self::direct) (memory the driver allocates by itself). The same calls are on
+/// `dyn DeviceBackend` as methods that fail with a clear error where the capability is missing.
 pub trait DeviceBackend: Send + Sync + fmt::Debug {
     fn kind(&self) -> BackendKind;
     fn device_count(&self) -> usize;
     fn properties(&self, device: usize) -> Result<DeviceProperties, BackendError>;
     fn mem_info(&self, device: usize) -> Result<MemInfo, BackendError>;
-    /// Size, in bytes, of the pages `map` works in (2 MiB on current NVIDIA GPUs).
-    fn granularity(&self, device: usize) -> Result<u64, BackendError>;
-
-    /// Allocates `size` bytes straight from the driver (`cuMemAlloc`).
-    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
-    /// Returns memory from [`alloc`](Self::alloc) to the driver (`cuMemFree`).
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError>;
 
     /// Reserves `size` bytes (a multiple of the granularity) of address space; no memory yet.
     fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
@@ -149,21 +148,6 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         base: DevicePtr,
         size: u64,
     ) -> Result<(), BackendError>;
-    /// Backs `[addr, addr + size)` — page aligned, inside a reserved range, not yet mapped —
-    /// with new physical memory readable and writable by the device.
-    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let pages = size / self.granularity(device)?;
-        let chunks: Vec<u32> = new_chunks(pages, u32::MAX).collect();
-        self.map_reusing(device, addr, size, &mut Vec::new(), &chunks)
-            .map(|_| ())
-    }
-
-    /// Unmaps whole chunks mapped by [`map`](Self::map) and returns their physical memory.
-    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        let mut chunks = Vec::new();
-        self.unmap_keeping(device, addr, size, &mut chunks)?;
-        self.release_chunks(device, &mut chunks)
-    }
 
     /// Backs `[addr, addr + size)` (page aligned, inside a reserved range, not yet mapped) with
     /// physical memory readable and writable by the device: first the chunks in `reuse`, in
@@ -203,6 +187,115 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         chunks: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError>;
 
+    /// Size, in bytes, of the pages `map` works in (2 MiB on current NVIDIA GPUs).
+    fn granularity(&self, device: usize) -> Result<u64, BackendError> {
+        Ok(self.properties(device)?.allocation_granularity_bytes)
+    }
+
+    /// Backs `[addr, addr + size)` — page aligned, inside a reserved range, not yet mapped —
+    /// with new physical memory readable and writable by the device.
+    fn map(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let pages = size / self.granularity(device)?;
+        let chunks: Vec<u32> = new_chunks(pages, u32::MAX).collect();
+        self.map_reusing(device, addr, size, &mut Vec::new(), &chunks)
+            .map(|_| ())
+    }
+
+    /// Unmaps whole chunks mapped by [`map`](Self::map) and returns their physical memory.
+    fn unmap(&self, device: usize, addr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let mut chunks = Vec::new();
+        self.unmap_keeping(device, addr, size, &mut chunks)?;
+        self.release_chunks(device, &mut chunks)
+    }
+
+    /// Ordering work on the device's streams, when the device has streams.
+    fn streams(&self) -> Option<&dyn StreamOrder> {
+        None
+    }
+
+    /// Memory the driver allocates by itself, when it does.
+    fn direct(&self) -> Option<&dyn DirectMemory> {
+        None
+    }
+
+    /// The driver's own stream-ordered pool, when it has one: the baseline `replay` and
+    /// `bench` measure gpumem against.
+    fn driver_pool(&self) -> Option<&dyn DriverPool> {
+        None
+    }
+
+    /// Keeping a host's current context (a host such as PyTorch reads its current device from
+    /// it), when the backend switches contexts.
+    fn host_context(&self) -> Option<&dyn HostContext> {
+        None
+    }
+
+    /// Exporting mapped memory for another process to import (CUDA IPC), when it can.
+    fn shareable(&self) -> Option<&dyn ShareableMemory> {
+        None
+    }
+}
+
+/// A backend that makes its own context current on the calling thread, and can put the host's
+/// back afterwards.
+pub trait HostContext: Send + Sync {
+    /// Runs `f`, then makes current again the context that was current before, if the backend
+    /// switched it inside.
+    fn keep_current_context(&self, f: &mut dyn FnMut());
+}
+
+/// One chunk under an exported range: where it is mapped, its size, and the file descriptor
+/// that stands for it in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportedChunk {
+    pub addr: u64,
+    pub bytes: u64,
+    pub fd: i32,
+}
+
+/// Mapped memory another process can import.
+pub trait ShareableMemory: Send + Sync {
+    /// The chunks mapped over `[addr, addr + len)` on `device`, in address order, each
+    /// exported once; the descriptors stay open until their chunks are released.
+    fn export_chunks(
+        &self,
+        device: usize,
+        addr: u64,
+        len: u64,
+    ) -> Result<Vec<ExportedChunk>, BackendError>;
+}
+
+impl dyn HostContext + '_ {
+    /// [`keep_current_context`](HostContext::keep_current_context) for a closure with a result.
+    pub fn keeping<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut f = Some(f);
+        let mut result = None;
+        self.keep_current_context(&mut || result = f.take().map(|f| f()));
+        result.expect("keep_current_context runs its closure once")
+    }
+}
+
+/// The driver's own stream-ordered pool (`cuMemAllocAsync` / `cuMemFreeAsync` on the device's
+/// default pool): not what gpumem allocates with, but what it is measured against.
+pub trait DriverPool: Send + Sync {
+    /// Checks the driver has stream-ordered allocation and sets the default pool of `device` to
+    /// keep what it frees (release threshold: unlimited), as a long-running engine would.
+    fn prepare_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError>;
+    /// `cuMemAllocAsync` on the default stream.
+    fn alloc_stream_ordered(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
+    /// `cuMemFreeAsync` on the default stream.
+    fn free_stream_ordered(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError>;
+    /// The pool's reserved bytes now and at their peak.
+    fn stream_ordered_reserved(&self, device: usize) -> Result<(u64, u64), BackendError>;
+    /// Starts the reserved peak again from now.
+    fn reset_stream_ordered_peak(&self, device: usize) -> Result<(), BackendError>;
+    /// Gives everything the pool keeps unused back to the driver.
+    fn trim_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError>;
+}
+
+/// Work on a device's streams and CUDA graph captures: what lets a pool hand memory freed on
+/// one stream to another only once the work queued on it has run.
+pub trait StreamOrder: Send + Sync {
     /// Waits until all work queued on `stream` has finished ([`StreamId::ANY`]: on every stream
     /// of the device). A stream that is capturing a CUDA graph has no finished work to wait for:
     /// that is an error, and the capture goes on unharmed (the driver's own synchronisation
@@ -229,6 +322,16 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// The id of the CUDA graph capture `stream` takes part in (`cuStreamGetCaptureInfo`), or
     /// `None` when it is not capturing. Unique among the process's captures.
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError>;
+}
+
+/// Memory the driver allocates by itself, outside the pools' pages: device memory for the
+/// `direct` strategy and allocations too large to pool (`cuMemAlloc`), and page-locked host
+/// memory for the CPU fallback (`cuMemHostAlloc`).
+pub trait DirectMemory: Send + Sync {
+    /// Allocates `size` bytes straight from the driver (`cuMemAlloc`).
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError>;
+    /// Returns memory from [`alloc`](Self::alloc) to the driver (`cuMemFree`).
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError>;
 
     /// Page-locked host memory `device` can reach (`cuMemHostAlloc`), for the CPU fallback.
     /// Backends without it say so, and the fallback uses ordinary host memory.
@@ -236,15 +339,107 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         let _ = (device, size);
         Err(BackendError::InvalidArgument {
             call: "alloc_pinned_host",
-            reason: format!("the {} backend has no pinned host memory", self.kind()),
+            reason: "this backend has no pinned host memory".to_string(),
         })
     }
 
     /// Returns memory from [`alloc_pinned_host`](Self::alloc_pinned_host).
     fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
-        let _ = device;
         Err(BackendError::InvalidAddress { device, ptr })
     }
+}
+
+/// The capabilities' calls on any backend, failing with one clear error where the backend
+/// lacks the capability: what the pools call.
+impl dyn DeviceBackend + '_ {
+    fn stream_order(&self, call: &'static str) -> Result<&dyn StreamOrder, BackendError> {
+        self.streams()
+            .ok_or_else(|| missing(call, self.kind(), "streams"))
+    }
+
+    fn direct_memory(&self, call: &'static str) -> Result<&dyn DirectMemory, BackendError> {
+        self.direct()
+            .ok_or_else(|| missing(call, self.kind(), "memory of its own"))
+    }
+
+    pub fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+        self.stream_order("synchronize_stream")?
+            .synchronize_stream(device, stream)
+    }
+
+    pub fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
+        self.stream_order("stream_idle")?
+            .stream_idle(device, stream)
+    }
+
+    pub fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
+        self.stream_order("record_fence")?
+            .record_fence(device, stream)
+    }
+
+    pub fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+        self.stream_order("fence_passed")?
+            .fence_passed(device, fence)
+    }
+
+    pub fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+        self.stream_order("wait_fence")?.wait_fence(device, fence)
+    }
+
+    /// `None` on a backend without streams: nothing there captures.
+    pub fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
+        match self.streams() {
+            Some(streams) => streams.capture_of(device, stream),
+            None => Ok(None),
+        }
+    }
+
+    pub fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        self.direct_memory("alloc")?.alloc(device, size)
+    }
+
+    pub fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        self.direct_memory("free")?.free(device, ptr)
+    }
+
+    pub fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
+        self.direct_memory("alloc_pinned_host")?
+            .alloc_pinned_host(device, size)
+    }
+
+    pub fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
+        self.direct_memory("free_pinned_host")?
+            .free_pinned_host(device, ptr)
+    }
+}
+
+fn missing(call: &'static str, kind: BackendKind, what: &str) -> BackendError {
+    BackendError::InvalidArgument {
+        call,
+        reason: format!("the {kind} backend has no {what}"),
+    }
+}
+
+/// Rejects empty, unaligned or overflowing page ranges before a driver sees them: the one
+/// check every backend makes of `reserve`, `map` and `unmap` arguments.
+pub fn check_pages(
+    call: &'static str,
+    addr: u64,
+    size: u64,
+    granularity: u64,
+) -> Result<(), BackendError> {
+    let reason = if size == 0 {
+        "size must be greater than zero".to_string()
+    } else if granularity == 0 || size % granularity != 0 {
+        format!("size {size} is not a multiple of the {granularity}-byte page size")
+    } else if addr % granularity != 0 {
+        format!("address {addr:#x} is not aligned to the {granularity}-byte page size")
+    } else if addr.checked_add(size).is_none() {
+        format!("range at {addr:#x} of {size} bytes overflows the address space")
+    } else {
+        return Ok(());
+    };
+    Err(BackendError::InvalidArgument { call, reason })
 }
 
 /// Which device implementation to open.

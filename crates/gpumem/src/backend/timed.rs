@@ -3,8 +3,8 @@
 //! of a replay's time per operation, was spent inside the driver and how much in the allocator.
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
-    StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, Fence,
+    HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use std::fmt;
@@ -142,14 +142,6 @@ impl DeviceBackend for TimedBackend {
         self.time(CallKind::Other, |b| b.granularity(device))
     }
 
-    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
-        self.time(CallKind::Direct, |b| b.alloc(device, size))
-    }
-
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
-        self.time(CallKind::Direct, |b| b.free(device, ptr))
-    }
-
     fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
         self.time(CallKind::Other, |b| b.reserve_address_range(device, size))
     }
@@ -198,6 +190,29 @@ impl DeviceBackend for TimedBackend {
         self.time(CallKind::Release, |b| b.release_chunks(device, chunks))
     }
 
+    fn streams(&self) -> Option<&dyn StreamOrder> {
+        self.inner.streams().map(|_| self as &dyn StreamOrder)
+    }
+
+    fn direct(&self) -> Option<&dyn DirectMemory> {
+        self.inner.direct().map(|_| self as &dyn DirectMemory)
+    }
+
+    /// The inner backend's, untimed: the baseline is not what this backend measures.
+    fn driver_pool(&self) -> Option<&dyn DriverPool> {
+        self.inner.driver_pool()
+    }
+
+    fn host_context(&self) -> Option<&dyn HostContext> {
+        self.inner.host_context()
+    }
+
+    fn shareable(&self) -> Option<&dyn ShareableMemory> {
+        self.inner.shareable()
+    }
+}
+
+impl StreamOrder for TimedBackend {
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.time(CallKind::Sync, |b| b.synchronize_stream(device, stream))
     }
@@ -220,6 +235,16 @@ impl DeviceBackend for TimedBackend {
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
         self.time(CallKind::Other, |b| b.capture_of(device, stream))
+    }
+}
+
+impl DirectMemory for TimedBackend {
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        self.time(CallKind::Direct, |b| b.alloc(device, size))
+    }
+
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        self.time(CallKind::Direct, |b| b.free(device, ptr))
     }
 
     fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {

@@ -37,8 +37,10 @@ impl MemoryManager {
         peaks[0].fetch_max((live + new_pages) as usize, Relaxed);
         let peak = peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64;
         let config = self.config();
+        // The device's knobs: the configured values, or where the adaptive default moved them.
+        let knobs = managed.pages.knobs();
         let mut slack =
-            (config.idle_pages_kept as u64).max(peak * config.idle_per_mille as u64 / 1024);
+            (knobs.idle_pages_kept() as u64).max(peak * knobs.idle_per_mille() as u64 / 1024);
         if let Some(cap) = config.max_cached_bytes {
             slack = slack.min(cap / page);
         }

@@ -30,6 +30,29 @@ impl crate::named::Named for Strategy {
     ];
 }
 
+/// How the pools choose their cache setting (chunk sizes, idle pages kept, placement).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheMode {
+    /// Start at the configured setting and move with what misses cost and the pressure:
+    /// more kept while misses cost time and the device has room, memory-first under pressure,
+    /// never past the ceiling (`manager/adaptive.rs`, docs/allocator.md).
+    Adaptive,
+    /// The least memory (2 MiB chunks cut whole when growing, no idle pages): at or under 1.03
+    /// of the peak on every trace of the corpus, at several times the time.
+    MemoryFirst,
+    /// Exactly the configured `max_chunk_bytes`, `idle_pages_kept` and the rest, never moved.
+    Fixed,
+}
+
+impl crate::named::Named for CacheMode {
+    const CHOICES: &'static [crate::named::Choice<Self>] = &[
+        crate::named::Choice::plain("adaptive", CacheMode::Adaptive),
+        crate::named::Choice::plain("memory-first", CacheMode::MemoryFirst),
+        crate::named::Choice::plain("fixed", CacheMode::Fixed),
+    ];
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemoryConfig {
     /// `Pooled` (pooling on) or `Direct` (pooling off).
@@ -128,6 +151,10 @@ pub struct MemoryConfig {
     /// driver's pool; docs/performance.md). The setting for a process that wants speed back
     /// from the memory-first default.
     pub place_on_mapped_pages: bool,
+    /// Whether the settings above (chunk sizes, idle pages, placement) are where the pools
+    /// start and move from (`Adaptive`, the default), all they ever use (`Fixed`), or replaced
+    /// by the least memory (`MemoryFirst`).
+    pub cache_mode: CacheMode,
 }
 
 /// The same settings under the name the embedding examples use (`ManagerConfig` next to
@@ -162,6 +189,7 @@ impl Default for MemoryConfig {
             make_room_without_waiting: false,
             room_without_waiting_bytes: 256 * MIB,
             place_on_mapped_pages: false,
+            cache_mode: CacheMode::Adaptive,
         }
     }
 }
@@ -202,6 +230,14 @@ impl MemoryConfig {
         }
     }
 
+    /// The least memory: the cache's memory-first setting, fixed (see [`CacheMode`]).
+    pub fn memory_first() -> Self {
+        MemoryConfig {
+            cache_mode: CacheMode::MemoryFirst,
+            ..Self::default()
+        }
+    }
+
     /// Production: as [`for_inference`](Self::for_inference).
     pub fn production() -> Self {
         Self::for_inference()
@@ -217,7 +253,8 @@ impl MemoryConfig {
         }
     }
 
-    /// A preset by name: default, inference, constrained, development, production, testing.
+    /// A preset by name: default, inference, constrained, development, production, testing,
+    /// memory-first.
     pub fn preset(name: &str) -> Result<Self, ConfigError> {
         match name {
             "default" => Ok(Self::default()),
@@ -226,9 +263,10 @@ impl MemoryConfig {
             "development" => Ok(Self::development()),
             "production" => Ok(Self::production()),
             "testing" => Ok(Self::testing()),
+            "memory-first" => Ok(Self::memory_first()),
             other => Err(ConfigError::new(
                 "preset",
-                format!("unknown preset '{other}' (known: default, inference, constrained, development, production, testing)"),
+                format!("unknown preset '{other}' (known: default, inference, constrained, development, production, testing, memory-first)"),
             )),
         }
     }
@@ -385,7 +423,8 @@ impl MemoryConfig {
             // Twice the device: address space is cheap, and a hole-riddled range must never
             // be what fails an allocation the device could serve.
             span: device_total.saturating_mul(2),
-            place_on_mapped_pages: self.place_on_mapped_pages,
+            // The device's cache knobs carry it, so that the adaptive default can move it.
+            place_on_mapped_pages: false,
         }
     }
 }
@@ -403,6 +442,7 @@ mod tests {
             "development",
             "production",
             "testing",
+            "memory-first",
         ] {
             MemoryConfig::preset(name).unwrap().validate().unwrap();
         }

@@ -3,6 +3,8 @@
 //! (releasing cached memory and retrying once first). Caching policy, upkeep, leaks, host
 //! fallback and multi-device placement live in the submodules.
 
+mod adapting;
+pub mod adaptive;
 mod buffer;
 mod cache;
 pub mod config;
@@ -19,15 +21,16 @@ pub mod placement;
 pub mod pressure;
 mod refusals;
 mod segments;
-mod streams;
+mod stream_pools;
 mod tag;
 mod thread_ids;
 mod upkeep;
 pub mod views;
 pub mod workspace;
 
+pub use adaptive::CacheSetting;
 pub use buffer::{AllocOptions, DeviceBuffer, GraphPoolId};
-pub use config::{ConfigError, ManagerConfig, MemoryConfig, Strategy};
+pub use config::{CacheMode, ConfigError, ManagerConfig, MemoryConfig, Strategy};
 #[cfg(feature = "config-file")]
 pub use config_file::{
     env_names as config_env_names, keys as config_keys, load_config, load_config_over,
@@ -38,7 +41,7 @@ pub use fallback::{FallbackBuffer, HostBuffer};
 pub use graphs::GraphPoolView;
 pub use pressure::{PressureChange, PressureLevel, PressureThresholds};
 pub use segments::{BlockLayout, SegmentLayout};
-pub use streams::MAX_STREAMS_WITH_OWN_POOLS;
+pub use stream_pools::MAX_STREAMS_WITH_OWN_POOLS;
 pub use tag::{clean_tag, held_tags, Tag, MAX_TAGS, MAX_TAG_CHARS, OTHER_TAG};
 pub use upkeep::{FRAGMENTATION_CLEAR, FRAGMENTATION_WARNING};
 pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
@@ -83,8 +86,8 @@ pub(crate) struct ManagedDevice {
     pool_cap: AtomicU64,
     settings: PoolSettings,
     default_stream: Box<[Arc<Pool>]>,
-    /// Streams with pools of their own (`streams.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
-    other_streams: RwLock<HashMap<StreamId, Arc<streams::StreamPools>>>,
+    /// Streams with pools of their own (`stream_pools.rs`), at most `MAX_STREAMS_WITH_OWN_POOLS`.
+    other_streams: RwLock<HashMap<StreamId, Arc<stream_pools::StreamPools>>>,
     /// What the other streams share.
     shared_streams: Box<[Arc<Pool>]>,
     /// Pools of streams dropped from `other_streams` while a block was live in them: still
@@ -98,6 +101,10 @@ pub(crate) struct ManagedDevice {
     pub pages: Arc<PageReserve>,
     pub events: DeviceEvents,
     pub pressure: PressureState,
+    /// The adaptive default's state (`adapting.rs`); `None` with a fixed or memory-first cache.
+    adapting: Option<adapting::Adapting>,
+    /// The cache setting stored at the start (all there is without `adapting`).
+    fixed_setting: CacheSetting,
 }
 
 impl ManagedDevice {
@@ -241,6 +248,8 @@ impl MemoryManager {
             ChunkSizes::new(config.max_chunk_bytes, config.inside_chunk_bytes)
                 .whole_when_growing(config.whole_chunks_when_growing),
         )?);
+        let (setting, adapting) = adapting::starting(config);
+        adapting::store(pages.knobs(), &setting, page_size);
         let mut device = ManagedDevice {
             index,
             properties,
@@ -257,6 +266,8 @@ impl MemoryManager {
             pages,
             events: DeviceEvents::default(),
             pressure: PressureState::default(),
+            adapting,
+            fixed_setting: setting,
         };
         device.default_stream = device
             .shards(StreamId::DEFAULT, shard_count)
@@ -436,7 +447,7 @@ impl MemoryManager {
         let outcome = match pool.alloc(kind, size, align, &live, within_budget) {
             Ok(placed) => {
                 if placed.map_calls > 0 {
-                    managed.pages.miss_ns.record(placed.miss_ns as u64);
+                    self.record_miss(managed, placed.miss_ns as u64, placed.mapped_bytes);
                 }
                 Ok(placed)
             }

@@ -2,49 +2,9 @@
 //! reserve for the driver and the CUDA context), as four levels with configurable thresholds.
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PressureLevel {
-    Low,
-    Medium,
-    High,
-    Critical,
-}
-
-impl PressureLevel {
-    pub const ALL: [PressureLevel; 4] = [
-        PressureLevel::Low,
-        PressureLevel::Medium,
-        PressureLevel::High,
-        PressureLevel::Critical,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PressureLevel::Low => "low",
-            PressureLevel::Medium => "medium",
-            PressureLevel::High => "high",
-            PressureLevel::Critical => "critical",
-        }
-    }
-
-    /// 0 (low) to 3 (critical): the `gpumem_pressure_level` gauge.
-    pub fn as_number(self) -> u8 {
-        self as u8
-    }
-
-    fn from_number(number: u8) -> PressureLevel {
-        match number {
-            0 => PressureLevel::Low,
-            1 => PressureLevel::Medium,
-            2 => PressureLevel::High,
-            _ => PressureLevel::Critical,
-        }
-    }
-}
+pub use gpumem_wire::PressureLevel;
 
 /// A device moving from one pressure level to another, as callbacks receive it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -79,12 +39,6 @@ impl PressureState {
     }
 }
 
-impl fmt::Display for PressureLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Where the levels start, as fractions of usable memory, and the reserve that is not usable.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PressureThresholds {
@@ -107,6 +61,14 @@ impl Default for PressureThresholds {
 }
 
 impl PressureThresholds {
+    /// The pressure of a device with `used` of `total` bytes taken.
+    pub fn measure(&self, used: u64, total: u64) -> gpumem_wire::Pressure {
+        gpumem_wire::Pressure {
+            level: self.classify(used, total),
+            used_ratio: self.used_ratio(used, total),
+        }
+    }
+
     /// Checks the thresholds are increasing fractions in (0, 1]; names the key that is wrong.
     pub fn validate(&self) -> Result<(), String> {
         for (key, value) in [

@@ -60,7 +60,7 @@ impl MemoryManager {
         if let Ok(placed) = &outcome {
             if placed.map_calls > 0 {
                 let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-                managed.pages.miss_ns.record(took);
+                self.record_miss(managed, took, placed.mapped_bytes);
             }
         }
         outcome

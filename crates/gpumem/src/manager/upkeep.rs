@@ -78,6 +78,7 @@ impl MemoryManager {
             } else {
                 tracing::info!(device = change.device, from = %previous, to = %level, used_ratio = change.used_ratio, "memory pressure eased");
             }
+            self.adapt_to_pressure(managed, level);
             for callback in self.shared().pressure_callbacks.read().iter() {
                 callback(&change);
             }

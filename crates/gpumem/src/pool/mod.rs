@@ -8,6 +8,7 @@ mod atomic;
 mod device_totals;
 pub(crate) mod direct;
 mod fences;
+pub(crate) mod knobs;
 pub(crate) mod latency;
 mod lock;
 pub(crate) mod pages;
@@ -19,6 +20,7 @@ pub(crate) mod tlsf;
 pub use arena::{ArenaError, MapDecision, MappedSegment, Placed, ReleaseError, Released};
 pub use device_totals::DeviceReserve;
 pub use direct::DirectPool;
+pub use knobs::{CacheKnobs, KnobValues};
 pub use reserve::{ChunkSizes, Cut, PageReserve};
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
@@ -61,7 +63,7 @@ pub struct PoolSettings {
     /// Address space each arena reserves.
     pub span: u64,
     /// Whether arenas place a block on free mapped pages before unmapped ones
-    /// (`place_on_mapped_pages` of the configuration; `arena/placement.rs`).
+    /// (`place_on_mapped_pages` of the configuration; `arena/block_placement.rs`).
     pub place_on_mapped_pages: bool,
 }
 

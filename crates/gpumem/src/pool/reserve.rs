@@ -6,6 +6,7 @@
 //! driver reports as used matches it to the byte. The cache budget bounds idle mapped pages and
 //! kept ones together.
 
+use super::knobs::{CacheKnobs, KnobValues};
 use super::latency::LatencyHistogram;
 use super::DeviceReserve;
 use crate::backend::{DeviceBackend, DevicePtr, PhysicalChunk};
@@ -19,11 +20,10 @@ pub struct PageReserve {
     device: usize,
     page_size: u64,
     held: Arc<DeviceReserve>,
-    /// Largest chunk an ordinary miss creates, in pages (see [`PageReserve::map`])...
-    max_chunk_pages: u32,
-    /// ...and the smallest chunks inside a long one, in pages (none unless larger).
-    inside_chunk_pages: u32,
-    whole_when_growing: bool,
+    /// How a miss cuts its pages (the largest ordinary chunk, the smallest inside a long run,
+    /// whole when growing), the idle pages the cache keeps and where blocks go: fixed, or moved
+    /// by the adaptive default while the pools run.
+    knobs: CacheKnobs,
     /// The cache's slack, in pages, as the cache budget last saw it: inside chunks grow with it
     /// (see [`PageReserve::new_chunks`]).
     slack_pages: AtomicU64,
@@ -124,14 +124,24 @@ impl PageReserve {
         chunks: ChunkSizes,
     ) -> Result<Self, BackendError> {
         let page_size = backend.granularity(device)?;
+        let knobs = CacheKnobs::default();
+        knobs.store(
+            &KnobValues {
+                max_chunk_bytes: chunks.max_bytes,
+                inside_chunk_bytes: chunks.inside_bytes,
+                whole_when_growing: chunks.whole_when_growing,
+                place_on_mapped_pages: false,
+                idle_pages_kept: 0,
+                idle_per_mille: 0,
+            },
+            page_size,
+        );
         Ok(PageReserve {
             backend,
             device,
             page_size,
             held,
-            max_chunk_pages: (chunks.max_bytes / page_size).clamp(1, u32::MAX as u64) as u32,
-            inside_chunk_pages: (chunks.inside_bytes / page_size).min(u32::MAX as u64) as u32,
-            whole_when_growing: chunks.whole_when_growing,
+            knobs,
             slack_pages: AtomicU64::new(0),
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
@@ -146,12 +156,18 @@ impl PageReserve {
     /// The largest chunk an ordinary miss creates, in pages: larger ones are a long miss's
     /// inside chunks.
     pub(crate) fn ordinary_chunk_pages(&self) -> u32 {
-        self.max_chunk_pages
+        self.knobs.max_chunk_pages()
     }
 
     /// Whether a block at a new high of its arena's pages gets [`Cut::Whole`].
     pub(crate) fn cuts_whole_when_growing(&self) -> bool {
-        self.whole_when_growing
+        self.knobs.whole_when_growing()
+    }
+
+    /// The device's cache settings, which the manager sets (once, or as the adaptive default
+    /// moves them).
+    pub fn knobs(&self) -> &CacheKnobs {
+        &self.knobs
     }
 
     pub fn backend(&self) -> &dyn DeviceBackend {
@@ -228,7 +244,8 @@ impl PageReserve {
                 lone_last,
             } if reused_pages == 0 => self.whole_chunks(pages, lone_first, lone_last),
             Cut::Small => (
-                crate::backend::new_chunks(pages - reused_pages, self.max_chunk_pages).collect(),
+                crate::backend::new_chunks(pages - reused_pages, self.ordinary_chunk_pages())
+                    .collect(),
                 None,
             ),
             _ => (self.new_chunks(pages - reused_pages), None),
@@ -275,13 +292,14 @@ impl PageReserve {
     /// took 44 µs for 2 MiB and 48 µs for 256 MiB on an H100): with 16 MiB chunks a process
     /// whose blocks are gigabytes paid hundreds of grants and as many unmaps a miss.
     fn new_chunks(&self, creating: u64) -> Vec<u32> {
+        let cap = self.ordinary_chunk_pages();
         let Some(inside) = self.inside_chunk_pages_for(creating) else {
-            return crate::backend::new_chunks(creating, self.max_chunk_pages).collect();
+            return crate::backend::new_chunks(creating, cap).collect();
         };
-        let inner = creating - 2 * self.max_chunk_pages as u64;
-        let mut chunks = vec![self.max_chunk_pages];
+        let inner = creating - 2 * cap as u64;
+        let mut chunks = vec![cap];
         chunks.extend(crate::backend::new_chunks(inner, inside));
-        chunks.push(self.max_chunk_pages);
+        chunks.push(cap);
         chunks
     }
 
@@ -308,7 +326,7 @@ impl PageReserve {
     /// Marked whole, they are cut again when a smaller block lands on them, as a whole chunk
     /// is, instead of staying mapped whole under it.
     fn kept_whole(&self, reused: &[u32], pages: u64) -> Vec<u32> {
-        if !self.whole_when_growing || reused.is_empty() {
+        if !self.cuts_whole_when_growing() || reused.is_empty() {
             return Vec::new();
         }
         let ordinary = self.new_chunks(pages).into_iter().max().unwrap_or(0);
@@ -348,7 +366,8 @@ impl PageReserve {
 
     /// The inside chunks of a run of `pages` new pages, if it is long enough to have any.
     fn inside_chunk_pages_for(&self, pages: u64) -> Option<u32> {
-        let (cap, smallest) = (self.max_chunk_pages as u64, self.inside_chunk_pages as u64);
+        let cap = self.ordinary_chunk_pages() as u64;
+        let smallest = self.knobs.inside_chunk_pages() as u64;
         let long = smallest > cap && pages >= 2 * cap + MIN_INSIDE_CHUNKS * smallest;
         if !long {
             return None;
@@ -368,7 +387,7 @@ impl PageReserve {
     /// and the run gets large new chunks instead. Other runs take any kept chunk.
     fn smallest_worth_reusing(&self, pages: u64) -> u32 {
         match self.inside_chunk_pages_for(pages) {
-            Some(inside) if inside > self.inside_chunk_pages => inside / 4,
+            Some(inside) if inside > self.knobs.inside_chunk_pages() => inside / 4,
             _ => 1,
         }
     }

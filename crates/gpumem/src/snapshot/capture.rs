@@ -4,7 +4,7 @@
 
 use super::{
     unix_now, AgeBand, AllocationSummary, DeviceCounters, DeviceMemory, DeviceSnapshot,
-    ExternalSummary, LiveSummary, PoolSnapshot, Pressure, Snapshot, TagGroup,
+    ExternalSummary, LiveSummary, PoolSnapshot, Snapshot, TagGroup,
 };
 use crate::manager::pressure::PressureThresholds;
 use crate::manager::views::{fragmentation, DeviceStats, LiveAllocation, PoolView};
@@ -127,7 +127,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
                         used_by_this_process_bytes: ours,
                         used_by_others_bytes: used - ours,
                     });
-                    device.pressure = Some(Pressure::measure(&settings.pressure, used, info.total));
+                    device.pressure = Some(settings.pressure.measure(used, info.total));
                 }
                 Err(error) => problems.push(format!(
                     "device {index}: could not read free memory: {error}"

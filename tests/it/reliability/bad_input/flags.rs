@@ -152,7 +152,7 @@ fn bad_flags_and_variables_exit_2_with_one_line() {
         &trace,
     ];
     cases.push(case("replay table", &table, 2, "--idle-per-mille"));
-    if gpumem::backend::cuda::CudaBackend::open().is_err() {
+    if gpumem::backend::open_backend(gpumem::BackendChoice::Cuda, Default::default()).is_err() {
         let cuda = ["devices", "--backend", "cuda"];
         cases.push(case("no GPU", &cuda, 1, "CUDA driver unavailable"));
     }

@@ -5,10 +5,10 @@
 use super::{count, published};
 use crate::reliability::{rss_kib, Scratch};
 use crate::web::get;
-use gpumem::snapshot::unix_now;
 use gpumem_observe::collect::{
     series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES, SERIES_PER_DEVICE, SERIES_PER_POOL,
 };
+use gpumem_wire::unix_now;
 use std::time::{Duration, SystemTime};
 
 fn collector(dir: &Scratch) -> Collector {

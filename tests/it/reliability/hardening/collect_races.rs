@@ -43,14 +43,7 @@ fn reading_a_symlink_never_follows_it() {
     let outside = Scratch::new("symlink-outside");
     let secret = outside.file(
         "secret.json",
-        super::published(
-            std::process::id(),
-            "outside",
-            gpumem::snapshot::unix_now(),
-            1,
-            1,
-        )
-        .as_bytes(),
+        super::published(std::process::id(), "outside", gpumem_wire::unix_now(), 1, 1).as_bytes(),
     );
     let link = dir.path().join("gpumem-2.json");
     std::os::unix::fs::symlink(&secret, &link).expect("symlink");
@@ -65,7 +58,7 @@ fn reading_a_symlink_never_follows_it() {
 fn a_serving_sidecar_survives_files_swapped_under_it() {
     let dir = Scratch::new("swap");
     let outside = Scratch::new("swap-outside");
-    let now = gpumem::snapshot::unix_now();
+    let now = gpumem_wire::unix_now();
     let me = std::process::id();
     let secret = outside.file(
         "secret.json",
@@ -84,7 +77,7 @@ fn a_serving_sidecar_survives_files_swapped_under_it() {
         std::thread::spawn(move || {
             let mut round = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let content = super::published(me, "inside", gpumem::snapshot::unix_now(), 1, 1);
+                let content = super::published(me, "inside", gpumem_wire::unix_now(), 1, 1);
                 std::fs::write(&regular, content).expect("write");
                 let _ = std::fs::remove_file(&fifo);
                 mkfifo(&fifo);

@@ -101,7 +101,7 @@ fn strings_in_collected_files_are_cut() {
     let mut file: serde_json::Value = serde_json::from_str(&published(
         std::process::id(),
         "engine",
-        gpumem::snapshot::unix_now(),
+        gpumem_wire::unix_now(),
         1,
         1,
     ))
@@ -135,7 +135,7 @@ fn strings_in_collected_files_are_cut() {
 fn a_serving_sidecar_logs_and_serves_long_strings_cut() {
     let dir = Scratch::new("long-serve");
     let huge = "\u{202E}W".repeat(1 << 20);
-    let now = gpumem::snapshot::unix_now();
+    let now = gpumem_wire::unix_now();
     let mut good: serde_json::Value =
         serde_json::from_str(&published(std::process::id(), "engine", now, 1, 1)).expect("json");
     good["devices"][0]["name"] = huge.clone().into();

@@ -16,7 +16,7 @@ mod web;
 mod writes;
 
 use crate::support::Running;
-use gpumem::snapshot::ReasonCount;
+use gpumem_wire::ReasonCount;
 use std::path::Path;
 use std::process::Stdio;
 

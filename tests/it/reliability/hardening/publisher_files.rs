@@ -8,7 +8,7 @@ use super::{collecting_sidecar, published};
 use crate::reliability::Scratch;
 use crate::support::peak_kib;
 use crate::web::request;
-use gpumem::snapshot::unix_now;
+use gpumem_wire::unix_now;
 use std::time::{Duration, Instant};
 
 /// Just under the 4 MiB cap: the `{"gpu": n}` entries of `devices` devices.

@@ -10,7 +10,7 @@
 use super::super::Scratch;
 use crate::support::Running;
 use crate::web::request;
-use gpumem::snapshot::unix_now;
+use gpumem_wire::unix_now;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -138,7 +138,7 @@ fn label_values_carry_no_bidi_overrides() {
         "a\u{2066}b\u{2069}",
         "zero\u{200B}width",
     ] {
-        let cleaned = gpumem::snapshot::process::clean_process_name(name);
+        let cleaned = gpumem_wire::process::clean_process_name(name);
         assert!(
             !cleaned.chars().any(|c| matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')),
             "{cleaned:?}"

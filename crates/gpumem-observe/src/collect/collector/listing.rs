@@ -3,7 +3,7 @@
 //! so that an unchanged file is not read again.
 
 use super::Collector;
-use gpumem::snapshot::published::is_published_name;
+use gpumem_wire::published::is_published_name;
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;

@@ -4,7 +4,8 @@
 use super::Sidecar;
 use crate::nvml::{NvmlDevice, NvmlReader};
 use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice, BackendKind, DeviceBackend};
-use gpumem::snapshot::{CaptureSettings, DeviceMemory, DeviceSnapshot, Pressure, SourceStatus};
+use gpumem::snapshot::CaptureSettings;
+use gpumem_wire::{DeviceMemory, DeviceSnapshot, SourceStatus};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -145,8 +146,7 @@ pub(super) fn device_snapshot(
         index,
         total_bytes: memory.map_or(0, |m| m.total_bytes),
         memory,
-        pressure: memory
-            .map(|m| Pressure::measure(&settings.pressure, m.used_bytes, m.total_bytes)),
+        pressure: memory.map(|m| settings.pressure.measure(m.used_bytes, m.total_bytes)),
         ..DeviceSnapshot::default()
     }
 }

@@ -16,10 +16,8 @@ use crate::pods::{PodAttributor, PodDirectory};
 use crate::sampler::SnapshotSource;
 use devices::{nvml_device, open_nvml, source_name, status, NamedBackend, NvmlReading, NvmlState};
 use gpumem::backend::DeviceBackend;
-use gpumem::snapshot::{
-    unix_now, CaptureSettings, DeviceSnapshot, GpuProcess, Pressure, SidecarSnapshot, Snapshot,
-    ThisPod,
-};
+use gpumem::snapshot::CaptureSettings;
+use gpumem_wire::{unix_now, DeviceSnapshot, GpuProcess, SidecarSnapshot, Snapshot, ThisPod};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -157,7 +155,7 @@ impl Sidecar {
                         .file_name()
                         .map(|b| b.to_string_lossy().into_owned())
                 });
-                let process = gpumem::snapshot::process::clean_process_name(
+                let process = gpumem_wire::process::clean_process_name(
                     mapping
                         .as_ref()
                         .map(|m| m.process.as_str())
@@ -291,7 +289,7 @@ impl Sidecar {
         reading: Option<&NvmlReading>,
         processes: &[GpuProcess],
         now: f64,
-    ) -> Vec<gpumem::snapshot::ExitedGpuProcess> {
+    ) -> Vec<gpumem_wire::ExitedGpuProcess> {
         let read: HashSet<String> = reading
             .map(|r| {
                 r.devices
@@ -316,7 +314,7 @@ impl Sidecar {
 /// then used is raised to what they hold, so the bar, the pressure and the process table agree.
 fn add_collected(
     device: &mut DeviceSnapshot,
-    processes: &[gpumem::snapshot::CollectedProcess],
+    processes: &[gpumem_wire::CollectedProcess],
     settings: &CaptureSettings,
 ) {
     let on_device = processes
@@ -347,25 +345,25 @@ fn add_collected(
     // A reading's own pressure (a publisher's, by its thresholds) stands unless the reading
     // had to be raised.
     if raised || device.pressure.is_none() {
-        device.pressure = Some(Pressure::measure(
-            &settings.pressure,
-            memory.used_bytes,
-            memory.total_bytes,
-        ));
+        device.pressure = Some(
+            settings
+                .pressure
+                .measure(memory.used_bytes, memory.total_bytes),
+        );
     }
 }
 
 /// Keeps each collected device's largest `keep` tags and folds the rest into `other`, so the
 /// `tag` label stays bounded however many tags a writer publishes.
-fn bound_tags(process: &mut gpumem::snapshot::CollectedProcess, keep: usize) {
+fn bound_tags(process: &mut gpumem_wire::CollectedProcess, keep: usize) {
     for device in &mut process.devices {
         if device.tags.len() <= keep {
             continue;
         }
-        let groups = gpumem::snapshot::published::tag_groups(&device.tags);
+        let groups = gpumem_wire::published::tag_groups(&device.tags);
         device.tags = gpumem::snapshot::fold_smallest(groups, keep)
             .iter()
-            .map(gpumem::snapshot::published::published_tag)
+            .map(gpumem_wire::published::published_tag)
             .collect();
     }
 }

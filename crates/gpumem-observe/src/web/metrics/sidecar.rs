@@ -5,73 +5,10 @@
 //! node agent placed in a pod also carries `namespace`, `pod` and `container` (bounded: the
 //! pods of one node, at most `pods::MAX_LABELLED_PODS`); the pod list's own health is here too.
 
+use super::families::{PoolRecordValue, RecordValue};
 use super::{def, sample, Def, Families, COUNTER, GAUGE};
-use gpumem::snapshot::{PodRef, ProcessDevice, ProcessPool, ReasonCount, Snapshot};
+use gpumem_wire::{PodRef, ReasonCount, Snapshot};
 use prometheus::proto::Metric;
-
-type ProcessValue = fn(&ProcessDevice) -> Option<f64>;
-type ProcessPoolValue = fn(&ProcessPool) -> Option<f64>;
-
-fn n(v: Option<u64>) -> Option<f64> {
-    v.map(|v| v as f64)
-}
-
-/// Manager families a collected device fills, by name (they are declared in the parent).
-pub(super) const PROCESS_DEVICE: &[(&str, ProcessValue)] = &[
-    ("gpumem_requested_bytes", |d| n(d.requested_bytes)),
-    ("gpumem_in_use_bytes", |d| n(d.in_use_bytes)),
-    ("gpumem_reserved_bytes", |d| n(d.reserved_bytes)),
-    ("gpumem_in_use_peak_bytes", |d| n(d.in_use_peak_bytes)),
-    ("gpumem_reserved_peak_bytes", |d| n(d.reserved_peak_bytes)),
-    ("gpumem_allocations_total", |d| n(d.allocations_total)),
-    ("gpumem_frees_total", |d| n(d.frees_total)),
-    ("gpumem_driver_allocs_total", |d| n(d.driver_allocs_total)),
-    ("gpumem_driver_frees_total", |d| n(d.driver_frees_total)),
-    ("gpumem_driver_errors_total", |d| n(d.driver_errors_total)),
-    ("gpumem_ooms_total", |d| n(d.ooms_total)),
-    ("gpumem_oom_retries_total", |d| n(d.oom_retries_total)),
-    ("gpumem_cpu_fallbacks_total", |d| n(d.cpu_fallbacks_total)),
-    ("gpumem_host_fallback_bytes", |d| n(d.host_fallback_bytes)),
-    ("gpumem_graph_pool_bytes", |d| n(d.graph_pool_bytes)),
-    ("gpumem_graph_pools", |d| n(d.graph_pools)),
-    ("gpumem_external_bytes", |d| n(d.external_bytes)),
-    ("gpumem_external_buffers", |d| n(d.external_buffers)),
-    ("gpumem_live_allocations", |d| n(d.live_allocations)),
-    ("gpumem_live_bytes", |d| n(d.live_bytes)),
-    ("gpumem_leak_suspect_allocations", |d| {
-        n(d.leak_suspect_allocations)
-    }),
-    ("gpumem_leak_suspect_bytes", |d| n(d.leak_suspect_bytes)),
-    ("gpumem_oldest_allocation_age_seconds", |d| {
-        d.oldest_allocation_age_seconds
-    }),
-];
-
-/// Pool families a collected pool fills, by name.
-pub(super) const PROCESS_POOL: &[(&str, ProcessPoolValue)] = &[
-    ("gpumem_pool_reserved_bytes", |p| n(p.reserved_bytes)),
-    ("gpumem_pool_in_use_bytes", |p| n(p.in_use_bytes)),
-    ("gpumem_pool_requested_bytes", |p| n(p.requested_bytes)),
-    ("gpumem_pool_cached_free_bytes", |p| n(p.cached_free_bytes)),
-    ("gpumem_pool_largest_free_block_bytes", |p| {
-        n(p.largest_free_block_bytes)
-    }),
-    ("gpumem_pool_fragmentation_ratio", |p| p.fragmentation_ratio),
-    ("gpumem_pool_idle_pages", |p| n(p.idle_pages)),
-    ("gpumem_pool_live_allocations", |p| n(p.live_allocations)),
-    ("gpumem_pool_requests_total", |p| n(p.requests_total)),
-    ("gpumem_pool_hits_total", |p| n(p.hits_total)),
-    ("gpumem_pool_driver_allocs_total", |p| {
-        n(p.driver_allocs_total)
-    }),
-    (
-        "gpumem_pool_driver_frees_total",
-        |p| n(p.driver_frees_total),
-    ),
-    ("gpumem_pool_driver_errors_total", |p| {
-        n(p.driver_errors_total)
-    }),
-];
 
 const PROCESS_MEMORY: Def = def("gpumem_process_used_bytes", GAUGE, &["gpu", "uuid", "pid", "process", "namespace", "pod", "container"],
     "Device memory a compute process uses, from NVML; pid as this sidecar's PID namespace sees it where it can be mapped, else NVML's (host) pid; namespace, pod and container where the node agent named its pod.");
@@ -166,14 +103,6 @@ pub(super) const DEFS: &[&Def] = &[
     &SNAPSHOT_AGE,
 ];
 
-/// Whether the snapshot's own devices get this per-device family. A sidecar has no pools of
-/// its own: only the device's memory and pressure are its own series.
-pub(super) fn own_device_series(snapshot: &Snapshot, def: &Def) -> bool {
-    snapshot.sidecar.is_none()
-        || def.name.starts_with("gpumem_device_memory_")
-        || def.name.starts_with("gpumem_pressure_")
-}
-
 /// `namespace`, `pod` and `container` (when named) of a process placed in a pod; nothing for
 /// others, which are named by `process` alone.
 pub(super) fn pod_labels(pod: Option<&PodRef>) -> Vec<(&'static str, &str)> {
@@ -209,11 +138,12 @@ pub(super) fn up_samples(snapshot: &Snapshot) -> Vec<Metric> {
 }
 
 /// The collected processes' samples of one per-device family.
-pub(super) fn process_device_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metric> {
+pub(super) fn process_device_samples(
+    snapshot: &Snapshot,
+    def: &Def,
+    value: RecordValue,
+) -> Vec<Metric> {
     let Some(sidecar) = &snapshot.sidecar else {
-        return Vec::new();
-    };
-    let Some((_, value)) = PROCESS_DEVICE.iter().find(|(name, _)| *name == def.name) else {
         return Vec::new();
     };
     let mut samples = Vec::new();
@@ -238,11 +168,12 @@ pub(super) fn process_device_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metr
 }
 
 /// The collected processes' samples of one per-pool family.
-pub(super) fn process_pool_samples(snapshot: &Snapshot, def: &Def) -> Vec<Metric> {
+pub(super) fn process_pool_samples(
+    snapshot: &Snapshot,
+    def: &Def,
+    value: PoolRecordValue,
+) -> Vec<Metric> {
     let Some(sidecar) = &snapshot.sidecar else {
-        return Vec::new();
-    };
-    let Some((_, value)) = PROCESS_POOL.iter().find(|(name, _)| *name == def.name) else {
         return Vec::new();
     };
     let mut samples = Vec::new();
@@ -348,7 +279,7 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
 }
 
 /// The node agent's pod list: whether it is fresh, how big, and who it left unnamed.
-fn add_pod_families(sidecar: &gpumem::snapshot::SidecarSnapshot, out: &mut Families) {
+fn add_pod_families(sidecar: &gpumem_wire::SidecarSnapshot, out: &mut Families) {
     let Some(pods) = &sidecar.pods else {
         return;
     };
@@ -387,63 +318,13 @@ fn add_pod_families(sidecar: &gpumem::snapshot::SidecarSnapshot, out: &mut Famil
 
 #[cfg(test)]
 mod tests {
-    use super::super::{all_defs, DEVICE_METRICS, POOL_METRICS};
+    use super::super::all_defs;
     use super::*;
-    use gpumem::snapshot::{ProcessDevice, ProcessPool};
 
-    // The collector's budget exists with the collector only.
-    #[cfg(feature = "sidecar")]
+    /// Every sidecar-only family is among the families `/metrics` declares.
     #[test]
-    fn the_collect_budget_counts_the_series_exported() {
-        use crate::collect::{SERIES_PER_DEVICE, SERIES_PER_POOL};
-        assert_eq!(SERIES_PER_DEVICE, PROCESS_DEVICE.len() as u64);
-        assert_eq!(SERIES_PER_POOL, PROCESS_POOL.len() as u64);
-    }
-
-    /// Every field of the publish format maps to a declared family named after it.
-    #[test]
-    fn every_published_field_is_exported_under_its_own_name() {
-        let device = ProcessDevice {
-            pools: vec![ProcessPool::default()],
-            tags: vec![gpumem::snapshot::ProcessTag::default()],
-            ..ProcessDevice::default()
-        };
-        let json = serde_json::to_value(&device).expect("serialises");
+    fn the_sidecar_families_are_declared() {
         let declared: Vec<&str> = all_defs().map(|d| d.name).collect();
-        let fields = json.as_object().expect("an object");
-        for key in fields.keys() {
-            if ["gpu", "uuid", "name", "pools", "tags"].contains(&key.as_str()) {
-                continue;
-            }
-            let name = format!("gpumem_{key}");
-            assert!(
-                PROCESS_DEVICE.iter().any(|(n, _)| *n == name),
-                "{name} unmapped"
-            );
-            assert!(
-                DEVICE_METRICS.iter().any(|(d, _)| d.name == name),
-                "{name} undeclared"
-            );
-        }
-        assert_eq!(PROCESS_DEVICE.len(), fields.len() - 5);
-        let pool = json["pools"][0].as_object().expect("a pool");
-        for key in pool.keys().filter(|k| *k != "pool") {
-            let name = format!("gpumem_pool_{key}");
-            assert!(
-                PROCESS_POOL.iter().any(|(n, _)| *n == name),
-                "{name} unmapped"
-            );
-            assert!(
-                POOL_METRICS.iter().any(|(d, _)| d.name == name),
-                "{name} undeclared"
-            );
-        }
-        assert_eq!(PROCESS_POOL.len(), pool.len() - 1);
-        let tag = json["tags"][0].as_object().expect("a tag");
-        for key in tag.keys().filter(|k| *k != "tag") {
-            let name = format!("gpumem_tag_{key}");
-            assert!(declared.contains(&name.as_str()), "{name} undeclared");
-        }
         for def in DEFS {
             assert!(declared.contains(&def.name));
         }

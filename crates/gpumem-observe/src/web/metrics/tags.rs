@@ -3,7 +3,7 @@
 //! sidecar fold the rest into `other`, `--top-tags` sets how many), so the label stays bounded.
 
 use super::{def, sample, Def, Families, GAUGE};
-use gpumem::snapshot::{ProcessTag, Snapshot, TagGroup};
+use gpumem_wire::{ProcessTag, Snapshot, TagGroup};
 use prometheus::proto::Metric;
 
 const TAG: &[&str] = &["gpu", "uuid", "tag"];

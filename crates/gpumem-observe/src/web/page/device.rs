@@ -3,7 +3,7 @@
 
 use super::super::format;
 use gpumem::manager::PressureLevel;
-use gpumem::snapshot::DeviceSnapshot;
+use gpumem_wire::DeviceSnapshot;
 
 pub(crate) struct DeviceView {
     pub index: usize,
@@ -278,7 +278,7 @@ fn memory_bar(device: &DeviceSnapshot, own_pools: bool) -> Vec<BarSegment> {
     bar
 }
 
-fn pool_row(pool: &gpumem::snapshot::PoolSnapshot) -> PoolRow {
+fn pool_row(pool: &gpumem_wire::PoolSnapshot) -> PoolRow {
     PoolRow {
         pool: pool.pool.clone(),
         reserved: format::bytes(pool.reserved_bytes),
@@ -309,7 +309,7 @@ fn unless_none(count: u64, summary: impl FnOnce() -> String) -> String {
     }
 }
 
-fn group_row(group: &gpumem::snapshot::TagGroup) -> GroupRow {
+fn group_row(group: &gpumem_wire::TagGroup) -> GroupRow {
     GroupRow {
         tag: group.tag.clone(),
         count: format::count(group.count),

@@ -3,7 +3,7 @@
 
 use super::super::format;
 use gpumem::manager::PressureLevel;
-use gpumem::snapshot::{DeviceSnapshot, Snapshot};
+use gpumem_wire::{DeviceSnapshot, Snapshot};
 
 /// "Memory pressure is critical on GPU 0: …" and the runbook section that says what to do.
 pub(crate) struct Hint {
@@ -104,7 +104,7 @@ pub(super) fn hints(snapshot: &Snapshot, fresh: bool, runbook: &str) -> Vec<Hint
 fn collected(
     snapshot: &Snapshot,
     device: &DeviceSnapshot,
-    value: fn(&gpumem::snapshot::ProcessDevice) -> Option<u64>,
+    value: fn(&gpumem_wire::ProcessDevice) -> Option<u64>,
 ) -> u64 {
     let Some(sidecar) = &snapshot.sidecar else {
         return 0;

@@ -3,7 +3,7 @@
 //! those that went away — as ready-to-print rows.
 
 use super::super::format;
-use gpumem::snapshot::{
+use gpumem_wire::{
     CollectStatus, CollectedProcess, ExitedGpuProcess, GpuProcess, PodRef, PodsStatus,
     SidecarSnapshot,
 };
@@ -111,7 +111,7 @@ impl SidecarView {
                 .exited
                 .iter()
                 .flat_map(|e| {
-                    let gone_for = format::age(gpumem::snapshot::unix_now() - e.exited_at_seconds);
+                    let gone_for = format::age(gpumem_wire::unix_now() - e.exited_at_seconds);
                     e.last.devices.iter().map(move |d| ExitedRow {
                         process: e.last.process.clone(),
                         pod: pod_text(e.last.pod.as_ref()),
@@ -181,7 +181,7 @@ fn exited_gpu_row(e: &ExitedGpuProcess) -> ExitedRow {
         ooms: "–".to_string(),
         ooms_warn: false,
         leaks: "–".to_string(),
-        gone_for: format::age(gpumem::snapshot::unix_now() - e.exited_at_seconds),
+        gone_for: format::age(gpumem_wire::unix_now() - e.exited_at_seconds),
     }
 }
 

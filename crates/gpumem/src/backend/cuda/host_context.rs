@@ -1,4 +1,4 @@
-//! Living inside a host that drives CUDA itself (PyTorch, through the C ABI in `ffi`): leave the
+//! Living inside a host that drives CUDA itself (PyTorch, through the C ABI of `crates/gpumem-capi`): leave the
 //! calling thread's current context as the host set it. The driver call this needs is one the
 //! rest of the backend does not, so its symbol is checked when first used instead of at `open`.
 
@@ -95,5 +95,11 @@ impl CudaBackend {
             }
         });
         false
+    }
+}
+
+impl crate::backend::HostContext for CudaBackend {
+    fn keep_current_context(&self, f: &mut dyn FnMut()) {
+        self.keeping_current_context(f)
     }
 }

@@ -1,19 +1,21 @@
-//! The CUDA driver backend, one of the two modules allowed `unsafe` (the C ABI in `ffi` is the
-//! other): probes libcuda before cudarc touches it, caches device properties, keeps one retained
-//! primary context per device, and implements [`DeviceBackend`] with raw `cudarc::driver::sys`
-//! calls.
+//! The CUDA driver backend, one of the two modules allowed `unsafe` (the C ABI,
+//! `crates/gpumem-capi`, is the other): probes libcuda before cudarc touches it, caches device
+//! properties, keeps one retained primary context per device, and implements
+//! [`DeviceBackend`] and its capabilities with raw `cudarc::driver::sys` calls.
 //!
 //! Submodules: `probe` (library, symbols, `cuInit`, device count), `properties` (what
 //! `gpumem devices` prints; no context needed), `vmm` (reserve address space; create, map,
 //! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
 //! baseline), `host` (pinned host memory for the CPU fallback), `host_context` (leaving the
-//! calling thread's current context as a host such as PyTorch set it), `capture` (CUDA graph
-//! capture: which capture a stream is in, and not breaking it) and `events` (fences).
+//! calling thread's current context as a host such as PyTorch set it), `graph_capture` (CUDA graph
+//! capture: which capture a stream is in, and not breaking it), `events` (fences) and `export`
+//! (mapped chunks as file descriptors another process imports: CUDA IPC).
 
 #![allow(unsafe_code)]
 
-mod capture;
 mod events;
+mod export;
+mod graph_capture;
 mod host;
 mod host_context;
 mod probe;
@@ -24,15 +26,16 @@ mod vmm;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
-    StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, Fence,
+    HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, CStr};
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 
 /// All devices of the host as the CUDA driver reports them.
@@ -45,6 +48,9 @@ pub struct CudaBackend {
     /// Chunks mapped by `map`, by (device index, address their mapping starts at), so `unmap`
     /// can find, check and release them.
     chunks: Mutex<BTreeMap<(usize, u64), PhysicalChunk>>,
+    /// The file descriptors chunks were exported as (`export.rs`), by chunk handle: open until
+    /// the chunk is released, as another process may import them until then.
+    exported: Mutex<HashMap<u64, std::os::fd::OwnedFd>>,
     /// Our handle on the probed library: keeps it loaded while the backend lives (cudarc has its own).
     library_handle: libloading::Library,
 }
@@ -55,6 +61,9 @@ struct Device {
     properties: DeviceProperties,
     /// Retained on first use, released in `Drop`.
     context: OnceLock<PrimaryContext>,
+    /// Whether new chunks are created shareable (`vmm::create_chunk`): until the driver
+    /// refuses once.
+    shareable_pages: AtomicBool,
 }
 
 /// A retained primary context.
@@ -80,6 +89,7 @@ impl CudaBackend {
                 handle,
                 properties: properties::query(index, handle)?,
                 context: OnceLock::new(),
+                shareable_pages: AtomicBool::new(true),
             });
         }
         tracing::debug!(
@@ -93,6 +103,7 @@ impl CudaBackend {
             driver_version: driver.driver_version,
             devices,
             chunks: Mutex::new(BTreeMap::new()),
+            exported: Mutex::new(HashMap::new()),
             library_handle: driver.library,
         })
     }
@@ -204,35 +215,6 @@ impl DeviceBackend for CudaBackend {
         Ok(self.device(device)?.properties.allocation_granularity_bytes)
     }
 
-    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
-        self.make_current(device)?;
-        if size == 0 {
-            return Err(BackendError::InvalidArgument {
-                call: "alloc",
-                reason: "size must be greater than zero".to_string(),
-            });
-        }
-        let bytes = to_usize("alloc", size)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` is a valid out-pointer; a context for `device` is current.
-        check("cuMemAlloc_v2", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, bytes)
-        })
-        .map_err(|err| self.out_of_memory_or(device, size, err))?;
-        Ok(ptr)
-    }
-
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
-        self.make_current(device)?;
-        // SAFETY: freeing takes a plain address; the driver validates it and answers
-        // CUDA_ERROR_INVALID_VALUE for one it did not hand out, which we report as such.
-        let result = unsafe { sys::cuMemFree_v2(ptr) };
-        match result {
-            CUresult::CUDA_ERROR_INVALID_VALUE => Err(BackendError::InvalidAddress { device, ptr }),
-            other => check("cuMemFree_v2", other),
-        }
-    }
-
     fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
         self.reserve(device, size)
     }
@@ -275,14 +257,28 @@ impl DeviceBackend for CudaBackend {
         self.relaxed(|| self.release_physical(device, chunks))
     }
 
-    fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
-        self.host_alloc(device, size)
+    fn streams(&self) -> Option<&dyn StreamOrder> {
+        Some(self)
     }
 
-    fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
-        self.host_free(device, ptr)
+    fn direct(&self) -> Option<&dyn DirectMemory> {
+        Some(self)
     }
 
+    fn driver_pool(&self) -> Option<&dyn DriverPool> {
+        Some(self)
+    }
+
+    fn host_context(&self) -> Option<&dyn HostContext> {
+        Some(self)
+    }
+
+    fn shareable(&self) -> Option<&dyn ShareableMemory> {
+        Some(self)
+    }
+}
+
+impl StreamOrder for CudaBackend {
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.wait_for(device, stream)
     }
@@ -305,6 +301,45 @@ impl DeviceBackend for CudaBackend {
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
         self.capture_id(device, stream)
+    }
+}
+
+impl DirectMemory for CudaBackend {
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        self.make_current(device)?;
+        if size == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "alloc",
+                reason: "size must be greater than zero".to_string(),
+            });
+        }
+        let bytes = to_usize("alloc", size)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; a context for `device` is current.
+        check("cuMemAlloc_v2", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes)
+        })
+        .map_err(|err| self.out_of_memory_or(device, size, err))?;
+        Ok(ptr)
+    }
+
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        self.make_current(device)?;
+        // SAFETY: freeing takes a plain address; the driver validates it and answers
+        // CUDA_ERROR_INVALID_VALUE for one it did not hand out, which we report as such.
+        let result = unsafe { sys::cuMemFree_v2(ptr) };
+        match result {
+            CUresult::CUDA_ERROR_INVALID_VALUE => Err(BackendError::InvalidAddress { device, ptr }),
+            other => check("cuMemFree_v2", other),
+        }
+    }
+
+    fn alloc_pinned_host(&self, device: usize, size: u64) -> Result<u64, BackendError> {
+        self.host_alloc(device, size)
+    }
+
+    fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
+        self.host_free(device, ptr)
     }
 }
 

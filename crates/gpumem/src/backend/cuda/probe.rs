@@ -32,6 +32,8 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemUnmap",
     "cuMemRelease",
+    "cuMemExportToShareableHandle",
+    "cuMemcpyDtoD_v2",
     "cuStreamSynchronize",
     "cuStreamQuery",
     "cuCtxSynchronize",

@@ -65,12 +65,17 @@ pub(super) fn query(index: usize, device: CUdevice) -> Result<DeviceProperties, 
     })
 }
 
-/// The allocation property every page of the VMM path uses: pinned device memory on `device`,
-/// no shareable handle.
-pub(super) fn page_allocation_prop(device: CUdevice) -> sys::CUmemAllocationProp {
+/// The allocation property every page of the VMM path uses: pinned device memory on `device`;
+/// `shareable` asks for pages another process can import through a file descriptor
+/// (`export.rs`), which is how PyTorch's CUDA IPC shares memory mapped this way.
+pub(super) fn page_allocation_prop(device: CUdevice, shareable: bool) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: if shareable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        },
         location: device_location(device),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -143,7 +148,7 @@ fn total_memory(device: CUdevice) -> Result<u64, BackendError> {
 
 /// Minimum granularity of pinned device memory on `device` (2 MiB on H100/H200).
 fn granularity(device: CUdevice) -> Result<u64, BackendError> {
-    let prop = page_allocation_prop(device);
+    let prop = page_allocation_prop(device, false);
     let mut bytes = 0usize;
     // SAFETY: valid out-pointer and a fully initialised allocation property that outlives the call.
     check("cuMemGetAllocationGranularity", unsafe {

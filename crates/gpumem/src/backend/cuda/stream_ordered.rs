@@ -3,7 +3,7 @@
 //! replayed against, so it lives beside the other driver calls.
 
 use super::{check, to_usize, CudaBackend};
-use crate::backend::{DeviceBackend, DevicePtr};
+use crate::backend::{DevicePtr, DriverPool, StreamOrder};
 use crate::error::BackendError;
 use cudarc::driver::sys;
 
@@ -18,10 +18,10 @@ const STREAM_ORDERED_SYMBOLS: [&str; 6] = [
     "cuMemPoolTrimTo",
 ];
 
-impl CudaBackend {
+impl DriverPool for CudaBackend {
     /// Prepares the device's default pool as the baselines use it: nothing is returned to the
     /// OS on synchronisation (release threshold = max), so it caches like a pool.
-    pub fn prepare_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError> {
+    fn prepare_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError> {
         for symbol in STREAM_ORDERED_SYMBOLS {
             // SAFETY: looking a symbol up only reads the library's symbol table; the pointer is
             // discarded, never called.
@@ -46,11 +46,7 @@ impl CudaBackend {
 
     /// `cuMemAllocAsync` on the legacy default stream. Call
     /// [`prepare_stream_ordered_pool`](Self::prepare_stream_ordered_pool) once first.
-    pub fn alloc_stream_ordered(
-        &self,
-        device: usize,
-        size: u64,
-    ) -> Result<DevicePtr, BackendError> {
+    fn alloc_stream_ordered(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
         self.make_current(device)?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the null stream is the legacy default stream of the current
@@ -66,7 +62,7 @@ impl CudaBackend {
     }
 
     /// `cuMemFreeAsync` on the legacy default stream.
-    pub fn free_stream_ordered(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+    fn free_stream_ordered(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
         self.make_current(device)?;
         // SAFETY: `ptr` came from `alloc_stream_ordered`; the driver validates it.
         check("cuMemFreeAsync", unsafe {
@@ -76,7 +72,7 @@ impl CudaBackend {
 
     /// Bytes the device's default pool holds from the driver now, and its high-water mark
     /// since the last [`reset_stream_ordered_peak`](Self::reset_stream_ordered_peak).
-    pub fn stream_ordered_reserved(&self, device: usize) -> Result<(u64, u64), BackendError> {
+    fn stream_ordered_reserved(&self, device: usize) -> Result<(u64, u64), BackendError> {
         let pool = self.default_pool(device)?;
         let read = |attr: sys::CUmemPool_attribute| -> Result<u64, BackendError> {
             let mut value: u64 = 0;
@@ -93,7 +89,7 @@ impl CudaBackend {
     }
 
     /// Restarts the default pool's high-water mark of reserved bytes.
-    pub fn reset_stream_ordered_peak(&self, device: usize) -> Result<(), BackendError> {
+    fn reset_stream_ordered_peak(&self, device: usize) -> Result<(), BackendError> {
         let pool = self.default_pool(device)?;
         let mut zero: u64 = 0;
         // SAFETY: the high-water attribute takes a pointer to a cuuint64_t (which must be 0).
@@ -107,13 +103,15 @@ impl CudaBackend {
     }
 
     /// Returns everything the default pool caches to the driver (after the stream is idle).
-    pub fn trim_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError> {
+    fn trim_stream_ordered_pool(&self, device: usize) -> Result<(), BackendError> {
         self.synchronize_stream(device, crate::backend::StreamId::DEFAULT)?;
         let pool = self.default_pool(device)?;
         // SAFETY: `pool` is the device's default pool; trimming to 0 keeps what is in use.
         check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(pool, 0) })
     }
+}
 
+impl CudaBackend {
     fn default_pool(&self, device: usize) -> Result<sys::CUmemoryPool, BackendError> {
         let dev = self.make_current(device)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();

@@ -3,11 +3,13 @@
 //! rest; one `cuMemSetAccess` per call), unmap whole chunks keeping them, and release them.
 
 use super::properties::{device_location, page_allocation_prop};
+use super::Device;
 use super::{check, to_usize, CudaBackend};
-use crate::backend::PhysicalChunk;
+use crate::backend::{check_pages, PhysicalChunk};
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUmemGenericAllocationHandle};
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
 
 impl CudaBackend {
     pub(super) fn reserve(&self, device: usize, size: u64) -> Result<u64, BackendError> {
@@ -99,10 +101,9 @@ impl CudaBackend {
             at += bytes as u64;
         }
         if failure.is_none() {
-            let prop = page_allocation_prop(dev.handle);
             for &pages in new_chunks {
                 let bytes = to_usize("map", pages as u64 * granularity)?;
-                match map_new_chunk(at, bytes, &prop) {
+                match map_new_chunk(dev, at, bytes) {
                     Ok(handle) => mapped.push((at, PhysicalChunk { handle, pages }, true)),
                     Err(err) => {
                         failure = Some(err);
@@ -229,13 +230,19 @@ impl CudaBackend {
             // SAFETY: the caller owns `chunk`, a handle from cuMemCreate that is mapped nowhere
             // (the trait's contract); releasing it frees its memory.
             check("cuMemRelease", unsafe { sys::cuMemRelease(chunk.handle) })?;
+            self.forget_export(chunk.handle);
             chunks.pop();
         }
         Ok(())
     }
 
     /// Grants the device read and write access to `[addr, addr + size)`.
-    fn grant_access(&self, device: usize, addr: u64, size: usize) -> Result<(), BackendError> {
+    pub(super) fn grant_access(
+        &self,
+        device: usize,
+        addr: u64,
+        size: usize,
+    ) -> Result<(), BackendError> {
         let dev = self.device(device)?;
         let access = sys::CUmemAccessDesc {
             location: device_location(dev.handle),
@@ -249,7 +256,7 @@ impl CudaBackend {
 }
 
 /// Maps an existing chunk of `bytes` at `at`.
-fn map_existing(
+pub(super) fn map_existing(
     at: u64,
     bytes: usize,
     handle: CUmemGenericAllocationHandle,
@@ -262,13 +269,13 @@ fn map_existing(
 }
 
 /// Unmaps whole mappings in `[at, at + bytes)`; their physical memory stays held by the handles.
-fn unmap_range(at: u64, bytes: usize) -> Result<(), BackendError> {
+pub(super) fn unmap_range(at: u64, bytes: usize) -> Result<(), BackendError> {
     // SAFETY: `[at, at + bytes)` is exactly one chunk we mapped (the callers look it up).
     check("cuMemUnmap", unsafe { sys::cuMemUnmap(at, bytes) })
 }
 
 /// Releases a chunk created by this backend that is mapped nowhere, logging a failure.
-fn release_handle(handle: CUmemGenericAllocationHandle) {
+pub(super) fn release_handle(handle: CUmemGenericAllocationHandle) {
     // SAFETY: `handle` came from cuMemCreate and is mapped nowhere.
     if let Err(err) = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) }) {
         tracing::warn!(%err, "releasing a physical chunk failed; its memory may leak");
@@ -278,20 +285,49 @@ fn release_handle(handle: CUmemGenericAllocationHandle) {
 /// Creates one chunk of `bytes` (a multiple of the granularity) and maps it at `at`; on failure
 /// nothing is left behind.
 fn map_new_chunk(
+    dev: &Device,
     at: u64,
     bytes: usize,
-    prop: &sys::CUmemAllocationProp,
 ) -> Result<CUmemGenericAllocationHandle, BackendError> {
-    let mut handle: CUmemGenericAllocationHandle = 0;
-    // SAFETY: valid out-pointer; `prop` is fully initialised and `bytes` a multiple of the
-    // granularity (checked by the caller).
-    check("cuMemCreate", unsafe {
-        sys::cuMemCreate(&mut handle, bytes, prop, 0)
-    })?;
+    let handle = create_chunk(dev, bytes)?;
     if let Err(err) = map_existing(at, bytes, handle) {
         release_handle(handle);
         return Err(err);
     }
+    Ok(handle)
+}
+
+/// Creates one chunk of `bytes`, shareable with other processes while the device allows it. A
+/// driver or device that refuses shareable pages (`NOT_SUPPORTED`, `INVALID_VALUE`) gets plain
+/// ones from then on: only CUDA IPC needs them, and it then says why it cannot share.
+pub(super) fn create_chunk(
+    dev: &Device,
+    bytes: usize,
+) -> Result<CUmemGenericAllocationHandle, BackendError> {
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    if dev.shareable_pages.load(Relaxed) {
+        let prop = page_allocation_prop(dev.handle, true);
+        // SAFETY: valid out-pointer; `prop` is fully initialised and `bytes` a multiple of the
+        // granularity (checked by the caller).
+        let result = unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) };
+        match result {
+            sys::CUresult::CUDA_SUCCESS => return Ok(handle),
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED | sys::CUresult::CUDA_ERROR_INVALID_VALUE => {
+                dev.shareable_pages.store(false, Relaxed);
+                tracing::info!(
+                    device = dev.properties.index,
+                    "the driver refuses shareable pages here; mapping plain ones (CUDA IPC of \
+                     this memory is then unavailable)"
+                );
+            }
+            other => check("cuMemCreate", other)?,
+        }
+    }
+    let prop = page_allocation_prop(dev.handle, false);
+    // SAFETY: as above.
+    check("cuMemCreate", unsafe {
+        sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+    })?;
     Ok(handle)
 }
 
@@ -333,25 +369,4 @@ pub(super) fn unmap_and_release(
     unmap_range(at, bytes)?;
     // SAFETY: `handle` is no longer mapped anywhere.
     check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
-}
-
-/// Rejects empty, unaligned or overflowing ranges before the driver sees them.
-fn check_pages(
-    call: &'static str,
-    addr: u64,
-    size: u64,
-    granularity: u64,
-) -> Result<(), BackendError> {
-    let reason = if size == 0 {
-        "size must be greater than zero".to_string()
-    } else if granularity == 0 || size % granularity != 0 {
-        format!("size {size} is not a multiple of the {granularity}-byte page size")
-    } else if addr % granularity != 0 {
-        format!("address {addr:#x} is not aligned to the {granularity}-byte page size")
-    } else if addr.checked_add(size).is_none() {
-        format!("range at {addr:#x} of {size} bytes overflows the address space")
-    } else {
-        return Ok(());
-    };
-    Err(BackendError::InvalidArgument { call, reason })
 }

@@ -6,11 +6,11 @@
 mod address_space;
 mod costs;
 mod faults;
-mod streams;
+mod sim_streams;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, Fence, MemInfo, PhysicalChunk,
-    StreamId,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, Fence, MemInfo,
+    PhysicalChunk, StreamId, StreamOrder,
 };
 
 pub use costs::DriverCosts;
@@ -21,9 +21,9 @@ use crate::units::{align_up, GIB, MIB};
 use address_space::{AddressSpace, Mappings};
 use costs::spend;
 use parking_lot::Mutex;
+use sim_streams::{SimCaptures, SimFences};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use streams::{SimCaptures, SimFences};
 
 /// Address space each simulated device hands out (1 PiB): every arena reserves twice the
 /// device, per kind, shard and stream, so 64 TiB ran out at a 4 TiB device or a few dozen
@@ -175,16 +175,7 @@ impl SimBackend {
     }
 
     fn check_pages(&self, call: &'static str, addr: u64, size: u64) -> Result<(), BackendError> {
-        if size == 0 || addr % self.granularity != 0 || size % self.granularity != 0 {
-            return Err(BackendError::InvalidArgument {
-                call,
-                reason: format!(
-                    "address {addr:#x} and size {size} must be non-zero multiples of the {} byte granularity",
-                    self.granularity
-                ),
-            });
-        }
-        Ok(())
+        super::check_pages(call, addr, size, self.granularity)
     }
 }
 
@@ -236,43 +227,6 @@ impl DeviceBackend for SimBackend {
     fn granularity(&self, device: usize) -> Result<u64, BackendError> {
         self.device(device)?;
         Ok(self.granularity)
-    }
-
-    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
-        let mut state = self.device(device)?.lock();
-        if size == 0 {
-            return Err(BackendError::InvalidArgument {
-                call: "alloc",
-                reason: "size is zero".to_string(),
-            });
-        }
-        self.faults.on_alloc_call()?;
-        let rounded = align_up(size, self.granularity);
-        state.take_physical(device, rounded)?;
-        let Some(ptr) = state.addresses.take(rounded) else {
-            state.used -= rounded;
-            return Err(BackendError::OutOfMemory {
-                device,
-                requested: size,
-                free: 0,
-            });
-        };
-        state.direct.insert(ptr, rounded);
-        spend(self.costs.direct(true));
-        Ok(ptr)
-    }
-
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
-        let mut state = self.device(device)?.lock();
-        self.faults.on_free_call()?;
-        let size = state
-            .direct
-            .remove(&ptr)
-            .ok_or(BackendError::InvalidAddress { device, ptr })?;
-        state.used -= size;
-        state.addresses.give_back(ptr, size);
-        spend(self.costs.direct(false));
-        Ok(())
     }
 
     fn reserve_address_range(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
@@ -446,6 +400,16 @@ impl DeviceBackend for SimBackend {
         Ok(())
     }
 
+    fn streams(&self) -> Option<&dyn StreamOrder> {
+        Some(self)
+    }
+
+    fn direct(&self) -> Option<&dyn DirectMemory> {
+        Some(self)
+    }
+}
+
+impl StreamOrder for SimBackend {
     fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         self.sync_stream(device, stream)
     }
@@ -468,5 +432,44 @@ impl DeviceBackend for SimBackend {
 
     fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
         self.capture_on(device, stream)
+    }
+}
+
+impl DirectMemory for SimBackend {
+    fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
+        let mut state = self.device(device)?.lock();
+        if size == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "alloc",
+                reason: "size is zero".to_string(),
+            });
+        }
+        self.faults.on_alloc_call()?;
+        let rounded = align_up(size, self.granularity);
+        state.take_physical(device, rounded)?;
+        let Some(ptr) = state.addresses.take(rounded) else {
+            state.used -= rounded;
+            return Err(BackendError::OutOfMemory {
+                device,
+                requested: size,
+                free: 0,
+            });
+        };
+        state.direct.insert(ptr, rounded);
+        spend(self.costs.direct(true));
+        Ok(ptr)
+    }
+
+    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), BackendError> {
+        let mut state = self.device(device)?.lock();
+        self.faults.on_free_call()?;
+        let size = state
+            .direct
+            .remove(&ptr)
+            .ok_or(BackendError::InvalidAddress { device, ptr })?;
+        state.used -= size;
+        state.addresses.give_back(ptr, size);
+        spend(self.costs.direct(false));
+        Ok(())
     }
 }

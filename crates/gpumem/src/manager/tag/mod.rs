@@ -34,10 +34,10 @@ pub const OTHER_TAG: &str = "other";
 pub(crate) const UNTAGGED: u32 = 0;
 
 /// A tag name fit for a label, a log line and the page — the one rule for in-process tags and
-/// the tags the sidecar collects: see [`crate::snapshot::process::clean_text`], at most
+/// the tags the sidecar collects: see [`gpumem_wire::process::clean_text`], at most
 /// [`MAX_TAG_CHARS`] characters. May be empty.
 pub fn clean_tag(name: &str) -> String {
-    crate::snapshot::process::clean_text(name, MAX_TAG_CHARS)
+    gpumem_wire::process::clean_text(name, MAX_TAG_CHARS)
 }
 
 /// An interned tag. `Tag::new` is for set-up code; keep the `Tag` and reuse it per allocation

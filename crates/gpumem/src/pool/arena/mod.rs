@@ -218,7 +218,9 @@ impl Arena {
             self.unpark();
             self.fence_idle_pages(reserve.backend());
         }
-        let block = self.place(size, align, live)?;
+        let block = self.place(size, align, live, || {
+            reserve.knobs().place_on_mapped_pages()
+        })?;
         let offset = self.tlsf.block(block).offset;
         let (first, last) = self.page_span(offset, size);
         let (mut cut, mut recut) = (BlockCut::Ordinary, Recut::default());
@@ -436,8 +438,8 @@ impl Arena {
     }
 }
 
+mod block_placement;
 mod pinning;
-mod placement;
 mod release;
 #[cfg(test)]
 mod tests;

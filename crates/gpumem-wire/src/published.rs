@@ -2,7 +2,7 @@
 //! Kept small and flat on purpose, so that a Python engine can write the same file from
 //! `torch.cuda.memory_stats()` in a dozen lines.
 
-use crate::snapshot::{
+use crate::{
     DeviceSnapshot, PoolSnapshot, ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory,
     Snapshot, TagGroup,
 };
@@ -72,12 +72,14 @@ impl PublishedFile {
             timestamp_seconds: snapshot.timestamp_seconds,
             interval_seconds: Some(snapshot.interval_seconds),
             writer: Some(format!("gpumem {}", snapshot.version)),
-            devices: snapshot.devices.iter().map(device).collect(),
+            devices: snapshot.devices.iter().map(device_record).collect(),
         }
     }
 }
 
-fn device(d: &DeviceSnapshot) -> ProcessDevice {
+/// One device of an in-process snapshot as the device record the publish format carries (and
+/// `/metrics` reads its manager families from).
+pub fn device_record(d: &DeviceSnapshot) -> ProcessDevice {
     let s = &d.stats;
     ProcessDevice {
         // Device indices are small; a u32 is what Python and the format use.

@@ -17,12 +17,14 @@ impl Arena {
     /// Takes a free block for `size` bytes aligned to `align` and leaves in `self.runs` the
     /// pages under it that are not mapped. Where the index's fit lands on unmapped pages and
     /// the setting is on, the block goes to the smallest free stretch wholly on mapped pages
-    /// that holds it, if any does.
+    /// that holds it, if any does; `on_mapped_pages` turns the setting on for this call (the
+    /// device's cache settings say so; read only once the fit has missed).
     pub(super) fn place(
         &mut self,
         size: u64,
         align: u64,
         live: &LiveInfo,
+        on_mapped_pages: impl FnOnce() -> bool,
     ) -> Result<u32, ArenaError> {
         let block = self
             .tlsf
@@ -31,7 +33,7 @@ impl Arena {
         self.runs.clear();
         let (first, last) = self.page_span(self.tlsf.block(block).offset, size);
         self.pages.unmapped_runs(first, last, &mut self.runs);
-        if self.runs.is_empty() || !self.place_on_mapped_pages {
+        if self.runs.is_empty() || !(self.place_on_mapped_pages || on_mapped_pages()) {
             return Ok(block);
         }
         let Some((holder, offset)) = self.smallest_cached_stretch(size, align) else {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The PyTorch drop-in's measurements (issue 45) on a GPU host with PyTorch and no Rust, in two
+# parts that each fit one device call of ten minutes:
+#
+#   benches/gpu/issue45.sh compat   # the compatibility table: every row of torch_dropin.py under
+#                                   # PyTorch's allocator and under gpumem, CUDA IPC both ways
+#                                   # included, the OOM loop, the snapshot through the viewer's
+#                                   # code, and the alloc + free cost (about 7 minutes)
+#   benches/gpu/issue45.sh e2e      # torch_workloads.py's workloads, the default, its second run
+#                                   # (the noise floor), expandable segments and gpumem in turn,
+#                                   # three rounds (about 9 minutes)
+#
+# Needs a stripped release libgpumem.so at .gpu/libgpumem.so (cargo build --release -p
+# gpumem-cdylib) and $OUT, where the results go. The layer is compiled first (about 20 s).
+set -euo pipefail
+repository="$(cd "$(dirname "$0")/../.." && pwd)"
+part="${1:-}"
+case "$part" in
+  compat | e2e) ;;
+  *) echo "usage: benches/gpu/issue45.sh compat|e2e" >&2; exit 2 ;;
+esac
+: "${OUT:?OUT must name the directory the results go to}"
+library="$repository/.gpu/libgpumem.so"
+[ -f "$library" ] || { echo "issue45.sh: no $library (copy a release libgpumem.so there)" >&2; exit 2; }
+export GPUMEM_LIBRARY="$library" PYTHONPATH="$repository/python" HF_HUB_OFFLINE=1
+export GPUMEM_TORCH_LAYER_DIR="${GPUMEM_TORCH_LAYER_DIR:-/tmp/gpumem-layer}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python -c 'import torch; print("torch", torch.__version__)' | tee -a "$OUT/device.txt"
+( time python -m gpumem.torch build ) 2>&1 | tail -4 | tee "$OUT/layer-build.txt"
+case "$part" in
+  compat)
+    python "$repository/benches/gpu/torch_dropin.py" --modes default,gpumem --timeout 240 \
+      2>&1 | tee "$OUT/compat.md"
+    ;;
+  e2e)
+    python "$repository/benches/gpu/torch_workloads.py" --repeat 3 \
+      --modes default,default_again,expandable,gpumem 2>&1 | tee "$OUT/e2e.md"
+    ;;
+esac

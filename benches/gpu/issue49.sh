@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# What the adaptive cache default is judged on, in one GPU call of at most eight minutes: every
+# trace of benches/traces at the adaptive default, at memory-first and at the fixed setting the
+# default starts from, each beside the driver's own pool in the same alternated rounds (medians
+# of 3); the sweep's verdict with where the adaptive default landed, for the traces whose
+# default lost to the pool on time before; cold misses by size (gpumem's against the pool's own);
+# and the pool hit. Needs no cargo and no network: the stripped release binary at .gpu/gpumem.
+#
+#   OUT=/some/dir benches/gpu/issue49.sh      (BACKEND=sim tries it without a GPU: the driver
+#                                              pool is skipped there, the rest runs as on CUDA)
+#
+# Each step is cut off where the budget (BUDGET seconds, default 470) would run out, and says
+# its exit status; results go under $OUT, one file per step.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+bin=${GPUMEM_BIN:-$root/.gpu/gpumem}
+out=${OUT:?set OUT to the directory for the results}
+backend=${BACKEND:-cuda}
+budget=${BUDGET:-470}
+mkdir -p "$out"
+if [ ! -x "$bin" ]; then
+  echo "issue49.sh: no gpumem binary at $bin (build it with cargo build --release and copy it there)" >&2
+  exit 2
+fi
+case "$backend" in
+  cuda | sim) ;;
+  *) echo "issue49.sh: BACKEND must be cuda or sim, not '$backend'" >&2; exit 2 ;;
+esac
+
+# Seconds left for a step, at most $1 (at least 1: `timeout 0` would mean no limit at all).
+allow() {
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 1 ]; then echo 1; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+step() { printf '== %s (%d s in)\n' "$1" "$SECONDS" | tee -a "$out/steps.txt"; }
+failed=0
+done_step() {
+  printf '   exit %d (%d s in)\n' "$1" "$SECONDS" | tee -a "$out/steps.txt"
+  [ "$1" -eq 0 ] || failed=$((failed + 1))
+}
+
+traces=("$root"/benches/traces/*.trace.gz)
+replay=("$bin" replay --backend "$backend" --json --repeat 3)
+extra=()
+if [ "$backend" = sim ]; then
+  # No driver pool without a GPU: the H100's measured driver costs stand in for the driver.
+  replay+=(--sim-driver-costs h100)
+  extra=(--sim-driver-costs h100)
+else
+  replay+=(--against-driver-pool)
+fi
+
+step "device"
+if [ "$backend" = cuda ]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+fi
+"$bin" devices --backend "$backend" --json > "$out/devices.json" 2>> "$out/log.txt"
+git -C "$root" rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
+
+step "pool hit, alloc + free, 1 thread (criterion-free: gpumem bench, two runs)"
+for run in 1 2; do
+  timeout "$(allow 20)" "$bin" bench --backend "$backend" --allocators pool-hit,driver-async \
+    --sizes 256,64KiB,1MiB,16MiB,256MiB --threads 1 --seconds 1 --json "${extra[@]}" \
+    > "$out/hit-$run.jsonl" 2>> "$out/log.txt"
+  done_step $?
+done
+
+# The three cache modes in turn, each beside the pool in its own alternated rounds.
+for mode in adaptive memory-first fixed; do
+  step "every trace at cache mode $mode, beside the driver pool (medians of 3 alternated rounds)"
+  GPUMEM_CACHE_MODE=$mode timeout "$(allow 150)" "${replay[@]}" "${traces[@]}" \
+    > "$out/$mode.jsonl" 2>> "$out/log.txt"
+  done_step $?
+done
+
+step "cold misses by size: gpumem's (pool-miss-cold) against the pool's own (driver-async-miss), two runs"
+for run in 1 2; do
+  timeout "$(allow 60)" "$bin" bench --backend "$backend" --allocators pool-miss-cold,driver-async-miss \
+    --sizes 256,64KiB,1MiB,16MiB,256MiB,1GiB --threads 1 --seconds 1 --json "${extra[@]}" \
+    > "$out/cold-$run.jsonl" 2>> "$out/log.txt"
+  done_step $?
+done
+
+step "the sweep, with where the adaptive default landed, on the traces whose default lost on time"
+lost=(cnn_serve_cycled graph_message_passing segment_multiscale vae_decode lstm_seq2seq cnn_serve)
+for t in "${lost[@]}"; do
+  [ "$(allow 60)" -gt 5 ] || break
+  timeout "$(allow 60)" "$bin" replay --backend "$backend" --sweep "${extra[@]}" \
+    "$root/benches/traces/$t.trace.gz" >> "$out/sweep.txt" 2>> "$out/log.txt"
+  done_step $?
+done
+
+step "summary"
+python3 - "$out" <<'PY' | tee "$out/summary.txt"
+import json, os, sys
+out = sys.argv[1]
+
+def rows(name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return []
+    found = []
+    for line in open(path):
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            pass
+    return found
+
+def by_trace(name):
+    ours, pool = {}, {}
+    for r in rows(name):
+        (pool if r.get("strategy") == "driver-pool" else ours)[r["trace"]] = r
+    return ours, pool
+
+modes = {m: by_trace(m + ".jsonl") for m in ("adaptive", "memory-first", "fixed")}
+print("trace | adaptive: level, res/peak, ns/op, x pool | memory-first res/peak | fixed: res/peak, x pool | pool res/peak, ns/op")
+held = {"both": 0, "memory": 0, "time": 0, "first_103": 0, "n": 0}
+for trace in sorted(modes["adaptive"][0]):
+    a, pool = modes["adaptive"][0][trace], modes["adaptive"][1].get(trace)
+    m = modes["memory-first"][0].get(trace, {})
+    f, fpool = modes["fixed"][0].get(trace, {}), modes["fixed"][1].get(trace)
+    def x(r, p):
+        return f"{r['ns_per_op'] / p['ns_per_op']:.2f}x" if r and p else "-"
+    line = (f"{trace} | L{a.get('adaptive_level')} {a['reserved_over_peak']:.4f} {a['ns_per_op']:.0f} {x(a, pool)}"
+            f" | {m.get('reserved_over_peak', float('nan')):.4f}"
+            f" | {f.get('reserved_over_peak', float('nan')):.4f} {x(f, fpool)}")
+    held["n"] += 1
+    held["first_103"] += m.get("reserved_over_peak", 9) <= 1.03
+    if pool:
+        line += f" | {pool['reserved_over_peak']:.4f} {pool['ns_per_op']:.0f}"
+        mem = a["reserved_over_peak"] <= pool["reserved_over_peak"]
+        time = a["ns_per_op"] <= pool["ns_per_op"]
+        held["memory"] += mem
+        held["time"] += time
+        held["both"] += mem and time
+    print(line)
+print(f"adaptive at or under the pool: memory {held['memory']}, time {held['time']}, both {held['both']} of {held['n']}")
+print(f"memory-first at or under 1.03: {held['first_103']} of {held['n']}")
+for name in ("hit-1.jsonl", "hit-2.jsonl", "cold-1.jsonl", "cold-2.jsonl"):
+    for r in rows(name):
+        keys = ("allocator", "size_bytes", "threads", "median_ns", "p99_ns", "driver_ns_per_pair")
+        print(name, " ".join(f"{k}={r.get(k)}" for k in keys if k in r))
+PY
+echo "failed steps: $failed" | tee -a "$out/steps.txt"
+exit 0

@@ -1,0 +1,205 @@
+//! The adaptive default at work: each miss is counted into its device's window (a miss that
+//! took the device's held memory to a new high is growth no cache would have saved, and a miss
+//! faster than a driver call is no cost); every `WINDOW_MISSES` costly misses the window goes
+//! to the pure decision (`adaptive.rs`) and the setting it names is stored into the device's
+//! cache knobs. Only misses and upkeep come here: a hit never does.
+
+use super::adaptive::{
+    counts_as_cost, decide, setting_at, CacheSetting, Observation, Tuning, MEMORY_FIRST_LEVEL,
+    WINDOW_MISSES,
+};
+use super::config::{CacheMode, MemoryConfig};
+use super::{ManagedDevice, MemoryManager, PressureLevel};
+use crate::pool::{CacheKnobs, KnobValues};
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// One device's adaptive state.
+pub(crate) struct Adapting {
+    /// The configured setting: level 1 of the ladder.
+    base: CacheSetting,
+    window: Mutex<Window>,
+}
+
+struct Window {
+    tuning: Tuning,
+    /// Allocations the device's pools had served when the window opened.
+    ops_at_start: u64,
+    misses: u64,
+    miss_ns: u64,
+    /// The most the device has held at a miss so far.
+    held_high: u64,
+    /// The setting in force.
+    setting: CacheSetting,
+}
+
+/// The configured cache setting, as the ladder's base.
+pub(crate) fn configured_setting(config: &MemoryConfig) -> CacheSetting {
+    CacheSetting {
+        max_chunk_bytes: config.max_chunk_bytes,
+        inside_chunk_bytes: config.inside_chunk_bytes,
+        idle_pages_kept: config.idle_pages_kept,
+        idle_per_mille: config.idle_per_mille,
+        whole_chunks_when_growing: config.whole_chunks_when_growing,
+        place_on_mapped_pages: config.place_on_mapped_pages,
+    }
+}
+
+/// The setting a device starts with under `config`, and its adaptive state if it adapts.
+pub(crate) fn starting(config: &MemoryConfig) -> (CacheSetting, Option<Adapting>) {
+    let base = configured_setting(config);
+    match config.cache_mode {
+        CacheMode::Fixed => (base, None),
+        CacheMode::MemoryFirst => (CacheSetting::MEMORY_FIRST, None),
+        CacheMode::Adaptive => {
+            let window = Window {
+                tuning: Tuning::default(),
+                ops_at_start: 0,
+                misses: 0,
+                miss_ns: 0,
+                held_high: 0,
+                setting: base,
+            };
+            let adapting = Adapting {
+                base,
+                window: Mutex::new(window),
+            };
+            (base, Some(adapting))
+        }
+    }
+}
+
+/// Stores `setting` into a device's knobs.
+pub(crate) fn store(knobs: &CacheKnobs, setting: &CacheSetting, page_size: u64) {
+    let values = KnobValues {
+        max_chunk_bytes: setting.max_chunk_bytes,
+        inside_chunk_bytes: setting.inside_chunk_bytes,
+        whole_when_growing: setting.whole_chunks_when_growing,
+        place_on_mapped_pages: setting.place_on_mapped_pages,
+        idle_pages_kept: setting.idle_pages_kept,
+        idle_per_mille: setting.idle_per_mille,
+    };
+    knobs.store(&values, page_size);
+}
+
+impl MemoryManager {
+    /// A miss of `ns` nanoseconds that mapped `mapped_bytes` was served on `managed`: into the
+    /// latency histogram, and into the adaptive window.
+    pub(super) fn record_miss(&self, managed: &ManagedDevice, ns: u64, mapped_bytes: u64) {
+        managed.pages.miss_ns.record(ns);
+        if let Some(adapting) = &managed.adapting {
+            self.adapt(managed, adapting, ns, mapped_bytes);
+        }
+    }
+
+    #[cold]
+    fn adapt(&self, managed: &ManagedDevice, adapting: &Adapting, ns: u64, mapped_bytes: u64) {
+        // Another miss deciding right now has this window; one miss less in it changes nothing.
+        let Some(mut window) = adapting.window.try_lock() else {
+            return;
+        };
+        let held = managed.reserve.reserved_bytes.load(Relaxed);
+        let growth = held > window.held_high;
+        window.held_high = window.held_high.max(held);
+        if growth || !counts_as_cost(ns, mapped_bytes) {
+            return;
+        }
+        window.misses += 1;
+        window.miss_ns += ns;
+        if window.misses < WINDOW_MISSES {
+            return;
+        }
+        let ops = allocations(managed);
+        let live_peak_bytes = live_peak_pages(managed) * managed.page_size;
+        let seen = Observation {
+            ops: ops.saturating_sub(window.ops_at_start),
+            misses: window.misses,
+            miss_ns: window.miss_ns,
+            pressure: managed.pressure.level(),
+            live_peak_bytes,
+            room_bytes: managed.pool_cap().saturating_sub(held),
+        };
+        let tuning = decide(window.tuning, &seen);
+        let setting = setting_at(
+            tuning.level,
+            &adapting.base,
+            live_peak_bytes,
+            managed.page_size,
+        );
+        if setting != window.setting {
+            store(managed.pages.knobs(), &setting, managed.page_size);
+            tracing::debug!(
+                device = managed.index,
+                level = tuning.level,
+                cost_ns_per_op = seen.cost_ns_per_op(),
+                ?setting,
+                "cache setting moved"
+            );
+        }
+        *window = Window {
+            tuning,
+            ops_at_start: ops,
+            misses: 0,
+            miss_ns: 0,
+            held_high: window.held_high,
+            setting,
+        };
+    }
+
+    /// Pressure rose to `level` on `managed` (upkeep): at high and above the adaptive default
+    /// goes to memory-first at once, not at the next window of misses.
+    pub(super) fn adapt_to_pressure(&self, managed: &ManagedDevice, level: PressureLevel) {
+        let Some(adapting) = &managed.adapting else {
+            return;
+        };
+        if level < PressureLevel::High {
+            return;
+        }
+        let mut window = adapting.window.lock();
+        let tuning = decide(
+            window.tuning,
+            &Observation {
+                ops: 0,
+                misses: 0,
+                miss_ns: 0,
+                pressure: level,
+                live_peak_bytes: 0,
+                room_bytes: 0,
+            },
+        );
+        debug_assert_eq!(tuning.level, MEMORY_FIRST_LEVEL);
+        window.tuning = tuning;
+        window.setting = CacheSetting::MEMORY_FIRST;
+        store(managed.pages.knobs(), &window.setting, managed.page_size);
+    }
+
+    /// The cache setting `device`'s pools use now, and the adaptive level it stands at (`None`
+    /// with a fixed or memory-first setting).
+    pub fn cache_setting(&self, device: usize) -> Option<(CacheSetting, Option<u8>)> {
+        let managed = self.device(device).ok()?;
+        match &managed.adapting {
+            Some(adapting) => {
+                let window = adapting.window.lock();
+                Some((window.setting, Some(window.tuning.level)))
+            }
+            None => Some((managed.fixed_setting, None)),
+        }
+    }
+}
+
+/// Allocations the device's pools have served.
+fn allocations(managed: &ManagedDevice) -> u64 {
+    let mut total = 0;
+    for pool in managed.pools() {
+        for kind in [crate::pool::PoolKind::Small, crate::pool::PoolKind::Large] {
+            total += pool.slot(kind).counters.allocations.load(Relaxed);
+        }
+    }
+    total
+}
+
+/// The most pages under live blocks this window of the cache budget and the last.
+pub(super) fn live_peak_pages(managed: &ManagedDevice) -> u64 {
+    let peaks = &managed.events.live_pages_peak;
+    peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64
+}

@@ -1,0 +1,393 @@
+//! The adaptive cache default's decision, and nothing else: a pure function from what a
+//! device's pools saw over a window of misses (how many, how long they took, how many
+//! operations they served, the pressure level, the room left) to the cache setting they use
+//! next — chunk sizes, idle pages kept, placement. `adapting.rs` gathers the observations on
+//! the miss path and applies the answer; this file reads no clock, atomic or device.
+//!
+//! The settings form a ladder. Level 0 is memory-first (2 MiB chunks cut whole when growing,
+//! no idle pages: at or under 1.03 of the peak on every trace of the corpus); level 1 is the
+//! configured setting (the fixed default); each level above keeps more idle pages and cuts
+//! larger chunks, the trades `replay --sweep` names for workloads whose misses cost time. The
+//! pools climb one level while misses cost more than [`GROW_NS_PER_OP`] per operation and the
+//! device has room, step back when a climb did not cut that cost by a quarter, and fall to
+//! memory-first as pressure rises. Whatever the level, the idle slack stays under
+//! [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds that slack.
+
+use super::pressure::PressureLevel;
+use crate::units::MIB;
+use serde::Serialize;
+
+/// What a device's pools keep cached and how a miss cuts its pages: the knobs the ladder moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CacheSetting {
+    pub max_chunk_bytes: u64,
+    pub inside_chunk_bytes: u64,
+    pub idle_pages_kept: usize,
+    pub idle_per_mille: usize,
+    pub whole_chunks_when_growing: bool,
+    pub place_on_mapped_pages: bool,
+}
+
+impl CacheSetting {
+    /// The least memory: chunks of one page, a growing arena's block cut as one chunk, nothing
+    /// idle kept. Every trace of the corpus stays at or under 1.03 of its peak with it.
+    pub const MEMORY_FIRST: CacheSetting = CacheSetting {
+        max_chunk_bytes: 2 * MIB,
+        inside_chunk_bytes: 16 * MIB,
+        idle_pages_kept: 0,
+        idle_per_mille: 0,
+        whole_chunks_when_growing: true,
+        place_on_mapped_pages: false,
+    };
+}
+
+/// The levels above the configured one: (largest chunk, inside chunk, idle pages kept, placed
+/// on mapped pages). On the simulated H100 these are where the sweep's fastest settings within
+/// the driver pool's memory cluster: 32 MiB chunks with 16 idle pages; placed on mapped pages
+/// with 64 (under the pool on both axes on every trace of the corpus that misses often, but the
+/// one whose blocks are gigabytes); 128 MiB chunks with 256 for the traces whose layout changes
+/// most every step.
+const ABOVE_BASE: [(u64, u64, usize, bool); 3] = [
+    (32 * MIB, 64 * MIB, 16, false),
+    (32 * MIB, 64 * MIB, 64, true),
+    (128 * MIB, 256 * MIB, 256, true),
+];
+
+/// The highest level.
+pub const TOP_LEVEL: u8 = 1 + ABOVE_BASE.len() as u8;
+/// Memory-first.
+pub const MEMORY_FIRST_LEVEL: u8 = 0;
+/// Where a device starts: the configured setting.
+pub const BASE_LEVEL: u8 = 1;
+
+/// Misses costing more than this per operation served (in the window) are worth memory: the
+/// driver's own pool answers an allocation and its free in about a microsecond.
+pub const GROW_NS_PER_OP: u64 = 250;
+/// A miss that took less than this talked to no driver worth the name (the simulated device
+/// without costs): it does not count as a cost. The cheapest miss on an H100 maps a chunk and
+/// grants access to it, 45 µs or more.
+pub const COSTLY_MISS_NS: u64 = 20_000;
+/// Costly misses per decision: enough that one slow call does not move the setting, few enough
+/// that a trace of a few hundred misses climbs within its first rounds.
+pub const WINDOW_MISSES: u64 = 8;
+/// After a climb that did not pay, this many windows pass before the next.
+pub const HOLD_WINDOWS: u8 = 16;
+
+/// The idle slack (bytes beyond the live peak the cache may hold) never exceeds an eighth of
+/// the live peak, at least 16 MiB and at most 512 MiB: the adaptive default holds at most the
+/// memory-first reserve plus this.
+pub fn ceiling_slack_bytes(live_peak_bytes: u64) -> u64 {
+    (live_peak_bytes / 8).clamp(16 * MIB, MAX_SLACK_BYTES)
+}
+
+/// Whether a miss of `ns` nanoseconds that mapped `mapped_bytes` is a cost the cache could
+/// have saved: it took as long as a driver call ([`COSTLY_MISS_NS`]) and mapped no more than
+/// the largest idle slack any ceiling allows (a block larger than that misses whatever is kept;
+/// only its chunks, which grow inside long runs anyway, change what it costs).
+pub fn counts_as_cost(ns: u64, mapped_bytes: u64) -> bool {
+    ns >= COSTLY_MISS_NS && mapped_bytes <= MAX_SLACK_BYTES
+}
+
+/// The most idle slack any process keeps.
+pub const MAX_SLACK_BYTES: u64 = 512 * MIB;
+
+/// What a device's pools saw over one window of misses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// Allocations served (hits and misses).
+    pub ops: u64,
+    /// Misses that cost the driver's time ([`COSTLY_MISS_NS`] or more) without taking the
+    /// device's held memory to a new high: misses that keeping more would have saved.
+    pub misses: u64,
+    /// Their time, in nanoseconds.
+    pub miss_ns: u64,
+    pub pressure: PressureLevel,
+    /// The most bytes under live blocks lately.
+    pub live_peak_bytes: u64,
+    /// What the pools may still take from the device (their cap less what they hold).
+    pub room_bytes: u64,
+}
+
+impl Observation {
+    /// Nanoseconds of avoidable misses per operation served.
+    pub fn cost_ns_per_op(&self) -> u64 {
+        self.miss_ns / self.ops.max(1)
+    }
+}
+
+/// Where a device stands on the ladder, and what the last climb has to prove.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Tuning {
+    pub level: u8,
+    /// The cost per operation of the window before the last climb (0: the last window did not
+    /// climb).
+    pub cost_before_climb: u64,
+    /// Windows left before another climb.
+    pub hold: u8,
+    /// Whether the window now open is the first after a climb: it pays for the move (pages
+    /// cut again into the new chunks, idle pages not yet kept), so it is not what the climb is
+    /// judged on.
+    pub settling: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            level: BASE_LEVEL,
+            cost_before_climb: 0,
+            hold: 0,
+            settling: false,
+        }
+    }
+}
+
+/// The next tuning after a window observed as `seen`. High pressure (and above) drops to
+/// memory-first at once; medium caps at the configured setting; otherwise the window after a
+/// climb settles, a climb after which the cost per operation more than doubled is
+/// undone and held off (one window's cost moves by tens of percent with the host's load, so a
+/// climb is not asked to prove a gain, only to do no clear harm), and a cost above
+/// [`GROW_NS_PER_OP`] climbs one level where the device has room for the next level's slack
+/// twice over.
+pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
+    let cost = seen.cost_ns_per_op();
+    if seen.pressure >= PressureLevel::High {
+        return Tuning {
+            level: MEMORY_FIRST_LEVEL,
+            cost_before_climb: 0,
+            hold: HOLD_WINDOWS,
+            settling: false,
+        };
+    }
+    let cap = if seen.pressure == PressureLevel::Medium {
+        BASE_LEVEL
+    } else {
+        TOP_LEVEL
+    };
+    let level = now.level.min(cap);
+    if now.settling && level == now.level {
+        return Tuning {
+            settling: false,
+            ..now
+        };
+    }
+    if now.cost_before_climb > 0 && cost > now.cost_before_climb * 2 {
+        return Tuning {
+            level: level.saturating_sub(1),
+            cost_before_climb: 0,
+            hold: HOLD_WINDOWS,
+            settling: false,
+        };
+    }
+    if now.hold > 0 {
+        return Tuning {
+            level,
+            cost_before_climb: 0,
+            hold: now.hold - 1,
+            settling: false,
+        };
+    }
+    let next = level + 1;
+    let room_for_next =
+        ceiling_slack_bytes(seen.live_peak_bytes).saturating_mul(2) <= seen.room_bytes;
+    if cost > GROW_NS_PER_OP && next <= cap && room_for_next {
+        return Tuning {
+            level: next,
+            cost_before_climb: cost,
+            hold: 0,
+            settling: true,
+        };
+    }
+    Tuning {
+        level,
+        cost_before_climb: 0,
+        hold: 0,
+        settling: false,
+    }
+}
+
+/// The setting at `level`, from the configured one (`base`, level 1), bounded by the ceiling:
+/// idle pages kept at most [`ceiling_slack_bytes`] of the live peak, and no chunk larger than
+/// that slack (a chunk one live block pins holds at most what the cache could keep idle).
+pub fn setting_at(level: u8, base: &CacheSetting, live_peak_bytes: u64, page: u64) -> CacheSetting {
+    let ceiling = ceiling_slack_bytes(live_peak_bytes);
+    let ceiling_pages = (ceiling / page.max(1)) as usize;
+    match level {
+        MEMORY_FIRST_LEVEL => CacheSetting::MEMORY_FIRST,
+        BASE_LEVEL => *base,
+        _ => {
+            let step = ABOVE_BASE[(level.min(TOP_LEVEL) - 2) as usize];
+            let (chunk, inside, idle, placed) = step;
+            let chunk = chunk.min(ceiling).max(base.max_chunk_bytes) / page.max(1) * page.max(1);
+            CacheSetting {
+                max_chunk_bytes: chunk,
+                inside_chunk_bytes: inside.max(base.inside_chunk_bytes),
+                idle_pages_kept: idle.min(ceiling_pages).max(base.idle_pages_kept),
+                idle_per_mille: 0,
+                whole_chunks_when_growing: base.whole_chunks_when_growing,
+                place_on_mapped_pages: placed || base.place_on_mapped_pages,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::GIB;
+
+    const PAGE: u64 = 2 * MIB;
+
+    fn base() -> CacheSetting {
+        CacheSetting {
+            max_chunk_bytes: 6 * MIB,
+            inside_chunk_bytes: 16 * MIB,
+            idle_pages_kept: 4,
+            idle_per_mille: 8,
+            whole_chunks_when_growing: false,
+            place_on_mapped_pages: false,
+        }
+    }
+
+    fn seen(ops: u64, miss_ns: u64) -> Observation {
+        Observation {
+            ops,
+            misses: 8,
+            miss_ns,
+            pressure: PressureLevel::Low,
+            live_peak_bytes: GIB,
+            room_bytes: 40 * GIB,
+        }
+    }
+
+    #[test]
+    fn costly_misses_with_room_climb_one_level() {
+        let next = decide(Tuning::default(), &seen(1_000, 1_000_000));
+        assert_eq!(next.level, BASE_LEVEL + 1);
+        assert_eq!(next.cost_before_climb, 1_000);
+    }
+
+    #[test]
+    fn cheap_misses_stay_where_they_are() {
+        let next = decide(Tuning::default(), &seen(10_000, 1_000_000));
+        assert_eq!(next, Tuning::default());
+    }
+
+    /// A climb, and the window after it, which settles.
+    fn climbed() -> Tuning {
+        let climbed = decide(Tuning::default(), &seen(1_000, 1_000_000));
+        assert!(climbed.settling);
+        let settled = decide(climbed, &seen(1_000, 5_000_000));
+        assert_eq!((settled.level, settled.settling), (BASE_LEVEL + 1, false));
+        settled
+    }
+
+    #[test]
+    fn a_climb_that_cut_the_cost_stays_and_may_climb_again() {
+        let next = decide(climbed(), &seen(1_000, 400_000));
+        assert_eq!(next.level, BASE_LEVEL + 2);
+    }
+
+    #[test]
+    fn a_climb_that_did_harm_is_undone_and_held_off() {
+        assert_eq!(
+            decide(climbed(), &seen(1_000, 1_900_000)).level,
+            BASE_LEVEL + 2
+        );
+        let undone = decide(climbed(), &seen(1_000, 2_100_000));
+        assert_eq!(undone.level, BASE_LEVEL);
+        assert_eq!(undone.hold, HOLD_WINDOWS);
+        let mut tuning = undone;
+        for _ in 0..HOLD_WINDOWS {
+            tuning = decide(tuning, &seen(1_000, 2_100_000));
+            assert_eq!(tuning.level, BASE_LEVEL);
+        }
+        assert_eq!(
+            decide(tuning, &seen(1_000, 2_100_000)).level,
+            BASE_LEVEL + 1
+        );
+    }
+
+    #[test]
+    fn the_top_level_is_never_passed() {
+        let mut tuning = Tuning::default();
+        let mut cost = 100_000_000;
+        for _ in 0..20 {
+            tuning = decide(tuning, &seen(1_000, cost));
+            cost /= 2;
+            assert!(tuning.level <= TOP_LEVEL);
+        }
+        assert_eq!(tuning.level, TOP_LEVEL);
+    }
+
+    #[test]
+    fn pressure_falls_back_to_memory_first_and_medium_caps_at_the_base() {
+        let top = Tuning {
+            level: TOP_LEVEL,
+            ..Tuning::default()
+        };
+        let high = Observation {
+            pressure: PressureLevel::High,
+            ..seen(1_000, 1_000_000)
+        };
+        assert_eq!(decide(top, &high).level, MEMORY_FIRST_LEVEL);
+        let medium = Observation {
+            pressure: PressureLevel::Medium,
+            ..seen(1_000, 1_000_000)
+        };
+        assert_eq!(decide(top, &medium).level, BASE_LEVEL);
+        // Medium pressure never climbs past the configured setting.
+        assert_eq!(decide(Tuning::default(), &medium).level, BASE_LEVEL);
+    }
+
+    #[test]
+    fn no_climb_without_room_for_twice_the_next_slack() {
+        let tight = Observation {
+            room_bytes: ceiling_slack_bytes(GIB) * 2 - 1,
+            ..seen(1_000, 1_000_000)
+        };
+        assert_eq!(decide(Tuning::default(), &tight).level, BASE_LEVEL);
+    }
+
+    #[test]
+    fn only_driver_priced_misses_the_slack_could_hold_are_costs() {
+        assert!(counts_as_cost(COSTLY_MISS_NS, 64 * MIB));
+        assert!(!counts_as_cost(COSTLY_MISS_NS - 1, 64 * MIB));
+        // A block of a gigabyte misses whatever the cache keeps.
+        assert!(!counts_as_cost(COSTLY_MISS_NS, GIB));
+    }
+
+    #[test]
+    fn the_ceiling_is_an_eighth_of_the_peak_between_16_and_512_mib() {
+        assert_eq!(ceiling_slack_bytes(0), 16 * MIB);
+        assert_eq!(ceiling_slack_bytes(GIB), 128 * MIB);
+        assert_eq!(ceiling_slack_bytes(64 * GIB), 512 * MIB);
+    }
+
+    #[test]
+    fn every_level_keeps_idle_pages_and_chunks_under_the_ceiling() {
+        for peak in [0, 100 * MIB, GIB, 8 * GIB, 80 * GIB] {
+            let ceiling = ceiling_slack_bytes(peak);
+            for level in BASE_LEVEL + 1..=TOP_LEVEL {
+                let s = setting_at(level, &base(), peak, PAGE);
+                assert!(
+                    s.idle_pages_kept as u64 * PAGE <= ceiling,
+                    "{level} {peak}: {s:?}"
+                );
+                assert!(s.max_chunk_bytes <= ceiling, "{level} {peak}: {s:?}");
+                assert_eq!(s.max_chunk_bytes % PAGE, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn the_ends_of_the_ladder_are_memory_first_and_the_configured_setting() {
+        assert_eq!(
+            setting_at(MEMORY_FIRST_LEVEL, &base(), GIB, PAGE),
+            CacheSetting::MEMORY_FIRST
+        );
+        assert_eq!(setting_at(BASE_LEVEL, &base(), GIB, PAGE), base());
+        let top = setting_at(TOP_LEVEL, &base(), 8 * GIB, PAGE);
+        assert_eq!((top.max_chunk_bytes, top.idle_pages_kept), (128 * MIB, 256));
+        assert!(top.place_on_mapped_pages);
+    }
+}
