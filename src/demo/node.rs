@@ -149,7 +149,7 @@ impl SimNode {
             format!("Name:\tgpumem\nNStgid:\t{}\n", node.own_pid),
         )?;
         // Joins the process to what it publishes: the same pid in the same PID namespace.
-        if let Some(namespace) = gpumem::snapshot::process::current_pid_namespace() {
+        if let Some(namespace) = gpumem_wire::process::current_pid_namespace() {
             std::os::unix::fs::symlink(namespace, own.join("ns").join("pid"))?;
         }
         Ok(node)
