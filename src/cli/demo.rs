@@ -2,7 +2,7 @@
 
 use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs, Given};
-use crate::demo::{self, DemoError, DemoSettings};
+use crate::demo::{self, DemoError, DemoSettings, Scenario};
 use clap::Args;
 use gpumem::backend::sim::SimBackend;
 use gpumem::backend::{BackendKind, DeviceBackend};
@@ -32,6 +32,20 @@ pub(super) struct DemoArgs {
     /// `POST /api/v1/demo/pressure-spike?seconds=N` does the same at any time.
     #[arg(long, env = "GPUMEM_SPIKE_AT", allow_hyphen_values = true)]
     spike_at: Option<String>,
+
+    /// What the demo shows: calm (pressure on a slow wave, a small leak that stops; nothing
+    /// pages anyone) or alerts (an hour that repeats, in which every alert of
+    /// grafana/alerts.yml fires within 35 minutes: pressure up to critical, refused requests, a
+    /// growing leak, a fragmented pool, a failing sampler; and a node agent served on the next
+    /// port, whose NVML fails, which goes away for 4 minutes, and which names the simulated
+    /// device's processes by pod). alerts needs the simulated device. See docs/demo.md.
+    #[arg(
+        long,
+        env = "GPUMEM_SCENARIO",
+        default_value = "calm",
+        value_name = "NAME"
+    )]
+    scenario: String,
 
     /// Also publish snapshots into this directory (created if missing) every interval, for a
     /// sidecar to collect with `gpumem serve --collect-dir DIR`.
@@ -69,7 +83,20 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         None => None,
     };
     let top_tags = args.exporter.top_tags().map_err(CliError::usage)?;
+    let scenario = Scenario::parse(args.scenario.trim()).ok_or_else(|| {
+        CliError::usage(format!(
+            "--scenario: '{}' is not a scenario; give one of {}",
+            args.scenario,
+            Scenario::NAMES.join(", ")
+        ))
+    })?;
     let spike_at = match &args.spike_at {
+        Some(_) if scenario == Scenario::Alerts => {
+            return Err(CliError::usage(
+                "--spike-at: the alerts scenario moves pressure itself; leave --spike-at out \
+                 or use --scenario calm",
+            ))
+        }
         Some(text) => Some(flag_duration("--spike-at", text)?),
         None => None,
     };
@@ -105,6 +132,13 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
     })?;
     let (opened, devices) = args.common.open_checked(&memory, given)?;
     let (backend, sim): (Arc<dyn DeviceBackend>, _) = match opened.backend.kind() {
+        // Its pressure, refusals and failures are the simulated device's.
+        BackendKind::Cuda if scenario == Scenario::Alerts => {
+            return Err(CliError::usage(
+                "--scenario alerts: needs the simulated device, and this one is a GPU; add \
+                 --backend sim",
+            ))
+        }
         BackendKind::Cuda => (opened.backend, None),
         BackendKind::Sim => {
             // The demo changes what "other processes" hold, which needs the concrete simulated
@@ -127,6 +161,7 @@ pub(super) fn run(args: DemoArgs, given: &Given) -> Result<(), CliError> {
         memory,
         allowed_hosts: args.exporter.allowed_hosts.clone(),
         max_connections: args.exporter.max_connections().map_err(CliError::usage)?,
+        scenario,
     };
     demo::run(backend, sim, settings).map_err(|error| match error {
         DemoError::Exporter(bind @ ExporterError::Bind { .. }) => bind_error(bind),

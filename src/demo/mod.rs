@@ -2,12 +2,19 @@
 //! `workload`), with pressure swinging up and down (see `pressure`), served by the exporter
 //! like any embedding program would, and a runtime workspace per device that shrinks and grows
 //! with that pressure (logged on every resize). Runs until Ctrl-C, SIGTERM or the optional
-//! duration ends, then stops the workload, lets in-flight requests finish and returns.
+//! duration ends, then stops the workload, lets in-flight requests finish and returns. With
+//! `--scenario alerts` the pressure follows that scenario's timeline instead (`scenario`,
+//! `alerts`) and a node agent over a simulated node is served beside the demo (`agent`, `node`).
 
+mod agent;
+mod alerts;
+mod node;
 mod pressure;
+mod scenario;
 mod spike;
 mod workload;
 
+pub(crate) use scenario::Scenario;
 pub(crate) use spike::{PressureSpike, DEFAULT_SPIKE};
 
 use gpumem::backend::sim::SimBackend;
@@ -66,6 +73,8 @@ pub(crate) struct DemoSettings {
     pub allowed_hosts: Vec<String>,
     /// Most connections served at once (`--max-connections`); `None`: the default.
     pub max_connections: Option<usize>,
+    /// The story the demo tells (`--scenario`); `alerts` needs the simulated backend.
+    pub scenario: Scenario,
 }
 
 #[derive(Debug, Error)]
@@ -78,6 +87,10 @@ pub(crate) enum DemoError {
     Manager(#[from] gpumem::error::InitError),
     #[error("could not start the demo: {0}")]
     Startup(#[source] std::io::Error),
+    #[error("the alerts scenario needs the simulated device (--backend sim)")]
+    ScenarioNeedsSim,
+    #[error("could not start the alerts scenario's node agent: {0}")]
+    Agent(#[source] ExporterError),
 }
 
 /// Runs the demo on `backend`. Pass the simulated backend as `sim` as well (same object) so the
@@ -111,13 +124,26 @@ async fn serve(
     // (before the wait below began) used to kill the demo without removing that file.
     let signalled = interrupted();
     let spike = Arc::new(PressureSpike::default());
-    // Ballast only exists where pressure cannot be simulated; it is meant to stay, not a leak.
+    // Ballast only exists where pressure cannot be simulated; it is meant to stay, not a leak;
+    // nor are the alerts scenario's pinned buffers (they make fragmentation, not a leak).
     let long_lived: &[&str] = match sim {
-        Some(_) => &["weights"],
+        Some(_) => &["weights", alerts::PINNED_TAG],
         None => &["weights", pressure::BALLAST_TAG],
     };
+    let node = match settings.scenario {
+        Scenario::Calm => None,
+        Scenario::Alerts if sim.is_none() => return Err(DemoError::ScenarioNeedsSim),
+        Scenario::Alerts => {
+            Some(node::SimNode::create(&std::env::temp_dir()).map_err(DemoError::Startup)?)
+        }
+    };
+    // The node agent collects what the demo publishes: somewhere of the node's when not given.
+    let publish_dir = settings
+        .publish_dir
+        .clone()
+        .or_else(|| node.as_ref().map(node::SimNode::publish_dir));
     // Before the exporter: a directory that cannot be written to ends the demo before it starts.
-    let publisher = match &settings.publish_dir {
+    let publisher = match &publish_dir {
         Some(dir) => Some(
             Publisher::builder()
                 .manager(manager.clone())
@@ -154,6 +180,37 @@ async fn serve(
         .spawn()?;
     // The one line a new user needs; stdout, so scripts and tests can read the address.
     println!("gpumem demo: open {}", exporter.url());
+    let started = Instant::now();
+    let view = Arc::new(node::NodeView::new(manager.device_indices().len()));
+    let (agent_stop, agent_task) = match (node, publish_dir) {
+        (Some(node), Some(collect_dir)) => {
+            let agent_settings = agent::AgentSettings {
+                listen: next_port(exporter.local_addr()),
+                interval: settings.interval,
+                leak_age: settings.leak_age,
+                top_tags: settings.top_tags,
+                runbook_url: settings
+                    .runbook_url
+                    .clone()
+                    .unwrap_or_else(|| gpumem_observe::web::DEFAULT_RUNBOOK.to_string()),
+                allowed_hosts: settings.allowed_hosts.clone(),
+                pressure: settings.memory.pressure,
+                collect_dir,
+            };
+            let agent = agent::Agent::start(node, &manager, &view, agent_settings)
+                .map_err(DemoError::Agent)?;
+            println!(
+                "gpumem demo: node agent of the alerts scenario on {}",
+                agent.url()
+            );
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let follow = agent.follow(manager.clone(), Arc::clone(&view), started, async {
+                let _ = stopped.await;
+            });
+            (Some(stop), Some(tokio::spawn(follow)))
+        }
+        _ => (None, None),
+    };
     let _ = std::io::stdout().flush();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -161,13 +218,28 @@ async fn serve(
         let stop = Arc::clone(&stop);
         let spike = Arc::clone(&spike);
         let spike_at = settings.spike_at;
+        let scenario = settings.scenario;
+        let view = Arc::clone(&view);
         std::thread::Builder::new()
             .name("gpumem-demo-workload".to_string())
-            .spawn(move || run_workload(manager, sim, &spike, spike_at, &stop))
+            .spawn(move || {
+                let driver = Driver {
+                    sim,
+                    scenario,
+                    view,
+                    started,
+                };
+                run_workload(manager, driver, &spike, spike_at, &stop)
+            })
             .map_err(DemoError::Startup)?
     };
 
     wait_for_end(settings.duration, signalled).await;
+    let mut node = None;
+    if let (Some(stop), Some(task)) = (agent_stop, agent_task) {
+        let _ = stop.send(());
+        node = task.await.ok();
+    }
     stop.store(true, Ordering::Relaxed);
     let joined = tokio::task::spawn_blocking(move || workload.join()).await;
     if !matches!(joined, Ok(Ok(()))) {
@@ -177,6 +249,9 @@ async fn serve(
     if let Some(publisher) = publisher {
         // Removes the published file, so a collecting sidecar drops the demo at once.
         let _ = tokio::task::spawn_blocking(move || publisher.shutdown()).await;
+    }
+    if let Some(node) = node {
+        node.remove();
     }
     Ok(())
 }
@@ -268,15 +343,39 @@ fn adapt_workspaces(workspaces: &mut [gpumem::manager::Workspace]) {
     }
 }
 
+/// The node agent's address: the demo's port plus one (port 0 stays 0: any free port).
+fn next_port(demo: SocketAddr) -> SocketAddr {
+    let port = match demo.port() {
+        0 => 0,
+        port => port.checked_add(1).unwrap_or(0),
+    };
+    SocketAddr::new(demo.ip(), port)
+}
+
+/// What moves the pressure of the devices: the calm wave, or the alerts scenario's timeline.
+struct Driver {
+    sim: Option<Arc<SimBackend>>,
+    scenario: Scenario,
+    view: Arc<node::NodeView>,
+    started: Instant,
+}
+
+/// One device's pressure, by the scenario.
+enum DevicePressure {
+    Calm(PressureSwing),
+    Alerts(alerts::AlertsLoad),
+}
+
 /// The workload thread: ticks every device until `stop` is set.
 fn run_workload(
     manager: MemoryManager,
-    sim: Option<Arc<SimBackend>>,
+    driver: Driver,
     spike: &PressureSpike,
     spike_at: Option<Duration>,
     stop: &AtomicBool,
 ) {
-    let started = Instant::now();
+    let started = driver.started;
+    let sim = driver.sim;
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
@@ -287,6 +386,16 @@ fn run_workload(
             .backend()
             .properties(device)
             .map_or(0, |p| p.total_memory_bytes);
+        let alerts = match (driver.scenario, &sim) {
+            (Scenario::Alerts, Some(sim)) => Some(alerts::AlertsLoad::new(
+                device,
+                total,
+                Arc::clone(sim),
+                Arc::clone(&driver.view),
+            )),
+            _ => None,
+        };
+        // Read after the alerts scenario's neighbours took their share.
         let free = manager
             .backend()
             .mem_info(device)
@@ -295,9 +404,13 @@ fn run_workload(
             Some(sim) => PressureSource::Simulated(Arc::clone(sim)),
             None => PressureSource::Ballast,
         };
+        let pressure = match alerts {
+            Some(load) => DevicePressure::Alerts(load),
+            None => DevicePressure::Calm(PressureSwing::new(source, device, total, free)),
+        };
         devices.push((
             DeviceWorkload::new(device, Budget::for_free_memory(free)),
-            PressureSwing::new(source, device, total, free),
+            pressure,
         ));
     }
     let mut workspaces = start_workspaces(&manager);
@@ -314,7 +427,10 @@ fn run_workload(
         }
         let spike_on = spike.is_on();
         for (workload, pressure) in &mut devices {
-            pressure.apply(&manager, elapsed, spike_on);
+            match pressure {
+                DevicePressure::Calm(swing) => swing.apply(&manager, elapsed, spike_on),
+                DevicePressure::Alerts(load) => load.apply(&manager, elapsed),
+            }
             workload.tick(&manager, elapsed, &mut rng);
         }
         if workspaces_adapted.elapsed() >= WORKSPACE_EVERY {

@@ -5,6 +5,7 @@
 //! scraping a node agent as the chart's ServiceMonitor does (every panel and variable has data
 //! for a pod; a container restart shows as an exited process).
 
+mod alert_scenario;
 mod blind;
 mod dashboard;
 mod dashboard_checks;
@@ -14,6 +15,7 @@ mod oom;
 mod panels;
 mod pictures;
 mod prometheus;
+mod record_series;
 mod rules;
 mod service_monitor;
 

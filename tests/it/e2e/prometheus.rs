@@ -84,15 +84,21 @@ impl Prometheus {
     /// Starts Prometheus with `rules` and `job` as its only scrape job (a `scrape_configs`
     /// entry, as JSON: YAML reads it as it is), scraping and evaluating every second.
     pub(super) fn start_job(rules: &str, job: Value) -> Prometheus {
+        Self::start_jobs(rules, vec![job], STEP)
+    }
+
+    /// Starts Prometheus with `rules` and `jobs` (`scrape_configs` entries), scraping and
+    /// evaluating every `step` ("15s").
+    pub(super) fn start_jobs(rules: &str, jobs: Vec<Value>, step: &str) -> Prometheus {
         let dir = tempfile::Builder::new()
             .prefix("gpumem-prometheus-")
             .tempdir()
             .expect("temp dir");
         std::fs::write(dir.path().join("alerts.yml"), rules).expect("write rules");
         let config = json!({
-            "global": {"scrape_interval": STEP, "scrape_timeout": STEP, "evaluation_interval": STEP},
+            "global": {"scrape_interval": step, "scrape_timeout": step, "evaluation_interval": step},
             "rule_files": ["alerts.yml"],
-            "scrape_configs": [job],
+            "scrape_configs": jobs,
         });
         std::fs::write(dir.path().join("prometheus.yml"), config.to_string())
             .expect("write config");
@@ -144,17 +150,42 @@ impl Prometheus {
 
     /// An instant query's result vector, or why there is none.
     pub(super) fn query(&self, promql: &str) -> Result<Vec<Value>, String> {
-        let path = format!("/api/v1/query?query={}", url_encode(promql));
-        let reply = request(self.addr, "GET", &path).map_err(|e| e.to_string())?;
-        let body: Value = serde_json::from_str(&reply.body)
+        let data = self.api(&format!("/api/v1/query?query={}", url_encode(promql)))?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// A range query's series (`[{metric, values: [[t, "v"], ...]}]`) from `start` to `end`
+    /// (Unix seconds) every `step` seconds.
+    pub(super) fn query_range(
+        &self,
+        promql: &str,
+        start: f64,
+        end: f64,
+        step: f64,
+    ) -> Result<Vec<Value>, String> {
+        let path = format!(
+            "/api/v1/query_range?query={}&start={start}&end={end}&step={step}",
+            url_encode(promql)
+        );
+        let data = self.api(&path)?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The alerts pending or firing now (`/api/v1/alerts`).
+    pub(super) fn alerts(&self) -> Result<Vec<Value>, String> {
+        let data = self.api("/api/v1/alerts")?;
+        Ok(data["alerts"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The `data` of an API answer, or why there is none.
+    fn api(&self, path: &str) -> Result<Value, String> {
+        let reply = request(self.addr, "GET", path).map_err(|e| e.to_string())?;
+        let mut body: Value = serde_json::from_str(&reply.body)
             .map_err(|e| format!("HTTP {}: {e}: {}", reply.status, reply.body))?;
         if body["status"] != "success" {
             return Err(format!("{}: {}", body["errorType"], body["error"]));
         }
-        Ok(body["data"]["result"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default())
+        Ok(body["data"].take())
     }
 
     /// The values of `label` among the series `selector` matches over the last hour (Grafana's

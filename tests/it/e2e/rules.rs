@@ -1,8 +1,9 @@
 //! `grafana/alerts.yml` and the recording rules of `grafana/recording.yml` checked: `promtool
 //! check rules` and `promtool test rules` on `grafana/tests/*.yml`, every alert tested both
 //! firing and quiet, every alert with a severity,
-//! a summary, a description and a runbook link to a section of `docs/runbook.md` that exists —
-//! and the copy with `for:` shortened that the end-to-end test loads into Prometheus.
+//! a summary, a description and a runbook link to a section of `docs/runbook.md` that exists,
+//! every alert firing on the series recorded from the demo's alerts scenario — and the copy
+//! with `for:` shortened that the end-to-end test loads into Prometheus.
 
 use super::{read_repo_file, repo_file};
 use crate::web::tool_available;
@@ -20,6 +21,8 @@ const RUNBOOK: &str = "docs/runbook.md";
 pub(super) struct AlertRule {
     pub name: String,
     pub expr: String,
+    /// Its `for:` as written ("5m").
+    pub for_: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
 }
@@ -54,6 +57,7 @@ pub(super) fn alert_rules() -> Vec<AlertRule> {
                     .as_str()
                     .expect("every rule has an expr")
                     .to_string(),
+                for_: rule["for"].as_str().unwrap_or("0s").to_string(),
                 labels: string_map(&rule["labels"]),
                 annotations: string_map(&rule["annotations"]),
             })
@@ -271,4 +275,40 @@ fn shortening_for_keeps_everything_else() {
             .collect()
     };
     assert_eq!(exprs(&short), exprs(&original));
+}
+
+/// The series recorded from `gpumem demo --scenario alerts` (docs/demo.md): in that one file,
+/// against the unmodified rules, every alert fires.
+#[test]
+fn every_alert_fires_on_the_series_recorded_from_the_alerts_scenario() {
+    const RECORDED: &str = "grafana/tests/demo-scenario.yml";
+    let doc = load_yaml(RECORDED);
+    let rule_files = doc["rule_files"].as_vec().expect("rule_files");
+    assert_eq!(rule_files.len(), 1, "{RECORDED}: only the alert rules");
+    assert_eq!(rule_files[0].as_str(), Some("../alerts.yml"));
+    let fired: BTreeSet<String> = doc["tests"]
+        .as_vec()
+        .into_iter()
+        .flatten()
+        .flat_map(|test| {
+            test["alert_rule_test"]
+                .as_vec()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|case| case["exp_alerts"].as_vec().is_some_and(|a| !a.is_empty()))
+        .filter_map(|case| case["alertname"].as_str().map(str::to_string))
+        .collect();
+    for rule in alert_rules() {
+        assert!(
+            fired.contains(&rule.name),
+            "{RECORDED}: {} never fires",
+            rule.name
+        );
+    }
+    if !tool_available("promtool") {
+        return;
+    }
+    let (ok, said) = promtool(&["test", "rules", RECORDED]);
+    assert!(ok, "promtool test rules {RECORDED} failed:\n{said}");
 }

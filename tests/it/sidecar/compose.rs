@@ -1,6 +1,7 @@
-//! docker/compose.yaml checked against the binary and the files it mounts: the demo on 9400,
-//! Prometheus scraping it with the alert rules loaded (and promtool agreeing), Grafana with its
-//! provisioning and the dashboard where the provider looks.
+//! docker/compose.yaml checked against the binary and the files it mounts: the demo's alerts
+//! scenario on 9400 and its node agent on 9401, Prometheus scraping both with the alert rules
+//! loaded (and promtool agreeing), Grafana with its provisioning and the dashboard where the
+//! provider looks.
 
 use super::manifests::{
     assert_flags_parse, assert_serves_probes, flag_value, read, repo, strings, text, yaml,
@@ -72,6 +73,25 @@ fn the_compose_file_wires_the_demo_prometheus_and_grafana() {
         targets,
         ["gpumem:9400"],
         "the compose service on the demo's port"
+    );
+    // The alerts scenario (docs/demo.md), whose node agent serves on the demo's next port,
+    // under a job GpumemExporterDown watches.
+    let command = strings(&gpumem_service["command"]);
+    assert!(
+        command.windows(2).any(|w| w == ["--scenario", "alerts"]),
+        "{command:?}"
+    );
+    assert!(strings(&gpumem_service["ports"]).contains(&"9401:9401".to_string()));
+    let agent = &prometheus["scrape_configs"][1];
+    assert!(
+        agent["job_name"]
+            .as_str()
+            .is_some_and(|j| j.contains("gpumem")),
+        "{agent:?}"
+    );
+    assert_eq!(
+        strings(&agent["static_configs"][0]["targets"]),
+        ["gpumem:9401"]
     );
 
     let grafana_mounts = mounts("grafana");

@@ -1,9 +1,10 @@
-//! A stand-in for NVML, for tests only (`gpumem serve --test-nvml-fixture FILE`, a hidden
-//! flag): NVML cannot be faked below the library, and per-process memory needs a GPU with
-//! processes on it. The file says what NVML would: devices with their memory and compute
-//! processes (host pids and bytes). It is read again at every sample, so a test can make a
-//! process vanish or a device fill up by rewriting it. Nothing else reads it, and the sidecar
-//! says in its first log line that it is not reading a real device.
+//! A stand-in for NVML, for tests (`gpumem serve --test-nvml-fixture FILE`, a hidden flag) and
+//! the simulated node of `gpumem demo --scenario alerts`: NVML cannot be faked below the
+//! library, and per-process memory needs a GPU with processes on it. The file says what NVML
+//! would: devices with their memory and compute processes (host pids and bytes), or an `error`
+//! as NVML's own failure. It is read again at every sample, so a test can make a process vanish,
+//! a device fill up or NVML fail by rewriting it. Nothing else reads it, and the sidecar says
+//! in its first log line that it is not reading a real device.
 //!
 //! ```json
 //! {"devices": [{"name": "NVIDIA H100", "uuid": "GPU-…", "total_bytes": 85899345920,
@@ -19,6 +20,9 @@ use std::path::Path;
 #[serde(deny_unknown_fields)]
 struct Fixture {
     devices: Vec<FixtureDevice>,
+    /// Makes the whole reading fail, as NVML does when the driver stops answering.
+    #[serde(default)]
+    error: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -51,6 +55,9 @@ pub fn read(path: &Path) -> Result<Vec<NvmlDevice>, String> {
         std::fs::read_to_string(path).map_err(|e| format!("test NVML fixture {shown}: {e}"))?;
     let fixture: Fixture =
         serde_json::from_str(&text).map_err(|e| format!("test NVML fixture {shown}: {e}"))?;
+    if let Some(error) = fixture.error {
+        return Err(format!("NVML: {error}"));
+    }
     Ok(fixture
         .devices
         .into_iter()

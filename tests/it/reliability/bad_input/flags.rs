@@ -63,6 +63,11 @@ const DEMO_ROWS: Rows = &[
     ("--leak-age", "old", "--leak-age"),
     ("--spike-at", "later", "--spike-at"),
     ("--spike-at", "-1s", "--spike-at"),
+    (
+        "--scenario",
+        "loud",
+        "'loud' is not a scenario; give one of calm, alerts",
+    ),
 ];
 
 const SERVE_ROWS: Rows = &[
@@ -110,6 +115,12 @@ fn bad_flags_and_variables_exit_2_with_one_line() {
             &["devices", "--sim-memory", "\u{1}\u{7f}\u{fffd}"],
             2,
             "--sim-memory",
+        ),
+        case(
+            "a spike in the alerts scenario",
+            &["demo", "--scenario", "alerts", "--spike-at", "3s"],
+            2,
+            "the alerts scenario moves pressure itself",
         ),
     ];
     rows(&DEVICES, &[], DEVICES_ROWS, 2, &mut cases);

@@ -30,7 +30,7 @@ impl NvmlState {
     /// NVML's readings from a test fixture file instead of the library.
     pub(super) fn fixture(path: PathBuf) -> Self {
         tracing::warn!(
-            "devices: a test fixture standing in for NVML ({}); not a real device",
+            "devices: a file standing in for NVML ({}); not a real device",
             path.display()
         );
         NvmlState {
