@@ -538,8 +538,9 @@ mod tests {
         assert_eq!(lines.len(), 3, "{text}");
         assert!(lines[1].contains("GPUMEM_IDLE_PAGES_KEPT=4 "), "{text}");
         assert!(
-            lines[2].starts_with("  fastest within its memory: GPUMEM_MAX_CHUNK_BYTES=")
-                && lines[2].contains("GPUMEM_IDLE_PAGES_KEPT=256 ")
+            lines[2].starts_with(
+                "  fastest within its memory: GPUMEM_CACHE_MODE=fixed GPUMEM_MAX_CHUNK_BYTES="
+            ) && lines[2].contains("GPUMEM_IDLE_PAGES_KEPT=256 ")
                 && lines[2].contains("(1.0800, 400 ns/op, 0.29x its time)"),
             "{text}"
         );
