@@ -3,7 +3,7 @@
 //! importer takes the descriptor out of this process (`pidfd_getfd`) whenever its message
 //! arrives, so each stays open until its chunk is released.
 
-use super::vmm::{create_chunk, map_existing, release_handle, unmap_range};
+use super::vmm::{create_chunk, free_address_range, map_existing, release_handle, unmap_range};
 use super::{check, to_usize, CudaBackend, Device};
 use crate::backend::{ExportedChunk, PhysicalChunk, ShareableMemory};
 use crate::error::BackendError;
@@ -117,7 +117,9 @@ impl CudaBackend {
                 tracing::warn!(%err, "unmapping a scratch page failed");
             }
         }
-        if let Err(err) = self.release(device, scratch, chunk.bytes) {
+        // Not `release`, which takes the chunk table's lock, held by the caller: the scratch
+        // range was never in the table.
+        if let Err(err) = free_address_range(scratch, chunk.bytes) {
             tracing::warn!(%err, "releasing a scratch range failed");
         }
         match result {

@@ -52,10 +52,7 @@ impl CudaBackend {
                 ),
             });
         }
-        // SAFETY: nothing in the range is mapped by us; the driver validates that it was reserved.
-        check("cuMemAddressFree", unsafe {
-            sys::cuMemAddressFree(base, to_usize("release_address_range", size)?)
-        })
+        free_address_range(base, size)
     }
 
     /// [`DeviceBackend::map_reusing`](crate::backend::DeviceBackend::map_reusing): kept chunks
@@ -265,6 +262,15 @@ pub(super) fn map_existing(
     // granularity aligned and unmapped; `handle` is an unmapped chunk of exactly `bytes`.
     check("cuMemMap", unsafe {
         sys::cuMemMap(at, bytes, 0, handle, 0)
+    })
+}
+
+/// Gives back an address range this backend reserved and mapped nothing in (the caller has
+/// checked, or never put it in the chunk table).
+pub(super) fn free_address_range(base: u64, size: u64) -> Result<(), BackendError> {
+    // SAFETY: nothing in the range is mapped by us; the driver validates that it was reserved.
+    check("cuMemAddressFree", unsafe {
+        sys::cuMemAddressFree(base, to_usize("release_address_range", size)?)
     })
 }
 
