@@ -8,6 +8,7 @@
 pub mod exporter;
 pub mod flight;
 pub mod history;
+mod newest;
 pub mod nvml;
 pub mod publish;
 pub mod sampler;

@@ -50,7 +50,17 @@ pub fn open_named_regular(path: &Path) -> io::Result<File> {
 /// Reads at most `limit` bytes of `reader`; `Err(read)` when there is more (`read` is then
 /// `limit + 1`), so a device like `/dev/zero` or a growing file costs `limit` bytes, not memory.
 pub fn read_capped(reader: impl Read, limit: u64) -> io::Result<Result<Vec<u8>, u64>> {
-    let mut bytes = Vec::new();
+    read_capped_expecting(reader, limit, 0)
+}
+
+/// [`read_capped`] with room for `expected` bytes (a file's size) from the start: a buffer grown
+/// as it fills is moved by some allocators, and held twice for that moment.
+pub fn read_capped_expecting(
+    reader: impl Read,
+    limit: u64,
+    expected: u64,
+) -> io::Result<Result<Vec<u8>, u64>> {
+    let mut bytes = Vec::with_capacity(usize::try_from(expected.min(limit)).unwrap_or(0));
     reader
         .take(limit.saturating_add(1))
         .read_to_end(&mut bytes)?;

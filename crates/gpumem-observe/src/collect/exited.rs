@@ -14,6 +14,7 @@
 //! writer under that pid and name keeps its pid in `/proc`, and its file stays.)
 
 use super::read::{parse, MAX_FILE_BYTES};
+use crate::newest;
 use gpumem::safe_fs::{open_regular, read_capped};
 use gpumem_wire::process::{current_pid_namespace, pid_alive};
 use gpumem_wire::{CollectedProcess, ExitedProcess};
@@ -26,6 +27,10 @@ use std::time::Duration;
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 60);
 /// Exited processes listed at most (a crash loop must not grow the page without bound).
 pub const MAX_EXITED: usize = 64;
+/// Gone processes remembered as logged, at most: past it the oldest are forgotten, so 44,000
+/// publishers renamed within the retention hold about 100 KiB here, not the 4 MiB they held for
+/// 15 minutes. One forgotten that drops out again is logged again: a line more, among a thousand.
+const MAX_LOGGED: usize = 1024;
 
 /// Remembers the live processes of the previous scan and the exited ones.
 pub struct ExitedTracker {
@@ -90,7 +95,17 @@ impl ExitedTracker {
         let keep = self.retention.as_secs_f64();
         self.exited.retain(|e| now - e.exited_at_seconds <= keep);
         self.exited.truncate(MAX_EXITED);
+        // A scan that lost hundreds of processes grew the list past what it keeps.
+        if self.exited.capacity() > 2 * MAX_EXITED {
+            self.exited.shrink_to(MAX_EXITED);
+        }
         self.logged.retain(|_, at| now - *at <= keep);
+        if self.logged.len() > MAX_LOGGED {
+            if let Some(oldest_kept) = newest::cutoff(self.logged.values().copied(), MAX_LOGGED / 2)
+            {
+                self.logged.retain(|_, at| *at >= oldest_kept);
+            }
+        }
         self.exited.clone()
     }
 
@@ -297,6 +312,33 @@ mod tests {
             .iter()
             .all(|e| e.reason == "stale" && !e.file_removed));
         assert!(elsewhere.exists() && alive.exists());
+    }
+
+    #[test]
+    fn publishers_renamed_again_and_again_leave_bounded_tables() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut tracker = ExitedTracker::new(dir.path().to_path_buf(), DEFAULT_RETENTION);
+        // 250 new publishers a scan, each gone by the next: 8,000 within the retention.
+        for scan in 0..32u32 {
+            let batch: Vec<CollectedProcess> = (0..250)
+                .map(|i| {
+                    let pid = 1_000_000 + scan * 250 + i;
+                    named(pid, &format!("engine-{pid}"), &format!("gpumem-{pid}.json"))
+                })
+                .collect();
+            tracker.update(&batch, 100.0 + f64::from(scan));
+            assert!(
+                tracker.logged.len() <= MAX_LOGGED,
+                "{}",
+                tracker.logged.len()
+            );
+        }
+        assert_eq!(tracker.update(&[], 200.0).len(), MAX_EXITED);
+        assert!(tracker.exited.capacity() <= 2 * MAX_EXITED);
+        assert!(
+            tracker.logged.len() >= MAX_LOGGED / 2,
+            "the newest are kept"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! a [`Rejection`] with a bounded reason (a metric label), never a panic.
 
 use gpumem::manager::{clean_tag, MAX_TAG_CHARS};
-use gpumem::safe_fs::{open_regular, read_capped};
+use gpumem::safe_fs::{open_regular, read_capped_expecting};
 use gpumem_wire::process::{clean_process_name, clean_text};
 use gpumem_wire::published::{PublishedFile, FORMAT, VERSION};
 use serde::Deserialize;
@@ -216,7 +216,7 @@ pub fn read_sized(path: &Path, max_bytes: u64) -> Result<(PublishedFile, u64), R
         return Err(Rejection::TooLarge { bytes: size });
     }
     // The file may grow between the size check and the read: never read past the cap.
-    match read_capped(file, max_bytes).map_err(Rejection::Unreadable)? {
+    match read_capped_expecting(file, max_bytes, size).map_err(Rejection::Unreadable)? {
         Ok(bytes) => parse(&bytes).map(|file| (file, bytes.len() as u64)),
         Err(bytes) => Err(Rejection::TooLarge { bytes }),
     }

@@ -105,6 +105,10 @@ struct Watch {
 pub const WATCH_RETENTION: Duration = Duration::from_secs(15 * 60);
 /// How often the table is swept for watches past their retention.
 const WATCH_SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Watches kept at most; past it the table keeps the half seen most recently. Far more than a
+/// node's devices and collected processes (256 files of a few GPUs each), which every sample
+/// sees again; freed in thousands of small pieces, 44k watches' memory stayed with the process.
+const MAX_WATCHES: usize = 8192;
 
 /// Something to record: why, and how many refusals are new since which count.
 struct Due {
@@ -155,10 +159,17 @@ impl FlightRecorder {
         }
     }
 
-    /// Forgets the watches no sample has shown for `retention`, and gives their memory back.
+    /// Forgets the watches no sample has shown for `retention`, and past [`MAX_WATCHES`] those
+    /// seen least recently, and gives their memory back.
     fn forget_unseen(&mut self, retention: Duration) {
         self.watched
             .retain(|_, watch| watch.seen.elapsed() <= retention);
+        if self.watched.len() > MAX_WATCHES {
+            let seen = self.watched.values().map(|watch| watch.seen);
+            if let Some(oldest_kept) = crate::newest::cutoff(seen, MAX_WATCHES / 2) {
+                self.watched.retain(|_, watch| watch.seen >= oldest_kept);
+            }
+        }
         if self.watched.len() < self.watched.capacity() / 4 {
             self.watched.shrink_to_fit();
         }
@@ -193,7 +204,7 @@ impl FlightRecorder {
             }
         }
         self.read_others();
-        if self.swept.elapsed() >= WATCH_SWEEP_EVERY {
+        if self.swept.elapsed() >= WATCH_SWEEP_EVERY || self.watched.len() > MAX_WATCHES {
             self.forget_unseen(WATCH_RETENTION);
         }
     }
@@ -365,5 +376,23 @@ mod tests {
         // A watch still seen keeps its count: one more OOM is due.
         let due = recorder.due("engine-3 3 gpu0".to_string(), 1, None, false);
         assert!(due.is_some_and(|d| d.new_ooms == 1));
+    }
+
+    #[test]
+    fn renamed_identities_within_the_retention_are_bounded_by_count() {
+        let mut recorder = FlightRecorder::new(FlightSettings::default());
+        for i in 0..MAX_WATCHES + 10 {
+            let _ = recorder.due(format!("engine-{i} {i} gpu0"), 0, None, false);
+        }
+        // The newest, seen again: still watched after the table is cut to half.
+        let _ = recorder.due("engine-3 3 gpu0".to_string(), 0, None, false);
+        recorder.forget_unseen(WATCH_RETENTION);
+        // Watches seen at the same instant stay together: a few more may stay.
+        assert!(recorder.watched.len() <= MAX_WATCHES / 2 + 64);
+        assert!(recorder.watched.contains_key("engine-3 3 gpu0"));
+        assert!(recorder
+            .watched
+            .contains_key(&format!("engine-{MAX_WATCHES} {MAX_WATCHES} gpu0")));
+        assert!(!recorder.watched.contains_key("engine-4 4 gpu0"));
     }
 }

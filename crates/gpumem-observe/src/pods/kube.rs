@@ -7,10 +7,11 @@
 //! It runs on the pod directory's own thread, never on the sampling path; every request is
 //! bounded in time and in the size of its answer.
 
+use super::body::Chunks;
 use super::credentials::{load_roots, read_token};
 pub use super::credentials::{FileStamp, MAX_CA_BYTES, MAX_TOKEN_BYTES};
 use super::podlist::PodList;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper::body::Bytes;
 use rustls::pki_types::ServerName;
 use std::path::{Path, PathBuf};
@@ -274,7 +275,7 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
         .map_err(|e| format!("GET {url}/api/v1/pods failed: {e}"))?;
     let status = response.status();
     let cap = list_cap();
-    let body = read_body(response.into_body(), cap)
+    let body = Chunks::read(response.into_body(), cap)
         .await
         .map_err(|e| format!("reading the pod list from {url}: {e}"))?;
     driver.abort();
@@ -290,10 +291,10 @@ async fn request(settings: &KubeSettings) -> Result<PodList, String> {
     if !status.is_success() {
         return Err(format!(
             "GET {url}/api/v1/pods answered {status}{}",
-            status_message(&body)
+            status_message(body)
         ));
     }
-    let list: PodList = serde_json::from_slice(&body)
+    let list: PodList = serde_json::from_reader(body.reader())
         .map_err(|e| format!("the pod list from {url} is not a PodList: {e}"))?;
     if list.kind.as_deref().is_some_and(|k| k != "PodList") {
         let kind = list.kind.as_deref().unwrap_or_default();
@@ -330,23 +331,6 @@ fn memory_limit() -> Option<u64> {
     read("/sys/fs/cgroup/memory.max")
         .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
         .filter(|limit| *limit < 1 << 60)
-}
-
-/// The body's bytes, or `None` once they pass `cap` (what was read is dropped at once).
-async fn read_body(
-    mut body: hyper::body::Incoming,
-    cap: usize,
-) -> Result<Option<Vec<u8>>, hyper::Error> {
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            if bytes.len() + data.len() > cap {
-                return Ok(None);
-            }
-            bytes.extend_from_slice(&data);
-        }
-    }
-    Ok(Some(bytes))
 }
 
 /// rustls reports some certificate errors through their `Debug` form
@@ -389,12 +373,12 @@ fn without_debug_text(message: &str) -> String {
 }
 
 /// `: <message>` of a `Status` object the API server answers errors with, when it is one.
-fn status_message(body: &[u8]) -> String {
+fn status_message(body: Chunks) -> String {
     #[derive(serde::Deserialize)]
     struct Status {
         message: Option<String>,
     }
-    serde_json::from_slice::<Status>(body)
+    serde_json::from_reader::<_, Status>(body.reader())
         .ok()
         .and_then(|s| s.message)
         .map(|m| format!(": {}", gpumem_wire::process::clean_text(&m, 300)))

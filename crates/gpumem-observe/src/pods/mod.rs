@@ -5,6 +5,7 @@
 //! together for one process. The rules and the shapes supported: `docs/node-agent.md`.
 
 pub mod attribute;
+mod body;
 pub mod cgroup;
 mod credentials;
 pub mod directory;
