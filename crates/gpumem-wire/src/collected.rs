@@ -4,6 +4,7 @@
 //! format (`docs/publish-format.md`): every field `f` of a device is exported as `gpumem_f`, every
 //! field `f` of a pool as `gpumem_pool_f`, labelled with the process and pid that published it.
 
+use crate::ProcessDevice;
 use serde::{Deserialize, Serialize};
 
 /// The sidecar's part of a snapshot; `None` in a snapshot of in-process managers.
@@ -235,61 +236,6 @@ pub struct CollectedProcess {
     /// NVML's (host) pid of the process it was joined to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_pid: Option<u32>,
-}
-
-/// One device of a published snapshot. Everything but `gpu` is optional: a writer publishes
-/// what it knows (PyTorch has no leak ages), and what is missing is not exported.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProcessDevice {
-    /// The device index in the publishing process (a CUDA index; join on `uuid` across hosts).
-    pub gpu: u32,
-    /// `GPU-…`, joinable with NVML's and dcgm-exporter's.
-    pub uuid: Option<String>,
-    pub name: Option<String>,
-    pub requested_bytes: Option<u64>,
-    pub in_use_bytes: Option<u64>,
-    pub reserved_bytes: Option<u64>,
-    pub in_use_peak_bytes: Option<u64>,
-    pub reserved_peak_bytes: Option<u64>,
-    pub allocations_total: Option<u64>,
-    pub frees_total: Option<u64>,
-    pub driver_allocs_total: Option<u64>,
-    pub driver_frees_total: Option<u64>,
-    pub driver_errors_total: Option<u64>,
-    pub ooms_total: Option<u64>,
-    pub oom_retries_total: Option<u64>,
-    pub cpu_fallbacks_total: Option<u64>,
-    pub host_fallback_bytes: Option<u64>,
-    pub live_allocations: Option<u64>,
-    pub live_bytes: Option<u64>,
-    pub leak_suspect_allocations: Option<u64>,
-    pub leak_suspect_bytes: Option<u64>,
-    pub oldest_allocation_age_seconds: Option<f64>,
-    /// Device memory held for CUDA graphs, and the pools holding it (the device's
-    /// `GraphSummary`): added within version 1, so a file from an older writer has neither and
-    /// its graph series are simply not exported.
-    #[serde(default)]
-    pub graph_pool_bytes: Option<u64>,
-    #[serde(default)]
-    pub graph_pools: Option<u64>,
-    /// Memory the process allocated outside gpumem and registered with `track_external`, and
-    /// its buffers (the device's `ExternalSummary`): added within version 1, as the graph
-    /// fields.
-    #[serde(default)]
-    pub external_bytes: Option<u64>,
-    #[serde(default)]
-    pub external_buffers: Option<u64>,
-    /// What the process itself reads of the device (`cuMemGetInfo`) and the pressure it
-    /// computes: a sidecar without NVML takes the device's memory and pressure from here.
-    /// Added within version 1, as the graph fields.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_memory: Option<PublishedDeviceMemory>,
-    #[serde(default)]
-    pub pools: Vec<ProcessPool>,
-    /// Live memory by tag (the largest tags, then `other`): added within version 1, so older
-    /// writers leave it out and older readers ignore it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<ProcessTag>,
 }
 
 impl ProcessDevice {

@@ -7,6 +7,7 @@
 
 mod collected;
 mod counters;
+mod device_record;
 mod oom;
 mod pressure;
 pub mod process;
@@ -15,10 +16,11 @@ mod snapshot;
 
 pub use collected::{
     CollectStatus, CollectedProcess, ExitedGpuProcess, ExitedProcess, GpuProcess, PodRef,
-    PodsStatus, ProcessDevice, ProcessPool, ProcessTag, PublishedDeviceMemory, ReasonCount,
-    SidecarSnapshot, SourceStatus, ThisPod,
+    PodsStatus, ProcessPool, ProcessTag, PublishedDeviceMemory, ReasonCount, SidecarSnapshot,
+    SourceStatus, ThisPod,
 };
 pub use counters::CounterValues;
+pub use device_record::{DeviceFamily, FamilyKind, ProcessDevice, DEVICE_FAMILIES};
 pub use oom::OomEvent;
 pub use pressure::PressureLevel;
 pub use snapshot::*;

@@ -80,35 +80,11 @@ impl PublishedFile {
 /// One device of an in-process snapshot as the device record the publish format carries (and
 /// `/metrics` reads its manager families from).
 pub fn device_record(d: &DeviceSnapshot) -> ProcessDevice {
-    let s = &d.stats;
     ProcessDevice {
         // Device indices are small; a u32 is what Python and the format use.
         gpu: u32::try_from(d.index).unwrap_or(u32::MAX),
         uuid: Some(d.uuid.clone()).filter(|u| !u.is_empty()),
         name: Some(d.name.clone()).filter(|n| !n.is_empty()),
-        requested_bytes: Some(s.pools.requested_bytes),
-        in_use_bytes: Some(s.pools.in_use_bytes),
-        reserved_bytes: Some(s.pools.reserved_bytes),
-        in_use_peak_bytes: Some(s.pools.peak_in_use_bytes),
-        reserved_peak_bytes: Some(s.pools.peak_reserved_bytes),
-        allocations_total: Some(s.pools.allocations),
-        frees_total: Some(s.pools.frees),
-        driver_allocs_total: Some(s.pools.driver_allocs),
-        driver_frees_total: Some(s.pools.driver_frees),
-        driver_errors_total: Some(s.pools.driver_errors),
-        ooms_total: Some(s.ooms),
-        oom_retries_total: Some(s.oom_retries),
-        cpu_fallbacks_total: Some(s.cpu_fallbacks),
-        host_fallback_bytes: Some(s.host_fallback_bytes),
-        live_allocations: Some(d.live.count),
-        live_bytes: Some(d.live.bytes),
-        leak_suspect_allocations: Some(d.live.leak_suspect_count),
-        leak_suspect_bytes: Some(d.live.leak_suspect_bytes),
-        oldest_allocation_age_seconds: Some(d.live.oldest_age_seconds),
-        graph_pool_bytes: Some(d.graphs.reserved_bytes),
-        graph_pools: Some(d.graphs.pools),
-        external_bytes: Some(d.external.bytes),
-        external_buffers: Some(d.external.count),
         device_memory: d.memory.map(|m| PublishedDeviceMemory {
             total_bytes: m.total_bytes,
             free_bytes: m.free_bytes,
@@ -117,6 +93,7 @@ pub fn device_record(d: &DeviceSnapshot) -> ProcessDevice {
         }),
         pools: d.pools.iter().map(published_pool).collect(),
         tags: d.by_tag.iter().map(published_tag).collect(),
+        ..ProcessDevice::figures_of(d)
     }
 }
 

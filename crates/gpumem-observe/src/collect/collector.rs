@@ -31,7 +31,7 @@ pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
 /// Series one collected device and one of its pools add: one for each of the manager's
 /// per-device and per-pool families (declared in `web::metrics`); and one per process (its
 /// snapshot age).
-pub const SERIES_PER_DEVICE: u64 = crate::web::metrics::MANAGER_DEVICE.len() as u64;
+pub const SERIES_PER_DEVICE: u64 = gpumem_wire::DEVICE_FAMILIES.len() as u64;
 pub const SERIES_PER_POOL: u64 = crate::web::metrics::MANAGER_POOL.len() as u64;
 /// A snapshot may claim to be this far in the future (clocks of two containers on one node
 /// differ by little); beyond it the file is rejected, or it would never go stale.

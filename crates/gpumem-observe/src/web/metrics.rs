@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// One metric family: what Prometheus is told about it.
+#[derive(Clone, Copy)]
 pub(crate) struct Def {
     pub name: &'static str,
     pub help: &'static str,
@@ -281,7 +282,7 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
         None => snapshot.devices.iter().map(device_record).collect(),
         Some(_) => Vec::new(),
     };
-    for (def, value) in MANAGER_DEVICE {
+    for (def, value) in &MANAGER_DEVICE {
         let mut samples: Vec<Metric> = records
             .iter()
             .enumerate()

@@ -3,10 +3,11 @@
 //! an in-process manager publishes and a collected process is read into. `/metrics` renders this
 //! process's devices and every collected process's from these tables; the collector's series
 //! budget counts them; the publish format's fields are checked against them (tests below).
-//! Adding a device metric: a line here, and the record's field that carries it.
+//! The device families themselves are declared with the record's fields, in `gpumem_wire`
+//! (`device_record.rs`): adding a device metric is a line there.
 
 use super::{def, Def, COUNTER, GAUGE};
-use gpumem_wire::{DeviceSnapshot, ProcessDevice, ProcessPool};
+use gpumem_wire::{DeviceSnapshot, FamilyKind, ProcessDevice, ProcessPool, DEVICE_FAMILIES};
 
 pub(crate) const DEVICE: &[&str] = &["gpu", "uuid"];
 pub(crate) const POOL: &[&str] = &["gpu", "uuid", "pool"];
@@ -36,55 +37,27 @@ pub(crate) const DEVICE_READINGS: &[(Def, DeviceValue)] = &[
         |d| d.pressure.map(|p| p.used_ratio)),
 ];
 
-/// The manager's per-device families, read from the device record.
-pub(crate) const MANAGER_DEVICE: &[(Def, RecordValue)] = &[
-    (def("gpumem_requested_bytes", GAUGE, DEVICE, "Bytes callers asked for in live allocations on the device."),
-        |d| n(d.requested_bytes)),
-    (def("gpumem_in_use_bytes", GAUGE, DEVICE, "Bytes of pool blocks handed out to live allocations (requests rounded up to blocks)."),
-        |d| n(d.in_use_bytes)),
-    (def("gpumem_reserved_bytes", GAUGE, DEVICE, "Bytes this process's pools hold from the driver on the device, in use or cached for reuse."),
-        |d| n(d.reserved_bytes)),
-    (def("gpumem_in_use_peak_bytes", GAUGE, DEVICE, "Highest in-use bytes since start or the last peak reset."),
-        |d| n(d.in_use_peak_bytes)),
-    (def("gpumem_reserved_peak_bytes", GAUGE, DEVICE, "Highest reserved bytes since start or the last peak reset."),
-        |d| n(d.reserved_peak_bytes)),
-    (def("gpumem_allocations_total", COUNTER, DEVICE, "Allocations served on the device."),
-        |d| n(d.allocations_total)),
-    (def("gpumem_frees_total", COUNTER, DEVICE, "Allocations freed on the device."),
-        |d| n(d.frees_total)),
-    (def("gpumem_driver_allocs_total", COUNTER, DEVICE, "Driver calls that took memory for the device (cuMemAlloc, or mapping pool pages)."),
-        |d| n(d.driver_allocs_total)),
-    (def("gpumem_driver_frees_total", COUNTER, DEVICE, "Driver calls that gave the device's memory back (cuMemFree, or unmapping pool pages)."),
-        |d| n(d.driver_frees_total)),
-    (def("gpumem_driver_errors_total", COUNTER, DEVICE, "Driver calls for the device's memory that failed."),
-        |d| n(d.driver_errors_total)),
-    (def("gpumem_ooms_total", COUNTER, DEVICE, "Allocations refused because the device, or the pool limit, was full."),
-        |d| n(d.ooms_total)),
-    (def("gpumem_oom_retries_total", COUNTER, DEVICE, "Allocations that hit out-of-memory, released cached pages and tried again."),
-        |d| n(d.oom_retries_total)),
-    (def("gpumem_cpu_fallbacks_total", COUNTER, DEVICE, "Allocations served from host memory because the device could not serve them."),
-        |d| n(d.cpu_fallbacks_total)),
-    (def("gpumem_host_fallback_bytes", GAUGE, DEVICE, "Host memory held now by allocations that fell back from the device."),
-        |d| n(d.host_fallback_bytes)),
-    (def("gpumem_external_bytes", GAUGE, DEVICE, "Device memory this process allocated outside gpumem and registered with track_external (NCCL, cuBLAS workspaces, its own cuMemAlloc); not in any pool figure."),
-        |d| n(d.external_bytes)),
-    (def("gpumem_external_buffers", GAUGE, DEVICE, "Outside buffers registered with track_external on the device."),
-        |d| n(d.external_buffers)),
-    (def("gpumem_graph_pool_bytes", GAUGE, DEVICE, "Device memory held for CUDA graphs (pools of graphs not yet released): part of gpumem_reserved_bytes, but out of reach of every other allocation."),
-        |d| n(d.graph_pool_bytes)),
-    (def("gpumem_graph_pools", GAUGE, DEVICE, "Pools holding memory for CUDA graphs on the device."),
-        |d| n(d.graph_pools)),
-    (def("gpumem_live_allocations", GAUGE, DEVICE, "Live (allocated, not yet freed) allocations on the device."),
-        |d| n(d.live_allocations)),
-    (def("gpumem_live_bytes", GAUGE, DEVICE, "Requested bytes of the live allocations on the device."),
-        |d| n(d.live_bytes)),
-    (def("gpumem_leak_suspect_allocations", GAUGE, DEVICE, "Live allocations older than the leak age (gpumem_leak_age_seconds) whose tag is not long-lived."),
-        |d| n(d.leak_suspect_allocations)),
-    (def("gpumem_leak_suspect_bytes", GAUGE, DEVICE, "Requested bytes of the leak suspects (see gpumem_leak_suspect_allocations)."),
-        |d| n(d.leak_suspect_bytes)),
-    (def("gpumem_oldest_allocation_age_seconds", GAUGE, DEVICE, "Age of the oldest live allocation whose tag is not long-lived (such as weights); 0 when there is none."),
-        |d| d.oldest_allocation_age_seconds),
-];
+/// The manager's per-device families: the device record's own table (`gpumem_wire`'s
+/// `DEVICE_FAMILIES`, where each is declared with its field), with the labels `gpu`, `uuid`.
+pub(crate) static MANAGER_DEVICE: [(Def, RecordValue); DEVICE_FAMILIES.len()] = {
+    let mut families =
+        [(def("", GAUGE, DEVICE, ""), no_value as RecordValue); DEVICE_FAMILIES.len()];
+    let mut i = 0;
+    while i < DEVICE_FAMILIES.len() {
+        let family = &DEVICE_FAMILIES[i];
+        let kind = match family.kind {
+            FamilyKind::Gauge => GAUGE,
+            FamilyKind::Counter => COUNTER,
+        };
+        families[i] = (def(family.metric, kind, DEVICE, family.help), family.read);
+        i += 1;
+    }
+    families
+};
+
+fn no_value(_: &ProcessDevice) -> Option<f64> {
+    None
+}
 
 /// The manager's per-pool families (labels `gpu`, `uuid`, `pool`), read from the pool record.
 pub(crate) const MANAGER_POOL: &[(Def, PoolRecordValue)] = &[
