@@ -131,4 +131,6 @@ device_record! {
         |d| d.external.bytes;
     external_buffers: u64, Gauge, "Outside buffers registered with track_external on the device.",
         |d| d.external.count;
+    requested_peak_bytes: u64, Gauge, "Highest requested bytes (what callers asked for in live allocations) since start or the last peak reset: torch.cuda.max_memory_allocated's figure.",
+        |d| d.stats.pools.peak_requested_bytes;
 }
