@@ -69,6 +69,18 @@ pub(crate) fn starting(config: &MemoryConfig) -> (CacheSetting, Option<Adapting>
     }
 }
 
+/// `setting` as pools that are running may take it: whole-chunk cutting stays as configured.
+/// An arena's pages were cut into chunks one way; switching the cut under it made the pools
+/// count pages the device no longer held (two pages in four of twenty stress runs under load,
+/// `reliability::stress::many_threads_under_driver_faults`). The memory-first setting cuts
+/// whole from the start (`GPUMEM_CACHE_MODE=memory-first`).
+fn while_running(setting: &CacheSetting, base: &CacheSetting) -> CacheSetting {
+    CacheSetting {
+        whole_chunks_when_growing: base.whole_chunks_when_growing,
+        ..*setting
+    }
+}
+
 /// Stores `setting` into a device's knobs.
 pub(crate) fn store(knobs: &CacheKnobs, setting: &CacheSetting, page_size: u64) {
     let values = KnobValues {
@@ -120,11 +132,14 @@ impl MemoryManager {
             room_bytes: managed.pool_cap().saturating_sub(held),
         };
         let tuning = decide(window.tuning, &seen);
-        let setting = setting_at(
-            tuning.level,
+        let setting = while_running(
+            &setting_at(
+                tuning.level,
+                &adapting.base,
+                live_peak_bytes,
+                managed.page_size,
+            ),
             &adapting.base,
-            live_peak_bytes,
-            managed.page_size,
         );
         if setting != window.setting {
             store(managed.pages.knobs(), &setting, managed.page_size);
@@ -169,7 +184,7 @@ impl MemoryManager {
         );
         debug_assert_eq!(tuning.level, MEMORY_FIRST_LEVEL);
         window.tuning = tuning;
-        window.setting = CacheSetting::MEMORY_FIRST;
+        window.setting = while_running(&CacheSetting::MEMORY_FIRST, &adapting.base);
         store(managed.pages.knobs(), &window.setting, managed.page_size);
     }
 
