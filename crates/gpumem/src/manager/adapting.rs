@@ -71,7 +71,7 @@ pub(crate) fn starting(config: &MemoryConfig) -> (CacheSetting, Option<Adapting>
 
 /// `setting` as pools that are running may take it: whole-chunk cutting stays as configured.
 /// An arena's pages were cut into chunks one way; switching the cut under it made the pools
-/// count pages the device no longer held (two pages in four of twenty stress runs under load,
+/// count pages the device no longer held (two pages in two of eight stress runs under load,
 /// `reliability::stress::many_threads_under_driver_faults`). The memory-first setting cuts
 /// whole from the start (`GPUMEM_CACHE_MODE=memory-first`).
 fn while_running(setting: &CacheSetting, base: &CacheSetting) -> CacheSetting {
