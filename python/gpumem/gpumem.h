@@ -40,7 +40,8 @@ int64_t gpumem_graph_pool_release(int device, uint64_t pool_high, uint64_t pool_
 char *gpumem_snapshot_json(void);             /* the /api/v1/snapshot document */
 char *gpumem_memory_stats_json(int device);   /* torch.cuda.memory_stats() keys */
 int gpumem_serve(const char *listen);         /* port bound, or -1; NULL: 127.0.0.1:9400 */
-int gpumem_publish(const char *dir);          /* 0, or -1; NULL: $GPUMEM_PUBLISH_DIR or /run/gpumem */
+/* 0, or -1; NULL: $GPUMEM_PUBLISH_DIR or /run/gpumem. OOM flight records go to DIR/oom. */
+int gpumem_publish(const char *dir);
 /* For the PyTorch layer (torch_layer/, PyTorch's CUDAAllocator interface over this library). */
 
 /* One of PyTorch's allocator statistics. */

@@ -10,8 +10,10 @@ pub(super) use imp::*;
 mod imp {
     use crate::runtime::runtime;
     use gpumem_observe::exporter::{parse_listen, Exporter, ExporterHandle, DEFAULT_LISTEN};
-    use gpumem_observe::publish::{Publisher, PublisherHandle};
+    use gpumem_observe::flight::FlightSettings;
+    use gpumem_observe::publish::{default_dir, Publisher, PublisherHandle};
     use parking_lot::Mutex;
+    use std::path::PathBuf;
 
     /// What a host started: at most one exporter and one publisher per process.
     #[derive(Default)]
@@ -43,10 +45,18 @@ mod imp {
         if publisher.is_some() {
             return Err("already publishing; one publisher per process".to_string());
         }
-        let mut builder = Publisher::builder().manager(runtime.manager.clone());
-        if let Some(dir) = dir {
-            builder = builder.dir(dir);
-        }
+        let dir = dir.map_or_else(default_dir, PathBuf::from);
+        // The process's out-of-memory flight records go beside its published file, where a
+        // sidecar or node agent reads them (`<collect dir>/oom`), as `gpumem demo
+        // --publish-dir` writes them.
+        let flight = FlightSettings {
+            dir: Some(dir.join("oom")),
+            ..FlightSettings::default()
+        };
+        let builder = Publisher::builder()
+            .manager(runtime.manager.clone())
+            .dir(dir)
+            .flight(flight);
         *publisher = Some(builder.spawn().map_err(|e| e.to_string())?);
         remove_published_file_at_exit();
         Ok(())
