@@ -185,7 +185,10 @@ async fn serve(
     let (agent_stop, agent_task) = match (node, publish_dir) {
         (Some(node), Some(collect_dir)) => {
             let agent_settings = agent::AgentSettings {
-                listen: next_port(exporter.local_addr()),
+                // From the port asked for, not the one bound: asked for any free port (0), the
+                // agent takes any free port too, instead of the bound one's neighbour, which
+                // another server may hold.
+                listen: next_port(settings.listen),
                 interval: settings.interval,
                 leak_age: settings.leak_age,
                 top_tags: settings.top_tags,
