@@ -11,7 +11,7 @@
 //! (`record_series`), the source of `grafana/tests/demo-scenario.yml`.
 
 use super::dashboard;
-use super::panels::{all_variable_values, queries_without_data};
+use super::panels::{assert_all_have_data, queries_without_data};
 use super::prometheus::Prometheus;
 use super::read_repo_file;
 use super::record_series::{test_file, Fired};
@@ -174,7 +174,7 @@ fn every_alert_fires_from_the_alerts_scenario_in_a_real_prometheus() {
         ("__rate_interval", RATE_INTERVAL),
     ];
     let board = dashboard::load();
-    let (asked, mut empty) = queries_without_data(
+    let (asked, empty) = queries_without_data(
         &prometheus,
         &board,
         &values,
@@ -182,16 +182,7 @@ fn every_alert_fires_from_the_alerts_scenario_in_a_real_prometheus() {
         |_| false,
     );
     assert!(asked >= 25, "only {asked} dashboard queries");
-    for (name, listed) in all_variable_values(&prometheus, &board, &values) {
-        if !listed.as_ref().is_ok_and(|v| !v.is_empty()) {
-            empty.push(format!("variable {name}: {listed:?}"));
-        }
-    }
-    assert!(
-        empty.is_empty(),
-        "dashboard queries without data:\n{}",
-        empty.join("\n")
-    );
+    assert_all_have_data(&prometheus, &board, &values, empty);
     // The node agent's panels show the simulated device's processes by pod, and the trainer's
     // restart as an exited GPU process.
     let pods = prometheus

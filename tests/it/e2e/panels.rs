@@ -73,6 +73,26 @@ pub(super) fn variable_values(
 }
 
 /// Every variable the dashboard asks Prometheus for, with the values it lists now.
+/// Fails naming every query in `empty` (what `queries_without_data` found) and every variable
+/// of the dashboard whose query lists nothing.
+pub(super) fn assert_all_have_data(
+    prometheus: &Prometheus,
+    board: &Value,
+    values: &Values,
+    mut empty: Vec<String>,
+) {
+    for (name, listed) in all_variable_values(prometheus, board, values) {
+        if !listed.as_ref().is_ok_and(|v| !v.is_empty()) {
+            empty.push(format!("variable {name}: {listed:?}"));
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "dashboard queries without data:\n{}",
+        empty.join("\n")
+    );
+}
+
 pub(super) fn all_variable_values(
     prometheus: &Prometheus,
     board: &Value,

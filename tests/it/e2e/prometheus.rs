@@ -9,7 +9,7 @@
 //! prometheus, unless CI=true.
 
 use super::dashboard::{self, uses_sidecar_metrics};
-use super::panels::{all_variable_values, queries_without_data};
+use super::panels::{assert_all_have_data, queries_without_data};
 use super::rules::{alert_rules, rules_with_short_for};
 use crate::support::Running;
 use crate::web::{eventually, request, tool_available};
@@ -300,7 +300,7 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
         ("__rate_interval", RATE_INTERVAL),
     ];
     let board = dashboard::load();
-    let (asked, mut empty) = queries_without_data(
+    let (asked, empty) = queries_without_data(
         &prometheus,
         &board,
         &values,
@@ -311,16 +311,7 @@ fn prometheus_scrapes_the_demo_and_the_dashboard_and_alerts_work() {
         },
     );
     assert!(asked >= 10, "too few dashboard queries to check");
-    for (name, listed) in all_variable_values(&prometheus, &board, &values) {
-        if !listed.as_ref().is_ok_and(|v| !v.is_empty()) {
-            empty.push(format!("variable {name}: {listed:?}"));
-        }
-    }
-    assert!(
-        empty.is_empty(),
-        "dashboard queries without data:\n{}",
-        empty.join("\n")
-    );
+    assert_all_have_data(&prometheus, &board, &values, empty);
     let live = prometheus.value(&format!(
         "gpumem_live_allocations{{instance=\"{instance}\",gpu=\"0\"}}"
     ));

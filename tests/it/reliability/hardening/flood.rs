@@ -5,6 +5,7 @@
 //! must be answered 200 within 1 s, with 1,100 silent connections held open, and with 200 under
 //! `ulimit -n 256`. Loopback only; each test ends within about 30 s.
 
+use super::serve_args;
 use crate::support::Running;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -168,21 +169,9 @@ fn probes_pass_under_a_silent_flood(server: &Running, silent: usize, quiet: Quie
     );
 }
 
-fn serve_args() -> Vec<&'static str> {
-    vec![
-        "serve",
-        "--backend",
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "1s",
-    ]
-}
-
 #[test]
 fn healthz_answers_every_probe_under_1100_silent_connections() {
-    let server = Running::start(&serve_args());
+    let server = Running::start(&serve_args("1s"));
     probes_pass_under_a_silent_flood(&server, 1_100, Quiet::Silent);
 }
 
@@ -191,7 +180,7 @@ fn healthz_answers_every_probe_under_1100_silent_connections() {
 #[test]
 fn healthz_answers_every_probe_under_1100_stalled_or_idle_connections() {
     for quiet in [Quiet::HalfHeaders, Quiet::AfterOneRequest] {
-        let server = Running::start(&serve_args());
+        let server = Running::start(&serve_args("1s"));
         probes_pass_under_a_silent_flood(&server, 1_100, quiet);
     }
 }
@@ -206,7 +195,7 @@ fn healthz_answers_every_probe_under_200_silent_connections_and_256_descriptors(
             "ulimit -n 256 && exec \"$0\" \"$@\"",
             env!("CARGO_BIN_EXE_gpumem"),
         ])
-        .args(serve_args())
+        .args(serve_args("1s"))
         .env("GPUMEM_LOG", "warn");
     for (key, _) in std::env::vars() {
         if key.starts_with("GPUMEM_") && key != "GPUMEM_LOG" {

@@ -23,21 +23,22 @@ use std::process::Stdio;
 /// `gpumem serve` on the simulated device and a free port, collecting `dir` every `interval`,
 /// its log going to `stderr`.
 pub(super) fn collecting_sidecar(dir: &Path, interval: &str, stderr: Stdio) -> Running {
-    let dir = dir.to_str().expect("a UTF-8 scratch path");
-    Running::start_with_stderr(
-        &[
-            "serve",
-            "--backend",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            interval,
-            "--collect-dir",
-            dir,
-        ],
-        stderr,
-    )
+    let mut args = serve_args(interval);
+    args.extend(["--collect-dir", dir.to_str().expect("a UTF-8 scratch path")]);
+    Running::start_with_stderr(&args, stderr)
+}
+
+/// `gpumem serve` on the simulated device, on a free loopback port, sampling every `interval`.
+pub(super) fn serve_args(interval: &str) -> Vec<&str> {
+    vec![
+        "serve",
+        "--backend",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        interval,
+    ]
 }
 
 /// A valid published file for `pid`, taken at `timestamp`, with `devices` devices of `pools`

@@ -8,6 +8,7 @@
 //! queues in `/proc/net/tcp`) and the server's resident memory. Loopback only; about 30 s.
 
 use super::super::Scratch;
+use super::serve_args;
 use crate::support::Running;
 use crate::web::request;
 use gpumem_wire::unix_now;
@@ -79,20 +80,15 @@ fn slow_readers_of_a_3_mb_metrics_hold_a_bounded_share_of_kernel_memory() {
     for i in 0..256 {
         dir.file(&format!("engine-{i:03}.json"), publisher(i).as_bytes());
     }
-    let server = Running::start(&[
-        "serve",
-        "--backend",
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        "1s",
+    let mut args = serve_args("1s");
+    args.extend([
         "--collect-dir",
         dir.path().to_str().expect("utf-8"),
         // 256 x 232 series: past the default budget, for a 3 MB /metrics.
         "--collect-max-series",
         "80000",
     ]);
+    let server = Running::start(&args);
     let (addr, pid) = (server.addr, server.pid());
     let started = Instant::now();
     let mut size = 0;
