@@ -407,6 +407,12 @@ impl DeviceBackend for SimBackend {
     fn direct(&self) -> Option<&dyn DirectMemory> {
         Some(self)
     }
+
+    /// What the cost model charged, not the time spent: the same calls charge the same however
+    /// busy the machine is (nothing at all with [`DriverCosts::Free`]).
+    fn charged_ns(&self) -> Option<u64> {
+        Some(costs::charged_ns())
+    }
 }
 
 impl StreamOrder for SimBackend {
