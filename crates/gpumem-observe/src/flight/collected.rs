@@ -135,21 +135,16 @@ pub(super) fn holders(
         .collect();
     // A process joined to its NVML entry is listed once, above.
     let listed = collected
-        .processes
-        .iter()
-        .filter(|p| Some(p.pid) != except && p.host_pid.is_none());
-    for process in listed {
-        for published in &process.devices {
-            if published.is(device) {
-                others.push(OtherProcess {
-                    pid: process.pid,
-                    process: process.process.clone(),
-                    used_bytes: published.reserved_bytes,
-                    source: "published".to_string(),
-                    pod: process.pod.clone(),
-                });
-            }
-        }
+        .on_device(device)
+        .filter(|(p, _)| Some(p.pid) != except && p.host_pid.is_none());
+    for (process, published) in listed {
+        others.push(OtherProcess {
+            pid: process.pid,
+            process: process.process.clone(),
+            used_bytes: published.reserved_bytes,
+            source: "published".to_string(),
+            pod: process.pod.clone(),
+        });
     }
     let nvml_up = collected.sources.iter().any(|s| s.source == "nvml" && s.up);
     let note =
