@@ -415,32 +415,6 @@ impl DeviceBackend for SimBackend {
     }
 }
 
-impl StreamOrder for SimBackend {
-    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
-        self.sync_stream(device, stream)
-    }
-
-    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
-        self.is_stream_idle(device, stream)
-    }
-
-    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
-        self.new_fence(device, stream)
-    }
-
-    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
-        self.has_passed(device, fence)
-    }
-
-    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
-        self.wait_for_fence(device, fence)
-    }
-
-    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
-        self.capture_on(device, stream)
-    }
-}
-
 impl DirectMemory for SimBackend {
     fn alloc(&self, device: usize, size: u64) -> Result<DevicePtr, BackendError> {
         let mut state = self.device(device)?.lock();
