@@ -46,6 +46,15 @@ impl Allocator {
         )
     }
 
+    /// Whether each pair ends by giving its memory back (so that the next one misses again),
+    /// timed apart from the miss.
+    fn is_round_trip(self) -> bool {
+        matches!(
+            self,
+            Allocator::PoolMiss | Allocator::PoolMissCold | Allocator::DriverAsyncMiss
+        )
+    }
+
     pub(crate) fn is_stream_ordered(self) -> bool {
         matches!(self, Allocator::DriverAsync | Allocator::DriverAsyncMiss)
     }
@@ -72,6 +81,14 @@ pub(crate) struct BenchResult {
     pub driver_ns_per_pair: Option<f64>,
     /// gpumem only: that time by kind of call, for the kinds it made.
     pub driver_calls: Vec<DriverCallShare>,
+    /// Round trips only (`pool-miss`, `pool-miss-cold`, `driver-async-miss`): the median of
+    /// the miss itself (the allocation and its free, what the allocating thread pays)...
+    pub miss_median_ns: Option<f64>,
+    /// ...and of giving the memory back after it (gpumem: unmapping into the reserve or
+    /// releasing to the driver, as the pools' upkeep does off the allocating thread; the
+    /// driver pool: its trim). Each pair's two parts are timed apart, so the two medians need
+    /// not add up to `median_ns`.
+    pub give_back_median_ns: Option<f64>,
 }
 
 /// One kind of driver call in a [`BenchResult`].
@@ -93,12 +110,29 @@ impl BenchResult {
             .filter(|(ns, _)| *ns >= 1_000.0)
             .collect();
         shares.sort_by(|a, b| b.0.total_cmp(&a.0));
-        shares
+        let calls = shares
             .iter()
             .map(|(ns, call)| format!("{call} {:.1} µs", ns / 1_000.0))
             .collect::<Vec<_>>()
-            .join(" + ")
+            .join(" + ");
+        match (self.miss_median_ns, self.give_back_median_ns) {
+            (Some(miss), Some(give_back)) => format!(
+                "miss {:.1} µs, give-back {:.1} µs{}{calls}",
+                miss / 1_000.0,
+                give_back / 1_000.0,
+                if calls.is_empty() { "" } else { "; " }
+            ),
+            _ => calls,
+        }
     }
+}
+
+/// The two timed parts of a round trip: the miss (an allocation and its free) and what gives
+/// the memory back after it.
+#[derive(Clone, Copy, Debug, Default)]
+struct RoundTrip {
+    miss_ns: u32,
+    give_back_ns: u32,
 }
 
 /// Per pair, from the driver calls `pairs` timed pairs made.
@@ -211,59 +245,67 @@ pub(crate) fn measure(
                 .to_string(),
         );
     }
-    let one_pair = |m: &MemoryManager| -> Result<(), String> {
+    let stream_pool = || {
+        async_pool
+            .as_deref()
+            .and_then(|backend| backend.driver_pool())
+            .ok_or("no stream-ordered pool")
+    };
+    // An allocation and its free: the whole pair, or a round trip's miss.
+    let alloc_free = |m: &MemoryManager| -> Result<(), String> {
         match allocator {
-            Allocator::PoolHit => m
+            Allocator::PoolHit | Allocator::PoolMiss | Allocator::PoolMissCold => m
                 .alloc(device, size, &AllocOptions::default())
                 .map(drop)
                 .map_err(|e| e.to_string()),
-            Allocator::PoolMiss | Allocator::PoolMissCold => {
-                let buffer = m
-                    .alloc(device, size, &AllocOptions::default())
-                    .map_err(|e| e.to_string())?;
-                drop(buffer);
-                if allocator == Allocator::PoolMiss {
-                    m.unmap_cached();
-                } else {
-                    m.empty_cache();
-                }
-                Ok(())
-            }
             Allocator::Driver => {
                 let backend = m.backend();
                 let ptr = backend.alloc(device, size).map_err(|e| e.to_string())?;
                 backend.free(device, ptr).map_err(|e| e.to_string())
             }
             Allocator::DriverAsync | Allocator::DriverAsyncMiss => {
-                let cuda = async_pool
-                    .as_deref()
-                    .and_then(|backend| backend.driver_pool())
-                    .ok_or("no stream-ordered pool")?;
+                let cuda = stream_pool()?;
                 let ptr = cuda
                     .alloc_stream_ordered(device, size)
                     .map_err(|e| e.to_string())?;
                 cuda.free_stream_ordered(device, ptr)
-                    .map_err(|e| e.to_string())?;
-                if allocator == Allocator::DriverAsyncMiss {
-                    cuda.trim_stream_ordered_pool(device)
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(())
+                    .map_err(|e| e.to_string())
             }
         }
     };
+    // What a round trip does after its free, so that the next allocation misses again.
+    let give_back = |m: &MemoryManager| -> Result<(), String> {
+        match allocator {
+            Allocator::PoolMiss => drop(m.unmap_cached()),
+            Allocator::PoolMissCold => drop(m.empty_cache()),
+            Allocator::DriverAsyncMiss => stream_pool()?
+                .trim_stream_ordered_pool(device)
+                .map_err(|e| e.to_string())?,
+            _ => {}
+        }
+        Ok(())
+    };
+    let one_pair = |m: &MemoryManager| -> Result<(), String> {
+        alloc_free(m)?;
+        give_back(m)
+    };
     let overhead = clock_overhead();
     let batch = pairs_per_sample(|| one_pair(&manager), budget)?;
+    // A round trip's two parts are timed one pair at a time (each takes tens of microseconds
+    // at least, so the clock's cost is lost in them).
+    let batch = if allocator.is_round_trip() { 1 } else { batch };
     // Every thread warms up, then one takes the driver totals while the others wait, so that
     // only the timed pairs' calls count.
     let (warmed, start) = (Barrier::new(threads), Barrier::new(threads));
     let before_timed = std::sync::Mutex::new(CallTotals::default());
-    let per_thread: Vec<Result<(Vec<u32>, u64), String>> = std::thread::scope(|scope| {
+    type ThreadTimes = (Vec<u32>, Vec<RoundTrip>, u64);
+    let per_thread: Vec<Result<ThreadTimes, String>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 let (manager, warmed, start, one_pair) = (&manager, &warmed, &start, &one_pair);
+                let (alloc_free, give_back) = (&alloc_free, &give_back);
                 let (timed, before_timed) = (&timed, &before_timed);
-                scope.spawn(move || -> Result<(Vec<u32>, u64), String> {
+                scope.spawn(move || -> Result<ThreadTimes, String> {
                     // Warm up: the first pair maps what later hits reuse; the rest bring the
                     // caches and the core's clock speed to where the timed pairs will run.
                     let warm_until = Instant::now() + (budget / 20).min(WARM_UP);
@@ -280,18 +322,33 @@ pub(crate) fn measure(
                     let began = Instant::now();
                     let mut samples =
                         Vec::with_capacity(iterations.div_ceil(batch as u64).min(1 << 20) as usize);
+                    let mut trips = Vec::new();
                     let mut pairs = 0u64;
                     while pairs < iterations && began.elapsed() < budget {
+                        if allocator.is_round_trip() {
+                            let t = Instant::now();
+                            alloc_free(manager)?;
+                            let missed = t.elapsed();
+                            give_back(manager)?;
+                            let trip = RoundTrip {
+                                miss_ns: saturate_ns(missed),
+                                give_back_ns: saturate_ns(t.elapsed() - missed),
+                            };
+                            samples.push(trip.miss_ns.saturating_add(trip.give_back_ns));
+                            trips.push(trip);
+                            pairs += 1;
+                            continue;
+                        }
                         let this_batch = (iterations - pairs).min(batch as u64);
                         let t = Instant::now();
                         for _ in 0..this_batch {
                             one_pair(manager)?;
                         }
-                        let per_pair = t.elapsed().as_nanos() / this_batch as u128;
-                        samples.push(per_pair.min(u32::MAX as u128) as u32);
+                        let per_pair = t.elapsed() / this_batch as u32;
+                        samples.push(saturate_ns(per_pair));
                         pairs += this_batch;
                     }
-                    Ok((samples, pairs))
+                    Ok((samples, trips, pairs))
                 })
             })
             .collect();
@@ -303,10 +360,11 @@ pub(crate) fn measure(
             })
             .collect()
     });
-    let (mut samples, mut operations) = (Vec::new(), 0);
+    let (mut samples, mut trips, mut operations) = (Vec::new(), Vec::new(), 0);
     for result in per_thread {
-        let (thread_samples, pairs) = result?;
+        let (thread_samples, thread_trips, pairs) = result?;
         samples.extend(thread_samples);
+        trips.extend(thread_trips);
         operations += pairs;
     }
     let (driver_ns_per_pair, driver_calls) = match &timed {
@@ -319,11 +377,20 @@ pub(crate) fn measure(
         }
         None => (None, Vec::new()),
     };
-    samples.sort_unstable();
-    let pick = |q: f64| {
+    let pick_from = |samples: &mut Vec<u32>, q: f64| {
+        samples.sort_unstable();
         let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
         (samples.get(index).copied().unwrap_or(0) as f64 - overhead / batch as f64).max(0.0)
     };
+    let part_median = |part: fn(&RoundTrip) -> u32| {
+        let mut part_samples: Vec<u32> = trips.iter().map(part).collect();
+        (!part_samples.is_empty()).then(|| pick_from(&mut part_samples, 0.5))
+    };
+    let (miss_median_ns, give_back_median_ns) = (
+        part_median(|trip| trip.miss_ns),
+        part_median(|trip| trip.give_back_ns),
+    );
+    let mut pick = |q: f64| pick_from(&mut samples, q);
     Ok(BenchResult {
         allocator,
         backend: target.backend.kind().to_string(),
@@ -335,7 +402,14 @@ pub(crate) fn measure(
         p99_ns: pick(0.99),
         driver_ns_per_pair,
         driver_calls,
+        miss_median_ns,
+        give_back_median_ns,
     })
+}
+
+/// Nanoseconds, at most `u32::MAX` (4.3 s, far past any allocation).
+fn saturate_ns(elapsed: Duration) -> u32 {
+    elapsed.as_nanos().min(u32::MAX as u128) as u32
 }
 
 #[cfg(test)]
@@ -395,9 +469,18 @@ mod tests {
         };
         assert!(per_pair("map") >= 34_000.0, "{:?}", miss.driver_calls);
         assert!(per_pair("unmap") >= 18_000.0, "{:?}", miss.driver_calls);
+        // The round trip's two parts, timed apart: the map is the miss's, the unmap the
+        // give-back's.
+        let (Some(in_miss), Some(giving_back)) = (miss.miss_median_ns, miss.give_back_median_ns)
+        else {
+            panic!("a round trip without its parts: {miss:?}");
+        };
+        assert!(in_miss >= 34_000.0 && giving_back >= 18_000.0, "{miss:?}");
         let breakdown = miss.driver_breakdown();
         assert!(
-            breakdown.contains("map ") && breakdown.contains(" + "),
+            breakdown.contains("map ")
+                && breakdown.contains(" + ")
+                && breakdown.starts_with("miss "),
             "{breakdown}"
         );
         let hit = measure(
@@ -410,5 +493,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(hit.driver_ns_per_pair, Some(0.0), "a hit calls no driver");
+        assert_eq!((hit.miss_median_ns, hit.give_back_median_ns), (None, None));
     }
 }

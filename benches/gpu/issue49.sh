@@ -140,8 +140,11 @@ print(f"adaptive at or under the pool: memory {held['memory']}, time {held['time
 print(f"memory-first at or under 1.03: {held['first_103']} of {held['n']}")
 for name in ("hit-1.jsonl", "hit-2.jsonl", "cold-1.jsonl", "cold-2.jsonl"):
     for r in rows(name):
-        keys = ("allocator", "size_bytes", "threads", "median_ns", "p99_ns", "driver_ns_per_pair")
-        print(name, " ".join(f"{k}={r.get(k)}" for k in keys if k in r))
+        keys = ("allocator", "size_bytes", "threads", "median_ns", "p99_ns", "miss_median_ns",
+                "give_back_median_ns", "driver_ns_per_pair")
+        calls = " ".join(f"{c['call']}={c['calls_per_pair']:.0f}x{c['ns_per_call']:.0f}"
+                         for c in r.get("driver_calls", []))
+        print(name, " ".join(f"{k}={r.get(k)}" for k in keys if r.get(k) is not None), calls)
 PY
 echo "failed steps: $failed" | tee -a "$out/steps.txt"
 exit 0

@@ -12,6 +12,7 @@ mod e2e;
 mod estimate;
 mod fenced_release;
 mod ffi;
+mod give_back_unlocked;
 mod graphs;
 mod guide_parity;
 mod manager_features;

@@ -106,6 +106,9 @@ impl MemoryManager {
             }
         }
         if unmapped == Unmapped::Released {
+            // Pages another thread took out of a pool are still on their way to the reserve:
+            // everything cached goes back, whichever thread was unmapping it.
+            managed.pages.wait_for_unmapping();
             done += self.trim_reserve_on(managed, 0);
         }
         done

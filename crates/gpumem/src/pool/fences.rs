@@ -78,42 +78,44 @@ impl FenceTrail {
         self.cleared_below
     }
 
-    /// Waits until the pages idle before order `newest + 1` are past the work that touched
-    /// them: for the oldest fence recorded after they went idle, or, with none, for the stream.
-    /// Pages of the shared pools are past it when they go idle: a block comes back to them only
-    /// once the fence its stream recorded at the free has passed (`Pool::free_fenced`).
-    pub(crate) fn wait_past(
+    /// What unmapping the pages idle before order `newest + 1` must wait for: the oldest fence
+    /// recorded after they went idle (taken out of the trail: the wait ends it), or, with none,
+    /// the stream; nothing where they are past it already. Pages of the shared pools are past
+    /// it when they go idle: a block comes back to them only once the fence its stream
+    /// recorded at the free has passed (`Pool::free_fenced`). The wait itself needs no arena:
+    /// [`WaitFor::wait`], then [`cleared`](Self::cleared) if the arena is still at hand.
+    pub(crate) fn wait_target(
         &mut self,
         backend: &dyn DeviceBackend,
         device: usize,
         stream: StreamId,
         newest: u64,
-    ) -> Result<(), BackendError> {
-        if stream == StreamId::SHARED {
-            return Ok(());
-        }
-        if newest < self.cleared_below(backend, device) {
-            return Ok(());
+    ) -> WaitFor {
+        if stream == StreamId::SHARED || newest < self.cleared_below(backend, device) {
+            return WaitFor::Nothing;
         }
         let covering = self.outstanding.iter().position(|&(_, mark)| mark > newest);
         let Some(index) = covering else {
             let mark_now = self.outstanding.back().map_or(newest + 1, |&(_, m)| m);
-            backend.synchronize_stream(device, stream)?;
-            // Every fence recorded before the wait has passed: query each once, which lets
-            // the driver drop it.
-            self.prune(backend, device);
-            self.cleared_below = self.cleared_below.max(mark_now.max(newest + 1));
-            return Ok(());
+            return WaitFor::Stream {
+                clears: mark_now.max(newest + 1),
+            };
         };
-        // The fences before it passed first (one stream runs in order): those queries end
-        // them, then the wait ends the covering one.
+        // The fences before it pass first (one stream runs in order): the next prune ends them.
         let (fence, mark) = self.outstanding[index];
         self.outstanding.remove(index);
-        let waited = backend.wait_fence(device, fence);
+        WaitFor::Fence {
+            fence,
+            clears: mark,
+        }
+    }
+
+    /// A [`WaitFor`] came back: every page idle before order `clears` is past its work.
+    pub(crate) fn cleared(&mut self, backend: &dyn DeviceBackend, device: usize, clears: u64) {
+        // Fences recorded before a stream's wait have passed too: querying each once lets the
+        // driver drop it.
         self.prune(backend, device);
-        waited?;
-        self.cleared_below = self.cleared_below.max(mark);
-        Ok(())
+        self.cleared_below = self.cleared_below.max(clears);
     }
 
     /// Drops the fences at the front that have passed (or whose query failed: the fence is
@@ -135,6 +137,39 @@ impl FenceTrail {
         for (fence, _) in self.outstanding.drain(..) {
             if let Err(error) = backend.wait_fence(device, fence) {
                 tracing::debug!(device, %error, "fence wait failed");
+            }
+        }
+    }
+}
+
+/// What idle pages wait for before they are unmapped (see [`FenceTrail::wait_target`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitFor {
+    Nothing,
+    /// The fence, which the wait ends; every page idle before order `clears` is past it then.
+    Fence {
+        fence: Fence,
+        clears: u64,
+    },
+    /// The whole stream (`cuStreamSynchronize`).
+    Stream {
+        clears: u64,
+    },
+}
+
+impl WaitFor {
+    /// Waits (no arena lock needed); returns the order below which pages are then clear.
+    pub(crate) fn wait(
+        self,
+        backend: &dyn DeviceBackend,
+        device: usize,
+        stream: StreamId,
+    ) -> Result<u64, BackendError> {
+        match self {
+            WaitFor::Nothing => Ok(0),
+            WaitFor::Fence { fence, clears } => backend.wait_fence(device, fence).map(|()| clears),
+            WaitFor::Stream { clears } => {
+                backend.synchronize_stream(device, stream).map(|()| clears)
             }
         }
     }

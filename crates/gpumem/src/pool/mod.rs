@@ -144,6 +144,8 @@ impl SlotState {
             return;
         }
         if let (Some(arena), Some(reserve)) = (self.arena.as_mut(), self.reserve.as_deref()) {
+            // Pages another thread is unmapping must have left (or come back) first.
+            arena.wait_for_all_unmaps();
             let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
             counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             if let Err(error) = account_release(counters, released) {
@@ -400,31 +402,50 @@ impl Pool {
         }
         let mut total = 0;
         for slot in [&self.small, &self.large] {
-            let mut guard = slot.state.lock();
-            guard.settle(&slot.counters, self.device, shared::Settle::PollAll);
-            // Read under the slot's lock: a capture pins the pool before it takes this lock to
-            // allocate, so a release running beside a new capture into a released pool cannot
-            // unmap what that capture has just freed.
-            if self.is_pinned() {
-                break;
-            }
-            let SlotState {
-                arena: Some(arena),
-                reserve: Some(reserve),
-                ..
-            } = &mut *guard
-            else {
-                continue;
+            // The chunks are taken under the slot's lock and unmapped after it is let go: the
+            // pool's allocating threads go on while the driver unmaps (and the GPU catches up).
+            let (unmapping, reserve) = {
+                let mut guard = slot.state.lock();
+                guard.settle(&slot.counters, self.device, shared::Settle::PollAll);
+                // Read under the slot's lock: a capture pins the pool before it takes this lock
+                // to allocate, so a release running beside a new capture into a released pool
+                // cannot unmap what that capture has just freed (taken, it is out of reach).
+                if self.is_pinned() {
+                    break;
+                }
+                let SlotState {
+                    arena: Some(arena),
+                    reserve: Some(reserve),
+                    ..
+                } = &mut *guard
+                else {
+                    continue;
+                };
+                let page = arena.page_size();
+                let before = total;
+                let unmapping = arena.take_for_unmapping(
+                    reserve,
+                    |taken, since| keep_going(before + taken as u64 * page, since),
+                    |_| false,
+                    busy == BusyStreams::Wait,
+                );
+                slot.counters
+                    .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+                (unmapping, Arc::clone(reserve))
             };
-            let page = arena.page_size();
-            let before = total;
-            let released = arena.release_idle(
-                reserve,
-                |taken, since| keep_going(before + taken as u64 * page, since),
-                busy,
-            );
-            slot.counters
-                .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+            if unmapping.is_empty() {
+                continue;
+            }
+            let (released, _) = unmapping.finish(&reserve);
+            if released.is_err() {
+                // What the driver refused is the arena's again, idle.
+                let mut guard = slot.state.lock();
+                if let Some(arena) = guard.arena.as_mut() {
+                    arena.settle_unmaps();
+                    slot.counters
+                        .set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
+                }
+            }
             total += account_release(&slot.counters, released)?.bytes;
         }
         Ok(total)

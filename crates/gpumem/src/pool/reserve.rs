@@ -30,8 +30,11 @@ pub struct PageReserve {
     spare: Mutex<Vec<PhysicalChunk>>,
     /// The pages of `spare`, readable without the lock (cache budget checks, snapshots)...
     spare_pages: AtomicU64,
-    /// ...and those a mapping has taken out of it and not yet mapped or put back.
+    /// ...and those a mapping has taken out of it and not yet mapped or put back...
     in_flight_pages: AtomicU64,
+    /// ...and idle pages an arena has let go of that the driver is unmapping into it now
+    /// (`arena/unmapping.rs`).
+    unmapping_pages: AtomicU64,
     pub pages_created: AtomicU64,
     /// Pages mapped again from the reserve instead of created.
     pub pages_reused: AtomicU64,
@@ -146,6 +149,7 @@ impl PageReserve {
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
             in_flight_pages: AtomicU64::new(0),
+            unmapping_pages: AtomicU64::new(0),
             pages_created: AtomicU64::new(0),
             pages_reused: AtomicU64::new(0),
             pages_released: AtomicU64::new(0),
@@ -187,9 +191,36 @@ impl PageReserve {
         &self.held
     }
 
-    /// Pages kept unmapped, now (those a mapping is about to take included).
+    /// Pages kept unmapped, now (those a mapping is about to take, and those being unmapped
+    /// into the reserve, included).
     pub fn spare_pages(&self) -> u64 {
-        self.spare_pages.load(Relaxed) + self.in_flight_pages.load(Relaxed)
+        self.spare_pages.load(Relaxed)
+            + self.in_flight_pages.load(Relaxed)
+            + self.unmapping_pages.load(Relaxed)
+    }
+
+    /// `pages` idle pages are on their way here from an arena (unmapped outside its lock).
+    pub(crate) fn begin_unmapping(&self, pages: u64) {
+        self.unmapping_pages.fetch_add(pages, Relaxed);
+    }
+
+    /// `pages` of those arrived (or went back to their arena, the driver refusing them).
+    pub(crate) fn end_unmapping(&self, pages: u64) {
+        self.unmapping_pages.fetch_sub(pages, Relaxed);
+    }
+
+    /// Waits until no arena has pages on their way here, so that a trim after it reaches them
+    /// (`empty_cache` returns everything cached, whichever thread was unmapping it).
+    pub fn wait_for_unmapping(&self) {
+        let mut spins = 0u32;
+        while self.unmapping_pages.load(Relaxed) > 0 {
+            if spins < 64 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
     }
 
     /// The pages the cache budget allows beyond the recent live peak (its slack), which bound

@@ -1,5 +1,5 @@
 //! Faults a test arms on the simulated device: the n-th allocation or free failing, every free
-//! failing, memory queries failing.
+//! failing, memory queries failing, unmaps held back (a driver slow to unmap).
 
 use crate::error::BackendError;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +17,11 @@ pub struct SimFaults {
     free_calls: AtomicU64,
     fail_frees: AtomicBool,
     fail_mem_info: AtomicBool,
+    /// While set, every unmap waits before it starts: what other threads can do while the
+    /// driver is slow to unmap.
+    hold_unmaps: AtomicBool,
+    /// Unmap calls waiting on `hold_unmaps` now.
+    unmaps_held: AtomicU64,
 }
 
 impl SimFaults {
@@ -37,11 +42,32 @@ impl SimFaults {
     pub fn set_fail_mem_info(&self, on: bool) {
         self.fail_mem_info.store(on, Ordering::SeqCst);
     }
+    /// Holds every unmap from now on (`true`) until let go (`false`).
+    pub fn hold_unmaps(&self, on: bool) {
+        self.hold_unmaps.store(on, Ordering::SeqCst);
+    }
+    /// Unmap calls held now.
+    pub fn unmaps_held_now(&self) -> u64 {
+        self.unmaps_held.load(Ordering::SeqCst)
+    }
     pub fn clear(&self) {
         self.fail_alloc_call.store(0, Ordering::SeqCst);
         self.fail_free_call.store(0, Ordering::SeqCst);
         self.set_fail_frees(false);
         self.set_fail_mem_info(false);
+        self.hold_unmaps(false);
+    }
+
+    /// Waits while unmaps are held (before the call takes the device's lock).
+    pub(super) fn wait_while_unmaps_held(&self) {
+        if !self.hold_unmaps.load(Ordering::SeqCst) {
+            return;
+        }
+        self.unmaps_held.fetch_add(1, Ordering::SeqCst);
+        while self.hold_unmaps.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        self.unmaps_held.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Whether memory queries fail now.

@@ -335,6 +335,7 @@ impl DeviceBackend for SimBackend {
         size: u64,
         into: &mut Vec<PhysicalChunk>,
     ) -> Result<(), BackendError> {
+        self.faults.wait_while_unmaps_held();
         let mut state = self.device(device)?.lock();
         self.check_pages("unmap", addr, size)?;
         // Like the driver, unmap only whole mappings: every chunk met must start and end inside.

@@ -11,6 +11,8 @@ use super::BusyStreams;
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
 use pinning::{BlockCut, Recut};
+use std::sync::Arc;
+use unmapping::UnmapsInFlight;
 
 /// Why an arena could not place a block.
 #[derive(Debug)]
@@ -115,6 +117,8 @@ pub(crate) struct Arena {
     /// Whether a block the index would put on unmapped pages goes to free mapped pages
     /// instead where they hold it (`place_on_mapped_pages` of the configuration).
     place_on_mapped_pages: bool,
+    /// Idle chunks taken out to be unmapped after the lock is let go (`unmapping.rs`).
+    unmaps: Arc<UnmapsInFlight>,
 }
 
 impl Arena {
@@ -150,6 +154,7 @@ impl Arena {
             kept_after_failed_map: Released::default(),
             fences: FenceTrail::default(),
             place_on_mapped_pages: false,
+            unmaps: Arc::default(),
         })
     }
 
@@ -229,6 +234,10 @@ impl Arena {
         })?;
         let offset = self.tlsf.block(block).offset;
         let (first, last) = self.page_span(offset, size);
+        if !self.runs.is_empty() {
+            // A miss: its pages may not be mapped again while another thread still unmaps them.
+            self.wait_for_unmaps_under(first, last);
+        }
         let (mut cut, mut recut) = (BlockCut::Ordinary, Recut::default());
         if may_unmap {
             recut = self.recut_whole_chunks_it_would_pin(reserve, first, last);
@@ -432,6 +441,7 @@ impl Arena {
 
     /// Gives the address range back, once no page of it is mapped.
     pub(crate) fn close(mut self, reserve: &PageReserve) -> Result<(), BackendError> {
+        self.wait_for_all_unmaps();
         debug_assert_eq!(self.mapped_pages(), 0, "closing an arena with pages mapped");
         self.fences.drain(reserve.backend(), self.device);
         reserve
@@ -449,3 +459,4 @@ mod pinning;
 mod release;
 #[cfg(test)]
 mod tests;
+mod unmapping;

@@ -56,6 +56,9 @@ impl Arena {
         self.release_pages(reserve, keep_going, |_| false, busy)
     }
 
+    /// Unmaps idle pages now, holding the arena (a miss making room, a pool winding down):
+    /// what [`take_for_unmapping`](Self::take_for_unmapping) and [`Unmapping::finish`](super::unmapping::Unmapping::finish) do
+    /// apart for a pool giving pages back without its lock.
     pub(super) fn release_pages(
         &mut self,
         reserve: &PageReserve,
@@ -63,66 +66,13 @@ impl Arena {
         spare: impl Fn(PageRun) -> bool,
         busy: BusyStreams,
     ) -> Result<Released, ReleaseError> {
-        let backend = reserve.backend();
-        // Skipping a busy stream leaves it unwaited for: only the pages that went idle before a
-        // fence it has passed may go.
-        let mut idle_before = u64::MAX;
-        if busy == BusyStreams::Skip
-            && !backend
-                .stream_idle(self.device, self.stream)
-                .unwrap_or(false)
-        {
-            idle_before = self.fences.cleared_below(backend, self.device);
-            if idle_before == 0 {
-                return Ok(Released::default());
-            }
-        }
-        // Complete a parked block's free first: its pages can then go idle and be released
-        // (a cache being emptied must reach them), and it is never handed out again after.
-        self.unpark();
-        self.fence_idle_pages(backend);
-        let chunks = self.pages.take_idle(keep_going, spare, idle_before);
-        if chunks.is_empty() {
+        let unmapping =
+            self.take_for_unmapping(reserve, keep_going, spare, busy == BusyStreams::Wait);
+        if unmapping.is_empty() {
             return Ok(Released::default());
         }
-        // An idle stream has nothing queued that could touch the pages; a busy one has nothing
-        // that touches these (they went idle before a fence that has passed), unless asked to
-        // wait, when this waits for the oldest fence after them or else the stream.
-        let waited = match busy {
-            BusyStreams::Wait => {
-                let newest = self.pages.newest_order(&chunks);
-                self.fences
-                    .wait_past(backend, self.device, self.stream, newest)
-            }
-            BusyStreams::Skip => Ok(()),
-        };
-        if let Err(error) = waited {
-            let now = crate::clock::now();
-            for chunk in chunks {
-                self.pages.restore_idle(chunk, now);
-            }
-            return Err(ReleaseError {
-                released: Released::default(),
-                error,
-            });
-        }
-        let mut released = Released::default();
-        for (index, chunk) in chunks.iter().enumerate() {
-            let (addr, bytes) = self.run_range(*chunk);
-            if let Err(error) = reserve.unmap(addr, bytes) {
-                let now = crate::clock::now();
-                for left in &chunks[index..] {
-                    self.pages.restore_idle(*left, now);
-                }
-                return Err(ReleaseError { released, error });
-            }
-            released.bytes += bytes;
-            released.calls += 1;
-        }
-        if self.pages.mapped_pages() == 0 {
-            // Holding nothing, the arena is as new: growing again is growth (`pinning.rs`).
-            self.mapped_high = 0;
-        }
-        Ok(released)
+        let (released, cleared) = unmapping.finish(reserve);
+        self.unmapped(reserve, cleared);
+        released
     }
 }
