@@ -98,8 +98,8 @@ pub const MAX_SLACK_BYTES: u64 = 512 * MIB;
 pub struct Observation {
     /// Allocations served (hits and misses).
     pub ops: u64,
-    /// Misses that cost the driver's time ([`COSTLY_MISS_NS`] or more), those at a new high
-    /// included: more idle pages save the others, larger chunks fewer calls for all.
+    /// Misses that cost the driver's time ([`COSTLY_MISS_NS`] or more) without taking the
+    /// device's held memory to a new high: misses that keeping more would have saved.
     pub misses: u64,
     /// Their time, in nanoseconds.
     pub miss_ns: u64,
