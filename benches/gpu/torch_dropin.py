@@ -111,6 +111,68 @@ def check_oom(torch, mode):
             "losses": losses, "ok": caught == 100}
 
 
+def check_oom_snapshot(torch, mode):
+    """The OOM flight recorder's PyTorch snapshot: under gpumem, gpumem.torch.publish(dir) writes
+    the flight record (JSON) and PyTorch's snapshot (pickle) of a refusal into <dir>/oom; under
+    PyTorch's allocator the same observer (gpumem.oom_snapshots) is attached by hand. The pickle
+    must open in PyTorch's memory viewer code and show the blocks live at the refusal."""
+    import pickle
+    import tempfile
+
+    from torch.cuda import _memory_viz
+
+    import gpumem.oom_snapshots
+    import gpumem.torch
+
+    directory = tempfile.mkdtemp()
+    oom_dir = os.path.join(directory, "oom")
+    if mode == "gpumem":
+        gpumem.torch.publish(directory)
+    else:
+        gpumem.oom_snapshots.attach(torch, oom_dir)
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    model = mlp(torch)
+    train_steps(torch, model, steps=2)
+    held = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    total = torch.cuda.get_device_properties(0).total_memory
+    refused = 0
+    for i in range(3):  # three refusals in a row: one snapshot (at most one every 10 s)
+        try:
+            torch.empty(total + i * MIB, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError:
+            refused += 1
+    torch.cuda.memory._record_memory_history(enabled=None)
+    deadline = time.time() + 5  # the publisher writes its record after its next sample
+    names = []
+    while time.time() < deadline:
+        names = sorted(os.listdir(oom_dir)) if os.path.isdir(oom_dir) else []
+        if any(n.endswith(".pickle") for n in names) and (
+                mode != "gpumem" or any(n.endswith(".json") for n in names)):
+            break
+        time.sleep(0.2)
+    pickles = [n for n in names if n.endswith(".pickle")]
+    records = [n for n in names if n.endswith(".json")]
+    result = {"refused": refused, "pickles": pickles, "records": records}
+    if pickles:
+        with open(os.path.join(oom_dir, pickles[0]), "rb") as f:
+            snapshot = pickle.load(f)
+        segments = snapshot["segments"]
+        live = [b["size"] for s in segments for b in s["blocks"] if b["state"] == "active_allocated"]
+        viewer = [_memory_viz.segsum(snapshot), _memory_viz.trace(snapshot),
+                  _memory_viz.trace_plot(snapshot), _memory_viz.segment_plot(snapshot)]
+        result.update({
+            "snapshot_bytes": os.path.getsize(os.path.join(oom_dir, pickles[0])),
+            "segments": len(segments), "held_block_seen": 64 * MIB in live,
+            "trace_entries": len(snapshot["device_traces"][0]),
+            "oom_in_trace": any(e["action"] == "oom" for e in snapshot["device_traces"][0]),
+            "viewer_output_chars": [len(v) for v in viewer],
+        })
+    del held
+    result["ok"] = (refused == 3 and len(pickles) == 1 and result.get("held_block_seen", False)
+                    and (mode != "gpumem" or len(records) >= 1))
+    return result
+
+
 def check_empty_cache(torch, mode):
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     x.fill_(1)
@@ -475,7 +537,8 @@ def check_alloc_cost(torch, mode):
 
 
 CHECKS = {
-    "stats": check_stats, "oom": check_oom, "empty_cache": check_empty_cache,
+    "stats": check_stats, "oom": check_oom, "oom_snapshot": check_oom_snapshot,
+    "empty_cache": check_empty_cache,
     "memory_fraction": check_memory_fraction, "env_fraction": check_env_fraction,
     "snapshot": check_snapshot, "snapshot_python_stacks": check_snapshot,
     "snapshot_no_context": check_snapshot, "graphs": check_graphs, "mempool": check_mempool,

@@ -313,9 +313,20 @@ def serve(listen: str = "127.0.0.1:9400") -> str:
 
 def publish(directory: Optional[str] = None) -> None:
     """Writes this process's snapshots into `directory` every second for a
-    `gpumem serve --collect-dir` sidecar (default: $GPUMEM_PUBLISH_DIR, else /run/gpumem)."""
+    `gpumem serve --collect-dir` sidecar (default: $GPUMEM_PUBLISH_DIR, else /run/gpumem).
+
+    Out-of-memory flight records go into `<directory>/oom`; with gpumem as PyTorch's allocator
+    (through its layer), PyTorch's own snapshot of each refusal goes beside them
+    (`gpumem.oom_snapshots`)."""
     if _native.lib().gpumem_publish(_native.encode(directory)) != 0:
         _native.fail("publish")
+    if _allocator is _LAYER:
+        import torch
+
+        from . import oom_snapshots
+        from .publish import default_dir
+
+        oom_snapshots.attach(torch, os.path.join(directory or default_dir(), "oom"))
 
 
 def _device_index(device: Device) -> int:

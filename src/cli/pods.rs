@@ -4,7 +4,7 @@
 
 use super::CliError;
 use clap::Args;
-use gpumem_observe::collect::Sidecar;
+use gpumem_observe::collect::Collector;
 use gpumem_observe::pods::{KubeConfig, KubeSettings, PodDirectory, DEFAULT_MIN_GAP};
 use gpumem_wire::ThisPod;
 use std::path::PathBuf;
@@ -163,20 +163,20 @@ impl PodFlags {
 }
 
 impl PodSetup {
-    /// Sets the sidecar up as the node agent: the proc root, the pod directory (its thread
+    /// Sets the collector up as the node agent: the proc root, the pod directory (its thread
     /// starts here and asks the API server at once), this pod.
-    pub(super) fn apply(self, sidecar: &mut Sidecar) -> Result<(), CliError> {
+    pub(super) fn apply(self, collector: &mut Collector) -> Result<(), CliError> {
         if let Some(root) = self.proc_root {
-            sidecar.use_proc_root(root);
+            collector.use_proc_root(root);
         }
         if let Some((settings, refresh)) = self.kubernetes {
             let directory = PodDirectory::spawn(settings, refresh, DEFAULT_MIN_GAP.min(refresh))
                 .map_err(|e| CliError::runtime(format!("could not start the pod lookup: {e}")))?;
-            sidecar.attribute_pods(directory);
+            collector.attribute_pods(directory);
         }
         if let Some(pod) = self.this_pod {
             tracing::info!("this gpumem runs in pod {}/{}", pod.namespace, pod.pod);
-            sidecar.set_this_pod(pod);
+            collector.set_this_pod(pod);
         }
         Ok(())
     }

@@ -1,14 +1,14 @@
-//! `gpumem serve`: the exporter/sidecar. Device memory and per-process memory from NVML (never a
-//! CUDA context unless `--allow-cuda-context`), plus the snapshots engines publish into
-//! `--collect-dir`; as the node agent (a DaemonSet), each process's pod too (`pods`). Flags
-//! are checked before anything is opened; then it serves until Ctrl-C or SIGTERM, like the
-//! demo.
+//! `gpumem serve`: the exporter, as a sidecar or as the node agent (`collect::Collector`). Device
+//! memory and per-process memory from NVML (never a CUDA context unless `--allow-cuda-context`),
+//! plus the snapshots engines publish into `--collect-dir`; as the node agent (a DaemonSet), each
+//! process's pod too (`pods`). Flags are checked before anything is opened; then it serves until
+//! Ctrl-C or SIGTERM, like the demo.
 
 use super::exporter_flags::ExporterFlags;
 use super::{CliError, CommonArgs, Given};
 use clap::Args;
 use gpumem::backend::BackendChoice;
-use gpumem_observe::collect::{check_dir, CollectSettings, DeviceSource, Sidecar};
+use gpumem_observe::collect::{check_dir, CollectSettings, Collector, DeviceSource};
 use gpumem_observe::exporter::{Exporter, ExporterError};
 use std::io::Write;
 use std::path::PathBuf;
@@ -134,11 +134,13 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
         tracing::info!("no --collect-dir: exporting device and per-process memory only");
     }
 
-    let mut sidecar = Sidecar::open(source, collect);
-    sidecar.keep_exited_for(exited_retention);
-    pods.apply(&mut sidecar)?;
-    match sidecar.device_count() {
-        Some(count) => sidecar.select_devices(args.common.device_selection(&config, given, count)?),
+    let mut collector = Collector::open(source, collect);
+    collector.keep_exited_for(exited_retention);
+    pods.apply(&mut collector)?;
+    match collector.device_count() {
+        Some(count) => {
+            collector.select_devices(args.common.device_selection(&config, given, count)?)
+        }
         None if !args.common.devices.trim().eq_ignore_ascii_case("all") => tracing::warn!(
             "--devices {}: no device source works yet; reporting every device once one does",
             args.common.devices
@@ -155,7 +157,7 @@ pub(super) fn run(args: ServeArgs, given: &Given) -> Result<(), CliError> {
             exporter = exporter.max_connections(n);
         }
         let exporter = exporter
-            .source(Box::new(sidecar))
+            .source(Box::new(collector))
             .listen(listen)
             .interval(interval)
             .top_tags(top_tags)

@@ -1,4 +1,4 @@
-//! The `alerts` scenario's node agent: a real `collect::Sidecar` (what `gpumem serve` runs as a
+//! The `alerts` scenario's node agent: a real `collect::Collector` (what `gpumem serve` runs as a
 //! DaemonSet) over the simulated node of `node`, served on its own address beside the demo's.
 //! Once a second it brings the node's files up to the timeline and stops or starts the agent
 //! when the timeline says it goes away or comes back — on the same address, so a scraper finds
@@ -7,7 +7,7 @@
 use super::node::{NodeView, SimNode, NODE_NAME};
 use super::scenario;
 use gpumem::manager::MemoryManager;
-use gpumem_observe::collect::{CollectSettings, DeviceSource, Sidecar};
+use gpumem_observe::collect::{CollectSettings, Collector, DeviceSource};
 use gpumem_observe::exporter::{Exporter, ExporterError, ExporterHandle};
 use gpumem_observe::pods::PodDirectory;
 use std::net::SocketAddr;
@@ -109,11 +109,11 @@ impl Agent {
 /// A node agent over `node`, as `gpumem serve` builds it on a GPU node.
 fn spawn(node: &SimNode, settings: &AgentSettings) -> Result<ExporterHandle, ExporterError> {
     let collect = CollectSettings::new(&settings.collect_dir, settings.interval);
-    let mut sidecar = Sidecar::open(DeviceSource::NvmlFixture(node.nvml_file()), Some(collect));
-    sidecar.use_proc_root(node.proc_root());
-    sidecar.attribute_pods(PodDirectory::fixed(SimNode::pods(), NODE_NAME));
+    let mut agent = Collector::open(DeviceSource::NvmlFixture(node.nvml_file()), Some(collect));
+    agent.use_proc_root(node.proc_root());
+    agent.attribute_pods(PodDirectory::fixed(SimNode::pods(), NODE_NAME));
     Exporter::builder()
-        .source(Box::new(sidecar))
+        .source(Box::new(agent))
         .listen(settings.listen)
         .interval(settings.interval)
         .leak_age(settings.leak_age)

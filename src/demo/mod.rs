@@ -250,7 +250,7 @@ async fn serve(
     }
     exporter.shutdown_and_wait().await;
     if let Some(publisher) = publisher {
-        // Removes the published file, so a collecting sidecar drops the demo at once.
+        // Removes the published file, so a collector drops the demo at once.
         let _ = tokio::task::spawn_blocking(move || publisher.shutdown()).await;
     }
     if let Some(node) = node {

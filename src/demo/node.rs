@@ -1,5 +1,5 @@
 //! The `alerts` scenario's simulated GPU node: the processes that share the simulated device
-//! with the demo, in Kubernetes pods, shown to a real node agent (`collect::Sidecar`, as
+//! with the demo, in Kubernetes pods, shown to a real node agent (`collect::Collector`, as
 //! `gpumem serve` runs it) served beside the demo. The agent reads them as it reads a node:
 //! NVML's device and process list (from a file standing in for NVML, written from the
 //! simulated device every second), a `/proc` tree of those processes (their cgroups name the

@@ -1,15 +1,18 @@
-//! What `gpumem serve` (the sidecar) adds to a snapshot: how its sources are doing (NVML, the
-//! collect directory, ...), the processes NVML sees on each GPU, and the snapshots collected
-//! from other processes. [`ProcessDevice`] and [`ProcessPool`] are also the body of the publish
-//! format (`docs/publish-format.md`): every field `f` of a device is exported as `gpumem_f`, every
-//! field `f` of a pool as `gpumem_pool_f`, labelled with the process and pid that published it.
+//! What the collecting process adds to a snapshot — `gpumem serve`, as a sidecar in one pod or as
+//! the node agent — how its sources are doing (NVML, the collect directory, the pod list), the
+//! processes NVML sees on each GPU, and the snapshots collected from other processes. In-process
+//! there is none, and renderers read the empty part instead ([`crate::Snapshot::collected`]).
+//! [`ProcessDevice`] and [`ProcessPool`] are also the body of the publish format
+//! (`docs/publish-format.md`): every field `f` of a device is exported as `gpumem_f`, every field
+//! `f` of a pool as `gpumem_pool_f`, labelled with the process and pid that published it.
 
 use crate::ProcessDevice;
 use serde::{Deserialize, Serialize};
 
-/// The sidecar's part of a snapshot; `None` in a snapshot of in-process managers.
+/// The collecting process's part of a snapshot (`"sidecar"` in the JSON); `None` in a snapshot
+/// of in-process managers.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SidecarSnapshot {
+pub struct CollectorSnapshot {
     /// Each source in use and whether it works (`gpumem_up{source=...}`).
     pub sources: Vec<SourceStatus>,
     /// Compute processes on the GPUs, as NVML reports them.
@@ -59,7 +62,7 @@ impl PodRef {
     }
 }
 
-/// The pod of this gpumem (sidecar or node agent), from the downward API.
+/// The pod of this gpumem (a sidecar or the node agent), from the downward API.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThisPod {
     pub namespace: String,
@@ -111,16 +114,42 @@ pub struct ExitedGpuProcess {
 pub struct ExitedProcess {
     /// Its last collected snapshot (peaks, OOM count, pools, tags).
     pub last: CollectedProcess,
-    /// When the sidecar noticed, in seconds since the Unix epoch.
+    /// When the collector noticed, in seconds since the Unix epoch.
     pub exited_at_seconds: f64,
     /// `exited` (its pid is gone), `stale` (it stopped publishing), `stopped` (it removed its
     /// file, as a clean shutdown does).
     pub reason: String,
-    /// Whether the sidecar removed the file it left behind.
+    /// Whether the collector removed the file it left behind.
     pub file_removed: bool,
 }
 
-impl SidecarSnapshot {
+impl CollectorSnapshot {
+    /// Nothing collected: what an in-process snapshot answers (see [`crate::Snapshot::collected`]).
+    pub const EMPTY: CollectorSnapshot = CollectorSnapshot {
+        sources: Vec::new(),
+        gpu_processes: Vec::new(),
+        processes: Vec::new(),
+        collect: None,
+        exited: Vec::new(),
+        exited_gpu: Vec::new(),
+        pods: None,
+        this_pod: None,
+    };
+
+    /// Each collected process's record of `device` (joined on the UUID, else the index).
+    pub fn on_device<'a>(
+        &'a self,
+        device: &'a super::DeviceSnapshot,
+    ) -> impl Iterator<Item = (&'a CollectedProcess, &'a ProcessDevice)> + 'a {
+        self.processes.iter().flat_map(move |process| {
+            process
+                .devices
+                .iter()
+                .filter(move |d| d.is(device))
+                .map(move |d| (process, d))
+        })
+    }
+
     /// The sources that do not work, as `source: reason` lines (for `/healthz` and the page),
     /// after a first line saying so when no source reads the device, and with the pod list's
     /// problem (names kept from the last good list) last.
@@ -144,7 +173,7 @@ impl SidecarSnapshot {
     }
 
     /// Set while no source reads device memory (NVML, or the backend given instead): the
-    /// sidecar is blind to the device, sees only what processes publish, and says so.
+    /// collector is blind to the device, sees only what processes publish, and says so.
     pub fn blind(&self) -> Option<String> {
         let devices: Vec<&SourceStatus> = self
             .sources
@@ -175,7 +204,7 @@ impl SidecarSnapshot {
 /// The sources that read device memory.
 const DEVICE_SOURCES: [&str; 3] = ["nvml", "cuda", "sim"];
 
-/// One source of the sidecar's data: `nvml`, `cuda`, `sim` (device memory) or `collect`.
+/// One source of the collector's data: `nvml`, `cuda`, `sim` (device memory) or `collect`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceStatus {
     pub source: String,
@@ -190,11 +219,11 @@ pub struct GpuProcess {
     /// NVML's device index (not necessarily the CUDA index; join on `uuid`).
     pub gpu: usize,
     pub uuid: String,
-    /// The pid as this sidecar's PID namespace sees it when it could be mapped, else NVML's.
+    /// The pid as this collector's PID namespace sees it when it could be mapped, else NVML's.
     pub pid: u32,
     /// The pid NVML reported (the host's PID namespace).
     pub nvml_pid: u32,
-    /// Whether `pid` was found among the processes this sidecar can see.
+    /// Whether `pid` was found among the processes this collector can see.
     pub mapped: bool,
     /// The process name, or `unknown`: the name it publishes when its snapshot is collected
     /// too, else its command.
@@ -239,7 +268,7 @@ pub struct CollectedProcess {
 }
 
 impl ProcessDevice {
-    /// Whether this published device is `device` of the sidecar's own readings: the same UUID,
+    /// Whether this published device is `device` of the collector's own readings: the same UUID,
     /// or the same index when the writer gave none (CUDA and NVML may number devices apart).
     pub fn is(&self, device: &super::DeviceSnapshot) -> bool {
         match &self.uuid {

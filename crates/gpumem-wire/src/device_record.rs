@@ -47,7 +47,7 @@ macro_rules! device_record {
                 pub $field: Option<$ty>,
             )*
             /// What the process itself reads of the device (`cuMemGetInfo`) and the pressure
-            /// it computes: a sidecar without NVML takes the device's memory and pressure from
+            /// it computes: a collector without NVML takes the device's memory and pressure from
             /// here.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub device_memory: Option<PublishedDeviceMemory>,

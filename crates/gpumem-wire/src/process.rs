@@ -55,7 +55,7 @@ pub fn clean_text(text: &str, max_chars: usize) -> String {
         .take(max_chars)
         .collect();
     // Cut at the limit, a name may end in spaces: trim again, so cleaning clean text changes
-    // nothing (the sidecar cleans what publishers already cleaned).
+    // nothing (a collector cleans what publishers already cleaned).
     cleaned.trim().to_string()
 }
 

@@ -5,7 +5,7 @@
 //! The types here are the JSON contract of `/api/v1/snapshot`: they copy values out of the
 //! manager's internal structs instead of embedding them, so the allocator can change freely.
 
-use crate::{CounterValues, OomEvent, PressureLevel, SidecarSnapshot};
+use crate::{CollectorSnapshot, CounterValues, OomEvent, PressureLevel};
 use serde::{Deserialize, Serialize};
 
 /// Everything the exporter knows at one instant.
@@ -29,9 +29,28 @@ pub struct Snapshot {
     /// What went wrong in this sample (a device whose memory could not be read, ...).
     pub problems: Vec<String>,
     pub health: SamplerHealth,
-    /// What the sidecar (`gpumem serve`) adds; absent for in-process managers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sidecar: Option<SidecarSnapshot>,
+    /// What the collecting process (`gpumem serve`: a sidecar, or the node agent) adds; absent
+    /// for in-process managers. Renderers read it through [`Snapshot::collected`].
+    #[serde(rename = "sidecar", default, skip_serializing_if = "Option::is_none")]
+    pub collector: Option<CollectorSnapshot>,
+}
+
+impl Snapshot {
+    /// What the collecting process added: its sources, the processes it collected and those
+    /// NVML lists, the pod list, and their health. In-process it is the empty part (no source,
+    /// no process, nothing degraded), so a renderer asks the same questions of every snapshot
+    /// and branches only where holding pools matters ([`Snapshot::from_collector`]).
+    pub fn collected(&self) -> &CollectorSnapshot {
+        static NOTHING_COLLECTED: CollectorSnapshot = CollectorSnapshot::EMPTY;
+        self.collector.as_ref().unwrap_or(&NOTHING_COLLECTED)
+    }
+
+    /// Whether a collecting process took it: one that reads the devices but holds no pools on
+    /// them, so its device figures are the collected processes' and it exports no pools of
+    /// its own.
+    pub fn from_collector(&self) -> bool {
+        self.collector.is_some()
+    }
 }
 
 /// One device: what the driver says about it and what this process's pools hold on it.
@@ -238,4 +257,34 @@ pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Rust field says what it is; the JSON keeps the name dashboards and scripts read.
+    #[test]
+    fn the_collector_part_keeps_its_json_name_and_is_empty_in_process() {
+        let mut snapshot = Snapshot::default();
+        assert!(!snapshot.from_collector());
+        assert_eq!(*snapshot.collected(), CollectorSnapshot::default());
+        let json = serde_json::to_value(&snapshot).expect("encodes");
+        assert!(json.get("sidecar").is_none(), "{json}");
+
+        snapshot.collector = Some(CollectorSnapshot {
+            sources: vec![crate::SourceStatus {
+                source: "nvml".to_string(),
+                up: true,
+                reason: None,
+            }],
+            ..CollectorSnapshot::default()
+        });
+        let json = serde_json::to_value(&snapshot).expect("encodes");
+        assert_eq!(json["sidecar"]["sources"][0]["source"], "nvml", "{json}");
+        assert!(json.get("collector").is_none(), "{json}");
+        let back: Snapshot = serde_json::from_value(json).expect("decodes");
+        assert_eq!(back, snapshot);
+        assert!(back.from_collector());
+    }
 }

@@ -113,8 +113,9 @@ pub fn check_target(target: &Path, inputs: &[PathBuf]) -> io::Result<()> {
 /// Replaces `target` with `bytes` so that readers see the old content or the new, never half:
 /// the bytes go to a new hidden file (`.name.PID.N.RANDOM.tmp`, created with `O_EXCL` and
 /// `O_NOFOLLOW`, so a name planted in advance is never followed or reused) in the target's own
-/// directory, mode 0644 whatever the umask (a sidecar reading it usually runs as another user),
-/// which is then renamed over the target. Nothing is left behind when anything fails.
+/// directory, mode 0644 whatever the umask (a sidecar or node agent reading it usually runs as
+/// another user), which is then renamed over the target. Nothing is left behind when anything
+/// fails.
 pub fn write_atomically(target: &Path, bytes: &[u8], options: &WriteOptions) -> io::Result<()> {
     check_target(target, &options.inputs)?;
     let (mut file, temporary) = create_temporary(target)?;

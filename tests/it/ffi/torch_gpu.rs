@@ -1,7 +1,8 @@
 //! gpumem as PyTorch's allocator through its PyTorch layer, on a real GPU with a real PyTorch:
 //! the drop-in checks of `benches/gpu/torch_dropin.py` that need no third-party library (every
 //! `torch.cuda` statistics call, out-of-memory errors, `empty_cache`, the memory fraction,
-//! snapshots and PyTorch's viewer, CUDA graphs, `MemPool`, `torch.compile`'s CUDA-graph trees).
+//! snapshots and PyTorch's viewer, the PyTorch snapshot beside an OOM flight record, CUDA
+//! graphs, `MemPool`, `torch.compile`'s CUDA-graph trees, CUDA IPC both ways).
 //! Skipped without a GPU or PyTorch, unless `GPUMEM_REQUIRE_GPU=1`, which makes either a
 //! failure. On the GPU host, run the test binary from the repository's root: the script and
 //! the package are found there (or where the tests were built).
@@ -10,8 +11,8 @@ use crate::support::gpu_required;
 use std::path::PathBuf;
 use std::process::Command;
 
-const CHECKS: &str = "stats,oom,empty_cache,memory_fraction,env_fraction,snapshot,graphs,\
-                      mempool,compile_reduce_overhead,record_stream,profiler";
+const CHECKS: &str = "stats,oom,oom_snapshot,empty_cache,memory_fraction,env_fraction,snapshot,\
+                      graphs,mempool,compile_reduce_overhead,ipc,record_stream,profiler";
 
 /// The repository: the current directory when it holds the script (the GPU host), else the
 /// one the tests were built from.

@@ -4,11 +4,11 @@
 
 use super::{now, published, TempDir};
 use gpumem::safe_fs::write_atomically;
-use gpumem_observe::collect::{check_dir, CollectSettings, Collected, Collector};
+use gpumem_observe::collect::{check_dir, CollectDir, CollectSettings, Collected};
 use std::time::Duration;
 
-fn collector(dir: &TempDir) -> Collector {
-    Collector::new(CollectSettings::new(dir.path(), Duration::from_secs(1)))
+fn collector(dir: &TempDir) -> CollectDir {
+    CollectDir::new(CollectSettings::new(dir.path(), Duration::from_secs(1)))
 }
 
 fn count(counts: &[gpumem_wire::ReasonCount], reason: &str) -> u64 {
@@ -221,7 +221,7 @@ fn at_most_max_files_are_read() {
     }
     let mut settings = CollectSettings::new(dir.path(), Duration::from_secs(1));
     settings.max_files = 3;
-    let collected = Collector::new(settings).scan_at(t);
+    let collected = CollectDir::new(settings).scan_at(t);
     assert_eq!(collected.processes.len(), 3);
     assert_eq!(count(&collected.status.rejected, "too_many_files"), 2);
     assert_eq!(collected.status.files, 5);

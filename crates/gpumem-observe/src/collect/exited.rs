@@ -1,5 +1,5 @@
 //! Processes that stopped publishing: when a collected process drops out (its pid is gone, its
-//! file went stale, or it removed its file), the sidecar keeps its last snapshot — peak, OOM
+//! file went stale, or it removed its file), the collector keeps its last snapshot — peak, OOM
 //! count, pools, tags — as "exited" for a while, so the moment that most needs explaining does
 //! not vanish with its series. A file left behind by a process that is gone is removed (once),
 //! so the directory does not fill with the dead.
@@ -8,9 +8,9 @@
 //! duplicate, a paused writer), and its file can meanwhile belong to another process (a pid
 //! reused under a new name, another PID namespace). So the file is opened afresh and removed
 //! only if it still holds the process judged gone — same pid, same name — that process's pid
-//! namespace is the sidecar's own, and `/proc` says the pid is gone; and only if the name still
+//! namespace is the collector's own, and `/proc` says the pid is gone; and only if the name still
 //! points at the file that was checked. (A file newer than the last scan is no sign of life: a
-//! writer killed with `kill -9` often wrote once more after the sidecar last read it. A live
+//! writer killed with `kill -9` often wrote once more after the collector last read it. A live
 //! writer under that pid and name keeps its pid in `/proc`, and its file stays.)
 
 use super::read::{parse, MAX_FILE_BYTES};
@@ -51,13 +51,13 @@ enum LeftBehind {
     /// No file: the process removed it as it stopped.
     Nothing,
     /// Still the process judged gone (same pid and name): the file's device and inode, and
-    /// whether its pid namespace is the sidecar's.
+    /// whether its pid namespace is the collector's.
     Same {
         inode: (u64, u64),
         own_namespace: bool,
     },
     /// Written since by another process (a reused pid under another name, another pid), or
-    /// not a readable published file: not the sidecar's to remove.
+    /// not a readable published file: not the collector's to remove.
     Other,
 }
 
@@ -146,7 +146,7 @@ impl ExitedTracker {
         let path = self.dir.join(&last.file);
         let (reason, inode) = match self.left_behind(&path, &last) {
             LeftBehind::Nothing => ("stopped", None),
-            // Only a pid in the sidecar's own namespace can be looked up.
+            // Only a pid in the collector's own namespace can be looked up.
             LeftBehind::Same {
                 inode,
                 own_namespace: true,
@@ -231,7 +231,7 @@ mod tests {
         }
     }
 
-    /// What `pid` publishing as `name` writes, in this (the sidecar's) pid namespace or not.
+    /// What `pid` publishing as `name` writes, in this (the collector's) pid namespace or not.
     fn published(pid: u32, name: &str, own_namespace: bool) -> String {
         let namespace = match own_namespace {
             true => current_pid_namespace().unwrap_or_default(),

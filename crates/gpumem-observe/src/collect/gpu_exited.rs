@@ -18,7 +18,7 @@ pub const MAX_EXITED_GPU: usize = 64;
 pub struct GpuExitTracker {
     retention: Duration,
     /// The proc root the pids are checked under; `None` where pids cannot be checked (a
-    /// sidecar outside the host's PID namespace).
+    /// collector outside the host's PID namespace).
     proc_root: Option<PathBuf>,
     /// By (host pid, device UUID).
     live: BTreeMap<(u32, String), GpuProcess>,

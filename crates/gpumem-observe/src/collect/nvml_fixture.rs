@@ -3,7 +3,7 @@
 //! library, and per-process memory needs a GPU with processes on it. The file says what NVML
 //! would: devices with their memory and compute processes (host pids and bytes), or an `error`
 //! as NVML's own failure. It is read again at every sample, so a test can make a process vanish,
-//! a device fill up or NVML fail by rewriting it. Nothing else reads it, and the sidecar says
+//! a device fill up or NVML fail by rewriting it. Nothing else reads it, and the collector says
 //! in its first log line that it is not reading a real device.
 //!
 //! ```json
@@ -90,7 +90,7 @@ pub fn read(path: &Path) -> Result<Vec<NvmlDevice>, String> {
         .collect())
 }
 
-/// Checks the file once at start, so a typo is bad input and not an empty sidecar.
+/// Checks the file once at start, so a typo is bad input and not an empty collector.
 pub fn check(path: &Path) -> Result<(), String> {
     read(path).map(drop)
 }

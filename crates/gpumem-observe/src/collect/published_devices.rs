@@ -1,4 +1,4 @@
-//! Devices as the publishers see them: without NVML (or another device source) the sidecar is
+//! Devices as the publishers see them: without NVML (or another device source) the collector is
 //! blind to the device, but every engine that publishes reads its device itself
 //! (`cuMemGetInfo`) and computes its pressure. Those readings stand in for the device's own, so
 //! `gpumem_device_memory_*` and `gpumem_pressure_*` still exist, and the pressure alerts can
@@ -102,7 +102,7 @@ mod tests {
         let pressure = found[0].pressure.expect("pressure");
         assert_eq!(pressure.level, PressureLevel::Critical);
         assert_eq!(found[0].memory.map(|m| m.free_bytes), Some(1 << 30));
-        // Without the publisher's own level, the sidecar's thresholds measure it.
+        // Without the publisher's own level, the collector's thresholds measure it.
         let found = devices(&[older], &settings);
         assert_eq!(found[0].pressure.map(|p| p.level), Some(PressureLevel::Low));
         // A writer that says nothing of the device adds none.

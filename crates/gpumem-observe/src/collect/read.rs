@@ -23,13 +23,13 @@ pub const MAX_TEXT: usize = 128;
 /// How much of a file's own text a rejection quotes: log lines and the page stay short
 /// whatever the file holds (a wrong-typed 3 MB string is quoted in serde's message).
 const MAX_DETAIL: usize = 240;
-/// Tags per device and the length of a tag: the sidecar exports only the largest few of them
+/// Tags per device and the length of a tag: a collector exports only the largest few of them
 /// (`gpumem_tag_*`), but a file must not make it hold or sort thousands.
 pub const MAX_TAGS: usize = 64;
 pub const MAX_TAG_NAME: usize = MAX_TAG_CHARS;
 
 /// Every reason a file can be skipped for (metric label values): the [`Rejection`] kinds, plus
-/// the collector's own `duplicate_pid`, `too_many_files` and `over_budget`.
+/// the collect directory's own `duplicate_pid`, `too_many_files` and `over_budget`.
 pub const REJECTION_REASONS: [&str; 10] = [
     "empty",
     "too_large",

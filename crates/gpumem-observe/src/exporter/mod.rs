@@ -127,7 +127,7 @@ impl ExporterBuilder {
         self
     }
 
-    /// Samples `source` instead of managers (the sidecar); managers given as well are ignored.
+    /// Samples `source` instead of managers (a collector); managers given as well are ignored.
     pub fn source(mut self, source: Box<dyn SnapshotSource>) -> Self {
         self.source = Some(source);
         self

@@ -3,32 +3,32 @@
 //! and who else held it. One record per vanished process; a pod's container that keeps
 //! crashing is recorded at most once per `min_gap`, as every other trigger.
 
+use super::collected::{holders, record_device};
 use super::record::{device_history, FlightRecord, RecordDevice, RecordProcess, Trigger};
-use super::sidecar::{holders, record_device};
 use super::{blank, Due, FlightRecorder};
 use crate::history::HistoryPoint;
-use gpumem_wire::{ExitedGpuProcess, SidecarSnapshot, Snapshot};
+use gpumem_wire::{CollectorSnapshot, ExitedGpuProcess, Snapshot};
 use std::time::Instant;
 
 impl FlightRecorder {
     /// Records each GPU process listed as exited that was not recorded yet.
     pub(super) fn observe_exits(
         &mut self,
-        sidecar: &SidecarSnapshot,
+        collected: &CollectorSnapshot,
         points: &[HistoryPoint],
         snapshot: &Snapshot,
     ) {
-        let listed: Vec<(u32, String, u64)> = sidecar.exited_gpu.iter().map(key).collect();
+        let listed: Vec<(u32, String, u64)> = collected.exited_gpu.iter().map(key).collect();
         // Forget what is no longer listed: the set stays as small as the list.
         self.exits_recorded.retain(|k| listed.contains(k));
-        for exited in &sidecar.exited_gpu {
+        for exited in &collected.exited_gpu {
             if !self.exits_recorded.insert(key(exited)) {
                 continue;
             }
             if !self.exit_due(exited) {
                 continue;
             }
-            self.record_exit(exited, sidecar, points, snapshot);
+            self.record_exit(exited, collected, points, snapshot);
         }
     }
 
@@ -63,7 +63,7 @@ impl FlightRecorder {
     fn record_exit(
         &mut self,
         exited: &ExitedGpuProcess,
-        sidecar: &SidecarSnapshot,
+        collected: &CollectorSnapshot,
         points: &[HistoryPoint],
         snapshot: &Snapshot,
     ) {
@@ -72,7 +72,7 @@ impl FlightRecorder {
         let (other_processes, note, record_dev, history) = match device {
             Some(d) => {
                 // It is no longer listed: every holder left is another process.
-                let (others, note) = holders(d, sidecar, None);
+                let (others, note) = holders(d, collected, None);
                 let history = device_history(points, d.index, 0.0);
                 (others, note, record_device(d, None), history)
             }

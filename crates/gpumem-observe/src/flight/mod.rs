@@ -1,19 +1,20 @@
 //! The OOM flight recorder. After every sample it looks for what needs explaining later — new
-//! out-of-memory refusals, a device rising to critical pressure, (in the sidecar) a collected
+//! out-of-memory refusals, a device rising to critical pressure, (in a collector) a collected
 //! process whose OOM count went up, and (the node agent) a GPU process that vanished holding
 //! memory — and for each writes one self-contained JSON record ([`record`]) into a bounded
 //! directory ([`store`]), logs one line naming the file, and keeps the latest records in memory
 //! for `/api/v1/oom` and the status page. What it watches inside an engine process is in
-//! `in_process`, in the sidecar in `sidecar`, vanished GPU processes in `exits`.
+//! `in_process`, in a collector (a sidecar or the node agent) in `collected`, vanished GPU
+//! processes in `exits`.
 //!
 //! Driven by the sampler on its blocking thread, never by the allocator: an OOM costs the
 //! allocator one entry in its small refusal log, nothing more. Records of one device are at
 //! least `min_gap` apart; refusals in between are counted in the next record.
 
+mod collected;
 mod exits;
 mod in_process;
 pub mod record;
-mod sidecar;
 pub mod store;
 mod summary;
 
@@ -46,7 +47,7 @@ pub struct FlightSettings {
     pub history: Duration,
     /// The shortest time between two records of one device (or collected process).
     pub min_gap: Duration,
-    /// Another directory whose records are listed too: the sidecar shows the engines' records
+    /// Another directory whose records are listed too: a collector shows the engines' records
     /// from `<collect-dir>/oom`.
     pub read_dir: Option<PathBuf>,
 }
@@ -100,7 +101,7 @@ struct Watch {
 
 /// How long the recorder remembers a device or collected process no sample shows any more.
 /// Publishers that rename themselves (a process name per run, say) would otherwise grow the
-/// table for the life of the sidecar: 44k identities took 6 MiB and kept it. One that comes
+/// table for the life of the collector: 44k identities took 6 MiB and kept it. One that comes
 /// back later is met afresh (its OOM count from then on is the baseline).
 pub const WATCH_RETENTION: Duration = Duration::from_secs(15 * 60);
 /// How often the table is swept for watches past their retention.
@@ -125,7 +126,7 @@ pub struct FlightRecorder {
     watched: HashMap<String, Watch>,
     /// Files of `read_dir` already read (or refused), so each is read once.
     known_files: HashSet<String>,
-    /// NVML, opened at the first in-process record (the sidecar has its own readings).
+    /// NVML, opened at the first in-process record (a collector has its own readings).
     nvml: Option<Result<NvmlReader, String>>,
     /// Exited GPU processes already recorded, by (host pid, UUID, when).
     exits_recorded: HashSet<(u32, String, u64)>,
@@ -184,23 +185,20 @@ impl FlightRecorder {
     pub fn observe(&mut self, snapshot: &Snapshot, history: &History) {
         let since = snapshot.timestamp_seconds - self.settings.history.as_secs_f64();
         let points = history.reply_since(Some(since)).points;
-        match &snapshot.sidecar {
-            None => {
-                for device in &snapshot.devices {
-                    self.observe_own(device, &points, snapshot.timestamp_seconds);
-                }
+        // In-process nothing is collected: no exits, no collected processes, no pod.
+        let collected = snapshot.collected();
+        self.recorded_in = collected.this_pod.clone();
+        for device in &snapshot.devices {
+            if snapshot.from_collector() {
+                self.observe_read_device(device, collected, &points, snapshot);
+            } else {
+                self.observe_own(device, &points, snapshot.timestamp_seconds);
             }
-            Some(sidecar) => {
-                self.recorded_in = sidecar.this_pod.clone();
-                for device in &snapshot.devices {
-                    self.observe_sidecar_device(device, sidecar, &points, snapshot);
-                }
-                self.observe_exits(sidecar, &points, snapshot);
-                for process in &sidecar.processes {
-                    for device in &process.devices {
-                        self.observe_collected(process, device, sidecar, &points, snapshot);
-                    }
-                }
+        }
+        self.observe_exits(collected, &points, snapshot);
+        for process in &collected.processes {
+            for device in &process.devices {
+                self.observe_collected(process, device, collected, &points, snapshot);
             }
         }
         self.read_others();
@@ -210,7 +208,7 @@ impl FlightRecorder {
     }
 
     /// Whether `key` calls for a record now. `count_existing`: OOMs counted before the first
-    /// look are new (in-process, where the count starts at 0); a sidecar meeting a process
+    /// look are new (in-process, where the count starts at 0); a collector meeting a process
     /// for the first time only starts watching it.
     fn due(
         &mut self,

@@ -86,8 +86,8 @@ pub struct FlightRecord {
 pub struct RecordProcess {
     pub pid: u32,
     pub process: String,
-    /// Its pod, where the node agent named it (or the sidecar's own pod, for the processes
-    /// that publish into it).
+    /// Its pod, where the node agent named it (or, in a sidecar, the sidecar's own pod, for the
+    /// processes that publish into it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodRef>,
 }

@@ -1,6 +1,6 @@
 //! The flight recorder's directory: each record written atomically under a name that sorts by
 //! time, the directory kept within a number of files and a total size (oldest removed first),
-//! and records other processes wrote there read back (the sidecar shows the engines' records).
+//! and records other processes wrote there read back (a collector shows the engines' records).
 
 use super::record::{FlightRecord, FORMAT, VERSION};
 use gpumem::safe_fs::{write_atomically, WriteOptions};

@@ -1,8 +1,8 @@
 //! NVML: device memory and per-process memory without creating a CUDA context (a context costs
-//! about 500 MiB on every GPU it touches, which a sidecar must not take). `libnvidia-ml` is
+//! about 500 MiB on every GPU it touches, which a collector must not take). `libnvidia-ml` is
 //! loaded at run time by `nvml-wrapper`, which returns errors for a missing library or symbol;
 //! on top of that every call into it runs under `catch_unwind`, so a bug in the wrapper can cost
-//! a sample, never the sidecar.
+//! a sample, never the collector.
 
 mod pids;
 

@@ -1,4 +1,4 @@
-//! Mapping NVML's pids to processes this sidecar can see. NVML reports pids in the host's PID
+//! Mapping NVML's pids to processes this collector can see. NVML reports pids in the host's PID
 //! namespace. In the host namespace (`hostPID: true`, or no container) `/proc/<pid>` is that
 //! process, and its `NStgid` line gives the pid its own container sees (what it publishes). In a
 //! container's namespace a host pid means nothing: a `/proc/<pid>` of the same number is
@@ -11,7 +11,7 @@ const ROOT_PID_NAMESPACE: &str = "pid:[4026531836]";
 /// `comm` is cut to 15 bytes by the kernel.
 const COMM_LEN: usize = 15;
 
-/// A process NVML reported, as this sidecar sees it.
+/// A process NVML reported, as this collector sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
     /// The pid in the process's own (innermost) namespace: what it publishes as its pid.

@@ -1,5 +1,5 @@
 //! Publishing: an engine writes its managers' snapshots into a shared directory (default
-//! `/run/gpumem`), one file per process, so that a sidecar (`gpumem serve --collect-dir`) can
+//! `/run/gpumem`), one file per process, so that a collector (`gpumem serve --collect-dir`) can
 //! export them without the engine opening a port —
 //!
 //! ```no_run

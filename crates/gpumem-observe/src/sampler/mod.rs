@@ -25,8 +25,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// How much the history ring covers.
 pub const HISTORY_WINDOW: Duration = Duration::from_secs(3600);
 
-/// Something other than in-process managers that produces snapshots: the sidecar's NVML
-/// readings and collected files. Called on the sampler's blocking thread.
+/// Something other than in-process managers that produces snapshots: a collector's NVML
+/// readings and collected files (`collect::Collector`). Called on the sampler's blocking thread.
 pub trait SnapshotSource: Send {
     /// Takes one snapshot. Entries in its `problems` make the sample count as failed.
     fn capture(&mut self, settings: &CaptureSettings) -> Snapshot;

@@ -68,7 +68,7 @@ pub(super) async fn history(
     super::shared(body.await, &request, JSON, &[]).await
 }
 
-/// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise. A sidecar
+/// 200 "ok" while samples succeed and keep coming; 503 with the reason otherwise. A collector's
 /// source that is down but optional (NVML on a host without it) keeps 200 and is listed: a
 /// liveness probe must not restart what a restart cannot fix.
 pub(super) async fn healthz(State(state): State<WebState>) -> Response {
@@ -96,9 +96,10 @@ pub(super) async fn healthz(State(state): State<WebState>) -> Response {
         )
             .into_response();
     }
-    let sidecar = sample.snapshot.sidecar.as_ref();
-    let degraded = sidecar.map(|s| s.degraded()).unwrap_or_default();
-    let notes = sidecar.map(|s| s.notes()).unwrap_or_default();
+    // In-process nothing is collected: nothing degraded, no notes.
+    let collected = sample.snapshot.collected();
+    let degraded = collected.degraded();
+    let notes = collected.notes();
     let mut body = String::from("ok");
     if !degraded.is_empty() {
         body.push_str(&format!(", degraded:\n{}", degraded.join("\n")));

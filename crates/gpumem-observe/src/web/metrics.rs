@@ -2,11 +2,11 @@
 //! text rendering of them. Every family is declared once in the tables below (name, help, type,
 //! labels), which is also where the metrics contract is read from. Labels are bounded: `gpu`,
 //! `uuid`, `pool`, `state`, `band`, the build's `version`, and `tag` for the largest few tags
-//! only (`tags`) — never ids. The sidecar's series (collected processes, NVML, `source`) are
-//! in `sidecar`.
+//! only (`tags`) — never ids. What a collector adds (collected processes, NVML, `source`) is
+//! in `collected`, asked of every snapshot: in-process it adds nothing.
 
+mod collected;
 mod families;
-mod sidecar;
 mod tags;
 
 pub(crate) use families::{MANAGER_DEVICE, MANAGER_POOL};
@@ -130,7 +130,7 @@ pub(crate) fn all_defs() -> impl Iterator<Item = &'static Def> {
         .chain(DEVICE_READINGS.iter().map(|(d, _)| d))
         .chain(MANAGER_DEVICE.iter().map(|(d, _)| d))
         .chain(MANAGER_POOL.iter().map(|(d, _)| d))
-        .chain(sidecar::DEFS.iter().copied())
+        .chain(collected::DEFS.iter().copied())
         .chain(tags::TAG_METRICS.iter().map(|(d, _, _)| d))
 }
 
@@ -231,14 +231,16 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
             1.0,
         )],
     );
-    // One label set per target: the sidecar labels its overall sample `source="sampler"` next
+    let collected = snapshot.collected();
+    // One label set per target: a collector labels its overall sample `source="sampler"` next
     // to its per-source series, instead of mixing an unlabelled series into the family.
     let sampled = f64::from(u8::from(health.latest_ok && fresh));
-    let mut up = match snapshot.sidecar {
-        Some(_) => vec![sample(GAUGE, &[("source", "sampler")], sampled)],
-        None => single(&UP, sampled),
+    let mut up = if snapshot.from_collector() {
+        vec![sample(GAUGE, &[("source", "sampler")], sampled)]
+    } else {
+        single(&UP, sampled)
     };
-    up.extend(sidecar::up_samples(snapshot));
+    up.extend(collected::up_samples(collected));
     out.add(&UP, up);
     out.add(
         &SAMPLE_DURATION,
@@ -276,11 +278,12 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
             .collect();
         out.add(def, samples);
     }
-    // This process's devices as the record it publishes; the sidecar has no pools of its own
+    // This process's devices as the record it publishes; a collector has no pools of its own
     // and exports only the collected processes' records.
-    let records: Vec<ProcessDevice> = match snapshot.sidecar {
-        None => snapshot.devices.iter().map(device_record).collect(),
-        Some(_) => Vec::new(),
+    let records: Vec<ProcessDevice> = if snapshot.from_collector() {
+        Vec::new()
+    } else {
+        snapshot.devices.iter().map(device_record).collect()
     };
     for (def, value) in &MANAGER_DEVICE {
         let mut samples: Vec<Metric> = records
@@ -288,7 +291,7 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
             .enumerate()
             .filter_map(|(i, record)| value(record).map(|v| sample(def.kind, &device_labels(i), v)))
             .collect();
-        samples.extend(sidecar::process_device_samples(snapshot, def, *value));
+        samples.extend(collected::process_device_samples(collected, def, *value));
         out.add(def, samples);
     }
     let mut states = Vec::new();
@@ -328,11 +331,11 @@ fn families(snapshot: &Snapshot, fresh: bool) -> Vec<MetricFamily> {
                 }
             }
         }
-        samples.extend(sidecar::process_pool_samples(snapshot, def, *value));
+        samples.extend(collected::process_pool_samples(collected, def, *value));
         out.add(def, samples);
     }
     tags::add_families(snapshot, &mut out);
-    sidecar::add_families(snapshot, &mut out);
+    collected::add_families(collected, &mut out);
     out.0
 }
 

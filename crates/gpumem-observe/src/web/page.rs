@@ -1,13 +1,14 @@
 //! `GET /`: the status page. Turns a snapshot into a view of ready-to-print strings and renders
 //! `templates/index.html` with askama; every number is on the page without JavaScript (the
 //! chart, fed by `/api/v1/history`, is the only script). A device's panels are built in
-//! `device`, the hints in `hints`, the sidecar's tables in `sidecar`.
+//! `device`, the hints in `hints`, what a collector (a sidecar or the node agent) adds — its
+//! sources and processes — in `collected`.
 
+mod collected;
 mod device;
 mod hints;
-mod sidecar;
 
-pub(crate) use sidecar::SidecarView;
+pub(crate) use collected::CollectedView;
 
 use super::format;
 use askama::Template;
@@ -23,7 +24,7 @@ pub struct IndexPage {
     pub(crate) taken_at: String,
     pub(crate) healthy: bool,
     /// The header badge's colour: `ok` (green), `warn` (amber: sampling works, but a source
-    /// does not — a sidecar blind to the device), `bad` (red).
+    /// does not — a collector blind to the device), `bad` (red).
     pub(crate) health_class: &'static str,
     pub(crate) health_text: String,
     pub(crate) interval_ms: u64,
@@ -34,8 +35,8 @@ pub struct IndexPage {
     pub(crate) samples_failed: String,
     pub(crate) problems: Vec<String>,
     pub(crate) devices: Vec<DeviceView>,
-    /// The sidecar's sources and processes (`gpumem serve`); `None` in-process.
-    pub(crate) sidecar: Option<SidecarView>,
+    /// A collector's sources and processes (`gpumem serve`); `None` in-process.
+    pub(crate) collected: Option<CollectedView>,
     /// What needs attention and where the runbook says what to do, most urgent first.
     pub(crate) hints: Vec<Hint>,
     /// The OOM flight recorder's latest records, newest first.
@@ -61,15 +62,16 @@ impl IndexPage {
             (None, false, _) => (false, "no sample yet".to_string()),
         };
         let interval_ms = (snapshot.interval_seconds * 1000.0).round().max(100.0) as u64;
-        let (health_class, health_text) = match &snapshot.sidecar {
-            _ if !healthy => ("bad", health_text),
-            Some(sidecar) if sidecar.blind().is_some() => {
-                ("warn", "blind to the device (no NVML)".to_string())
-            }
-            Some(sidecar) if !sidecar.degraded().is_empty() => {
-                ("warn", "sampling ok · degraded".to_string())
-            }
-            _ => ("ok", health_text),
+        // In-process nothing is collected, so nothing is blind or degraded.
+        let collected = snapshot.collected();
+        let (health_class, health_text) = if !healthy {
+            ("bad", health_text)
+        } else if collected.blind().is_some() {
+            ("warn", "blind to the device (no NVML)".to_string())
+        } else if !collected.degraded().is_empty() {
+            ("warn", "sampling ok · degraded".to_string())
+        } else {
+            ("ok", health_text)
         };
         IndexPage {
             version: snapshot.version.clone(),
@@ -89,9 +91,9 @@ impl IndexPage {
             devices: snapshot
                 .devices
                 .iter()
-                .map(|d| DeviceView::new(d, snapshot.sidecar.is_none()))
+                .map(|d| DeviceView::new(d, !snapshot.from_collector()))
                 .collect(),
-            sidecar: snapshot.sidecar.as_ref().map(SidecarView::new),
+            collected: snapshot.collector.as_ref().map(CollectedView::new),
             hints: Vec::new(),
             oom_records: Vec::new(),
         }

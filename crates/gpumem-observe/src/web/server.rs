@@ -10,8 +10,8 @@
 //!
 //! The cap: every connection costs a descriptor and a task with its buffers, so at most
 //! `max_connections` are served at once, by default well below the process's descriptor limit
-//! (`RLIMIT_NOFILE`) and what fits the sidecar's memory. A small reserve of them is kept for
-//! the moment the rest are taken: a connection in the reserve is answered only for `/healthz`
+//! (`RLIMIT_NOFILE`) and what fits a collector's memory limit. A small reserve of them is kept
+//! for the moment the rest are taken: a connection in the reserve is answered only for `/healthz`
 //! (anything else gets 503 and a `Retry-After`), with short deadlines and no keep-alive, so a
 //! liveness probe still gets its answer while scrapers flood the server. With the reserve full
 //! too, a new connection takes the slot of the oldest connection with no request in flight

@@ -234,6 +234,16 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     fn shareable(&self) -> Option<&dyn ShareableMemory> {
         None
     }
+
+    /// For a backend that models what its calls cost rather than paying it (the simulated
+    /// device): the driver time charged to the calling thread so far, in nanoseconds. `None` for
+    /// one whose calls take the time they take. The adaptive cache default judges a miss by the
+    /// charge where there is one, so that a replay on the simulated device decides the same
+    /// whatever else the machine is running (a preempted miss of a costless device once looked
+    /// dear and moved the setting).
+    fn charged_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A backend that makes its own context current on the calling thread, and can put the host's

@@ -210,6 +210,10 @@ impl DeviceBackend for TimedBackend {
     fn shareable(&self) -> Option<&dyn ShareableMemory> {
         self.inner.shareable()
     }
+
+    fn charged_ns(&self) -> Option<u64> {
+        self.inner.charged_ns()
+    }
 }
 
 impl StreamOrder for TimedBackend {

@@ -10,7 +10,7 @@ use super::adaptive::{
 };
 use super::config::{CacheMode, MemoryConfig};
 use super::{ManagedDevice, MemoryManager, PressureLevel};
-use crate::pool::{CacheKnobs, KnobValues};
+use crate::pool::{CacheKnobs, KnobValues, Placed};
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -95,12 +95,13 @@ pub(crate) fn store(knobs: &CacheKnobs, setting: &CacheSetting, page_size: u64) 
 }
 
 impl MemoryManager {
-    /// A miss of `ns` nanoseconds that mapped `mapped_bytes` was served on `managed`: into the
-    /// latency histogram, and into the adaptive window.
-    pub(super) fn record_miss(&self, managed: &ManagedDevice, ns: u64, mapped_bytes: u64) {
-        managed.pages.miss_ns.record(ns);
+    /// A miss was served on `managed`: its time into the latency histogram, its cost (the same
+    /// time, or what a simulated device's cost model charged) into the adaptive window.
+    pub(super) fn record_miss(&self, managed: &ManagedDevice, placed: &Placed) {
+        managed.pages.miss_ns.record(u64::from(placed.miss_ns));
         if let Some(adapting) = &managed.adapting {
-            self.adapt(managed, adapting, ns, mapped_bytes);
+            let cost_ns = u64::from(placed.miss_cost_ns);
+            self.adapt(managed, adapting, cost_ns, placed.mapped_bytes);
         }
     }
 

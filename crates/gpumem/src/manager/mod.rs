@@ -447,7 +447,7 @@ impl MemoryManager {
         let outcome = match pool.alloc(kind, size, align, &live, within_budget) {
             Ok(placed) => {
                 if placed.map_calls > 0 {
-                    self.record_miss(managed, placed.miss_ns as u64, placed.mapped_bytes);
+                    self.record_miss(managed, &placed);
                 }
                 Ok(placed)
             }

@@ -4,9 +4,9 @@
 
 use super::{cache, ooms, tag, ManagedDevice, MemoryManager, PressureLevel};
 use crate::error::{AllocError, BackendError};
+use crate::pool::miss_clock::MissClock;
 use crate::pool::{ArenaError, BusyStreams, LiveInfo, MapDecision, Placed, Pool, PoolKind};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
 
 impl MemoryManager {
     /// What follows a pool's refusal: make room within the cache budget, or release cached
@@ -24,7 +24,8 @@ impl MemoryManager {
         live: LiveInfo,
         refusal: ArenaError,
     ) -> Result<Placed, ArenaError> {
-        let started = Instant::now();
+        // The first attempt's mapping, if it got that far, was counted where it failed.
+        let clock = MissClock::start(self.shared.backend.as_ref());
         let may_map = |bytes: u64| self.may_map(managed, bytes);
         let mut outcome = Err(refusal);
         if let Err(ArenaError::NeedsRoom(excess, busy)) = outcome {
@@ -59,8 +60,15 @@ impl MemoryManager {
         }
         if let Ok(placed) = &outcome {
             if placed.map_calls > 0 {
-                let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-                self.record_miss(managed, took, placed.mapped_bytes);
+                let took = clock.stop(self.shared.backend.as_ref());
+                self.record_miss(
+                    managed,
+                    &Placed {
+                        miss_ns: took.ns,
+                        miss_cost_ns: took.cost_ns,
+                        ..*placed
+                    },
+                );
             }
         }
         outcome

@@ -11,6 +11,7 @@ mod fences;
 pub(crate) mod knobs;
 pub(crate) mod latency;
 mod lock;
+pub(crate) mod miss_clock;
 pub(crate) mod pages;
 pub(crate) mod reserve;
 mod shared;
@@ -21,6 +22,7 @@ pub use arena::{ArenaError, MapDecision, MappedSegment, Placed, ReleaseError, Re
 pub use device_totals::DeviceReserve;
 pub use direct::DirectPool;
 pub use knobs::{CacheKnobs, KnobValues};
+pub use miss_clock::MissTime;
 pub use reserve::{ChunkSizes, Cut, PageReserve};
 pub use stats::{CounterValues, PoolCounters};
 pub use tlsf::{LiveInfo, MIN_BLOCK};
@@ -296,7 +298,7 @@ impl Pool {
             Ok(placed) => {
                 if placed.map_calls > 0 {
                     slot.counters
-                        .on_reserve(placed.mapped_bytes, placed.map_calls);
+                        .on_reserve(placed.mapped_bytes, u64::from(placed.map_calls));
                 }
                 slot.counters
                     .on_alloc(live.requested, size, placed.map_calls == 0);

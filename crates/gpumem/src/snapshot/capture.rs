@@ -159,7 +159,7 @@ pub fn capture(managers: &[MemoryManager], settings: &CaptureSettings) -> Snapsh
 
 /// A snapshot stating only what every sample says about itself: version, when it was taken
 /// (`timestamp_seconds`, having begun at `started`), the settings it was taken with, and the
-/// backend. The in-process capture and the sidecar fill in the rest.
+/// backend. The in-process capture and the collector fill in the rest.
 pub fn begun(
     settings: &CaptureSettings,
     started: Instant,

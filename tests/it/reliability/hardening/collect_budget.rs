@@ -6,13 +6,13 @@ use super::{count, published};
 use crate::reliability::{rss_kib, Scratch};
 use crate::web::get;
 use gpumem_observe::collect::{
-    series_of, CollectSettings, Collector, DEFAULT_MAX_SERIES, SERIES_PER_DEVICE, SERIES_PER_POOL,
+    series_of, CollectDir, CollectSettings, DEFAULT_MAX_SERIES, SERIES_PER_DEVICE, SERIES_PER_POOL,
 };
 use gpumem_wire::unix_now;
 use std::time::{Duration, SystemTime};
 
-fn collector(dir: &Scratch) -> Collector {
-    Collector::new(CollectSettings::new(dir.path(), Duration::from_secs(1)))
+fn collector(dir: &Scratch) -> CollectDir {
+    CollectDir::new(CollectSettings::new(dir.path(), Duration::from_secs(1)))
 }
 
 /// Files of 64 devices x 16 pools each (the most a file may hold) add up to the default budget

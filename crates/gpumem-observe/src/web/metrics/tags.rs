@@ -1,6 +1,6 @@
 //! `gpumem_tag_*{tag}`: live memory by allocation tag, in-process and for every collected
 //! process. Only the largest few tags of each device carry their own name (the snapshot and the
-//! sidecar fold the rest into `other`, `--top-tags` sets how many), so the label stays bounded.
+//! collector fold the rest into `other`, `--top-tags` sets how many), so the label stays bounded.
 
 use super::{def, sample, Def, Families, GAUGE};
 use gpumem_wire::{ProcessTag, Snapshot, TagGroup};
@@ -50,27 +50,10 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
                 samples.push(sample(GAUGE, &labels, own(group)));
             }
         }
-        let processes = snapshot.sidecar.iter().flat_map(|s| &s.processes);
-        for process in processes {
-            let pid = process.pid.to_string();
-            for device in &process.devices {
-                let gpu = device.gpu.to_string();
-                let uuid = device.uuid.as_deref().unwrap_or("");
-                for tag in &device.tags {
-                    if let Some(value) = published(tag) {
-                        let mut labels = vec![
-                            ("process", process.process.as_str()),
-                            ("pid", pid.as_str()),
-                            ("gpu", gpu.as_str()),
-                            ("uuid", uuid),
-                            ("tag", tag.tag.as_str()),
-                        ];
-                        labels.extend(super::sidecar::pod_labels(process.pod.as_ref()));
-                        samples.push(sample(GAUGE, &labels, value));
-                    }
-                }
-            }
-        }
+        samples.extend(super::collected::process_tag_samples(
+            snapshot.collected(),
+            *published,
+        ));
         out.add(def, samples);
     }
 }

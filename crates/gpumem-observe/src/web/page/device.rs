@@ -11,7 +11,7 @@ pub(crate) struct DeviceView {
     pub uuid: String,
     pub simulated: bool,
     pub total_bytes: u64,
-    /// Whether this process has pools on the device (false in the sidecar, which only reads
+    /// Whether this process has pools on the device (false in a collector, which only reads
     /// device memory: its pool panels would be empty).
     pub own_pools: bool,
     /// CSS class and label of the pressure badge.
@@ -262,7 +262,7 @@ fn memory_bar(device: &DeviceSnapshot, own_pools: bool) -> Vec<BarSegment> {
         bar.push(segment("in-use", "In use (this process)", in_use));
         bar.push(segment("cached", "Cached by pools", cached));
     } else if stats.pools.reserved_bytes > 0 {
-        // The sidecar: what the collected processes hold, as their own tables say.
+        // A collector: what the collected processes hold, as their own tables say.
         bar.push(segment("in-use", "In use (published processes)", in_use));
         bar.push(segment("cached", "Cached by their pools", cached));
     }

@@ -1,4 +1,4 @@
-//! The status page's hints: what needs attention (sampling, a blind sidecar, pressure, OOMs,
+//! The status page's hints: what needs attention (sampling, a blind collector, pressure, OOMs,
 //! leak suspects, fragmentation), most urgent first, each linking its runbook section.
 
 use super::super::format;
@@ -41,7 +41,7 @@ pub(super) fn hints(snapshot: &Snapshot, fresh: bool, runbook: &str) -> Vec<Hint
             RUNBOOK_SAMPLING,
         );
     }
-    if let Some(blind) = snapshot.sidecar.as_ref().and_then(|s| s.blind()) {
+    if let Some(blind) = snapshot.collected().blind() {
         let mut text = blind;
         if let Some(first) = text.get(..1) {
             text = format!("{}{}.", first.to_uppercase(), &text[1..]);
@@ -100,20 +100,15 @@ pub(super) fn hints(snapshot: &Snapshot, fresh: bool, runbook: &str) -> Vec<Hint
     hints
 }
 
-/// A published number summed over the collected processes on `device` (sidecar only).
+/// A published number summed over the collected processes on `device` (0 in-process).
 fn collected(
     snapshot: &Snapshot,
     device: &DeviceSnapshot,
     value: fn(&gpumem_wire::ProcessDevice) -> Option<u64>,
 ) -> u64 {
-    let Some(sidecar) = &snapshot.sidecar else {
-        return 0;
-    };
-    sidecar
-        .processes
-        .iter()
-        .flat_map(|p| &p.devices)
-        .filter(|d| d.is(device))
-        .filter_map(value)
+    snapshot
+        .collected()
+        .on_device(device)
+        .filter_map(|(_, published)| value(published))
         .sum()
 }

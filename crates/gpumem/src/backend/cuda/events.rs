@@ -1,22 +1,29 @@
-//! Fences as CUDA events, and whether a stream has work left. One event recorded on a stream
+//! [`StreamOrder`] on CUDA: fences as CUDA events, and whether a stream has work left (waiting
+//! for a stream and a graph capture's id are `graph_capture`'s, called from here). One event recorded on a stream
 //! marks the work queued so far, and a query says whether that work has run. Events are created
 //! per fence and destroyed once it has passed (or its query failed): the backend holds events
 //! only for fences still outstanding. Pools record and query fences as their pages go idle,
-//! from whatever thread frees, so every call here runs with the thread's capture mode relaxed:
+//! from whatever thread frees, so every fence and query here runs with the thread's capture mode relaxed:
 //! a CUDA graph captured in global mode on another thread would otherwise count them as unsafe
 //! and end its capture (none of them touches a capturing stream).
 
 use super::{check, stream_handle, CudaBackend};
-use crate::backend::{Fence, StreamId};
+use crate::backend::{Fence, StreamId, StreamOrder};
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUresult};
 
-impl CudaBackend {
-    pub(super) fn record_event(
-        &self,
-        device: usize,
-        stream: StreamId,
-    ) -> Result<Fence, BackendError> {
+/// Each call under the trait's own name, so a fence is recorded, queried and waited for under
+/// one name in every backend.
+impl StreamOrder for CudaBackend {
+    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+        self.wait_for(device, stream)
+    }
+
+    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
+        self.capture_id(device, stream)
+    }
+
+    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
         self.make_current(device)?;
         if self.capture_id(device, stream)?.is_some() {
             // Recorded on a capturing stream, the event would become a node of the graph and
@@ -48,11 +55,7 @@ impl CudaBackend {
         Ok(Fence(event as u64))
     }
 
-    pub(super) fn query_stream(
-        &self,
-        device: usize,
-        stream: StreamId,
-    ) -> Result<bool, BackendError> {
+    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
         if stream == StreamId::ANY || self.capture_id(device, stream)?.is_some() {
             return Ok(false);
         }
@@ -66,10 +69,10 @@ impl CudaBackend {
         }
     }
 
-    pub(super) fn query_event(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
         self.make_current(device)?;
         let event = fence.0 as CUevent;
-        // SAFETY: `fence` came from `record_event` and has not passed yet (the trait's
+        // SAFETY: `fence` came from `record_fence` and has not passed yet (the trait's
         // contract), so the event is alive.
         let status = self.relaxed(|| unsafe { sys::cuEventQuery(event) });
         if status == CUresult::CUDA_ERROR_NOT_READY {
@@ -80,10 +83,10 @@ impl CudaBackend {
         check("cuEventQuery", status).map(|()| true)
     }
 
-    pub(super) fn wait_event(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
         self.make_current(device)?;
         let event = fence.0 as CUevent;
-        // SAFETY: `fence` came from `record_event` and has not passed yet (the trait's
+        // SAFETY: `fence` came from `record_fence` and has not passed yet (the trait's
         // contract), so the event is alive; waiting only reads it.
         let status = self.relaxed(|| unsafe { sys::cuEventSynchronize(event) });
         // SAFETY: as above; after this the fence is gone and never used again.

@@ -8,8 +8,9 @@
 //! unmap and release physical pages), `stream_ordered` (`cuMemAllocAsync`, the driver-pool
 //! baseline), `host` (pinned host memory for the CPU fallback), `host_context` (leaving the
 //! calling thread's current context as a host such as PyTorch set it), `graph_capture` (CUDA graph
-//! capture: which capture a stream is in, and not breaking it), `events` (fences) and `export`
-//! (mapped chunks as file descriptors another process imports: CUDA IPC).
+//! capture: which capture a stream is in, and not breaking it), `events` (`StreamOrder`: fences,
+//! whether a stream is idle) and `export` (mapped chunks as file descriptors another process
+//! imports: CUDA IPC).
 
 #![allow(unsafe_code)]
 
@@ -26,8 +27,8 @@ mod vmm;
 pub use probe::DRIVER_SYMBOLS;
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, Fence,
-    HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
+    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, HostContext,
+    MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
@@ -275,32 +276,6 @@ impl DeviceBackend for CudaBackend {
 
     fn shareable(&self) -> Option<&dyn ShareableMemory> {
         Some(self)
-    }
-}
-
-impl StreamOrder for CudaBackend {
-    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
-        self.wait_for(device, stream)
-    }
-
-    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
-        self.query_stream(device, stream)
-    }
-
-    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
-        self.record_event(device, stream)
-    }
-
-    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
-        self.query_event(device, fence)
-    }
-
-    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
-        self.wait_event(device, fence)
-    }
-
-    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
-        self.capture_id(device, stream)
     }
 }
 

@@ -80,11 +80,22 @@ impl DriverCosts {
     }
 }
 
-/// Spends `ns` nanoseconds on this thread, as a driver call would.
+thread_local! {
+    /// The driver time charged to this thread so far, by every simulated device.
+    static CHARGED_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The driver time the simulated devices have charged this thread so far.
+pub(super) fn charged_ns() -> u64 {
+    CHARGED_NS.with(std::cell::Cell::get)
+}
+
+/// Spends `ns` nanoseconds on this thread, as a driver call would, and charges them to it.
 pub(super) fn spend(ns: u64) {
     if ns == 0 {
         return;
     }
+    CHARGED_NS.with(|charged| charged.set(charged.get().wrapping_add(ns)));
     let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
     while std::time::Instant::now() < until {
         std::hint::spin_loop();

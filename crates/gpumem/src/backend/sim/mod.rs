@@ -407,31 +407,11 @@ impl DeviceBackend for SimBackend {
     fn direct(&self) -> Option<&dyn DirectMemory> {
         Some(self)
     }
-}
 
-impl StreamOrder for SimBackend {
-    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
-        self.sync_stream(device, stream)
-    }
-
-    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
-        self.is_stream_idle(device, stream)
-    }
-
-    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
-        self.new_fence(device, stream)
-    }
-
-    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
-        self.has_passed(device, fence)
-    }
-
-    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
-        self.wait_for_fence(device, fence)
-    }
-
-    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
-        self.capture_on(device, stream)
+    /// What the cost model charged, not the time spent: the same calls charge the same however
+    /// busy the machine is (nothing at all with [`DriverCosts::Free`]).
+    fn charged_ns(&self) -> Option<u64> {
+        Some(costs::charged_ns())
     }
 }
 

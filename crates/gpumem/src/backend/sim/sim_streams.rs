@@ -1,9 +1,9 @@
-//! Streams on the simulated device: CUDA graph captures begun and ended by tests, fences that
-//! pass at once unless held, and the synchronisations counted.
+//! Streams on the simulated device ([`StreamOrder`]): CUDA graph captures begun and ended by
+//! tests, fences that pass at once unless held, and the synchronisations counted.
 
 use super::costs::spend;
 use super::SimBackend;
-use super::{Fence, StreamId};
+use super::{Fence, StreamId, StreamOrder};
 use crate::error::BackendError;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -89,8 +89,11 @@ impl SimBackend {
     pub fn refused_syncs(&self) -> u64 {
         self.captures.refused_syncs.load(Ordering::Relaxed)
     }
+}
 
-    pub(super) fn sync_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
+/// Each call under the trait's own name, as in the CUDA backend.
+impl StreamOrder for SimBackend {
+    fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {
         // Simulated work completes as it is queued, so there is never anything to wait for,
         // except on a capturing stream, whose work runs only when the graph is replayed.
         self.device(device)?;
@@ -112,17 +115,13 @@ impl SimBackend {
         Ok(())
     }
 
-    pub(super) fn is_stream_idle(
-        &self,
-        device: usize,
-        stream: StreamId,
-    ) -> Result<bool, BackendError> {
+    fn stream_idle(&self, device: usize, stream: StreamId) -> Result<bool, BackendError> {
         let capturing = self.capture_on(device, stream)?.is_some();
         let busy = self.fences.held.load(Ordering::Relaxed);
         Ok(!capturing && !busy && stream != StreamId::ANY)
     }
 
-    pub(super) fn new_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
+    fn record_fence(&self, device: usize, stream: StreamId) -> Result<Fence, BackendError> {
         self.device(device)?;
         if self.capture_on(device, stream)?.is_some() {
             return Err(BackendError::StreamCapturing {
@@ -136,7 +135,7 @@ impl SimBackend {
         Ok(Fence(fence))
     }
 
-    pub(super) fn has_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
+    fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
         self.device(device)?;
         let mut outstanding = self.fences.outstanding.lock();
         if !outstanding.contains(&(device, fence.0)) {
@@ -152,7 +151,7 @@ impl SimBackend {
         Ok(true)
     }
 
-    pub(super) fn wait_for_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
+    fn wait_fence(&self, device: usize, fence: Fence) -> Result<(), BackendError> {
         self.device(device)?;
         // Waiting makes held work finish, as `synchronize_stream` does: simulated work is
         // only ever held back from queries, never from a wait.
@@ -167,6 +166,12 @@ impl SimBackend {
         Ok(())
     }
 
+    fn capture_of(&self, device: usize, stream: StreamId) -> Result<Option<u64>, BackendError> {
+        self.capture_on(device, stream)
+    }
+}
+
+impl SimBackend {
     pub(super) fn capture_on(
         &self,
         device: usize,

@@ -1,7 +1,7 @@
 //! Allocation tags ("kv_cache", "weights"): interned into a small id, so tagging an allocation
 //! costs a `u32` and one counter, not a string clone — and bounded, whatever a host passes.
 //!
-//! A tag's name is cleaned as the sidecar cleans the tags it collects ([`clean_tag`]: control
+//! A tag's name is cleaned as a collector cleans the tags it collects ([`clean_tag`]: control
 //! characters replaced, bidirectional and zero-width ones removed, at most [`MAX_TAG_CHARS`]
 //! characters), so `/metrics`, the page and logs never carry an escape sequence or text that
 //! reads backwards. At most [`MAX_TAGS`] names are held at once; a tag beyond them is
@@ -23,7 +23,7 @@ use interner::Interner;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-/// Tag names are cut to this many characters (the sidecar's limit for collected tags).
+/// Tag names are cut to this many characters (a collector's limit for collected tags).
 pub const MAX_TAG_CHARS: usize = 64;
 /// Distinct tag names held at once, `other` included; beyond them new names are `other`.
 pub const MAX_TAGS: usize = 4096;
@@ -34,7 +34,7 @@ pub const OTHER_TAG: &str = "other";
 pub(crate) const UNTAGGED: u32 = 0;
 
 /// A tag name fit for a label, a log line and the page — the one rule for in-process tags and
-/// the tags the sidecar collects: see [`gpumem_wire::process::clean_text`], at most
+/// the tags a collector collects: see [`gpumem_wire::process::clean_text`], at most
 /// [`MAX_TAG_CHARS`] characters. May be empty.
 pub fn clean_tag(name: &str) -> String {
     gpumem_wire::process::clean_text(name, MAX_TAG_CHARS)

@@ -3,6 +3,7 @@
 //! live block touches it, and kept for reuse (idle) or unmapped when it is not.
 
 use super::fences::FenceTrail;
+use super::miss_clock::MissClock;
 use super::pages::{PageRun, PageTable};
 use super::reserve::PageReserve;
 use super::tlsf::{BlockState, LiveInfo, Tlsf};
@@ -56,7 +57,11 @@ pub struct Placed {
     pub ptr: DevicePtr,
     /// Bytes of pages mapped for this block (0 on a pool hit).
     pub mapped_bytes: u64,
-    pub map_calls: u64,
+    pub map_calls: u32,
+    /// On a miss, what it cost the adaptive default: `miss_ns`, or on a device that models its
+    /// costs the driver time charged (see [`MissTime`](crate::pool::MissTime)). A `u32` beside
+    /// `map_calls` keeps the struct the hot path returns at 32 bytes.
+    pub miss_cost_ns: u32,
 }
 
 /// Pages unmapped from an arena (kept in the device's page reserve until it is trimmed).
@@ -213,6 +218,7 @@ impl Arena {
                     ptr: self.base + offset,
                     mapped_bytes: 0,
                     map_calls: 0,
+                    miss_cost_ns: 0,
                 });
             }
             self.unpark();
@@ -234,9 +240,9 @@ impl Arena {
             }
         }
         // A recut's mapping is this allocation's, reported with its own.
-        let (mut mapped, mut miss_ns) = (recut.mapped, recut.ns);
+        let (mut mapped, mut miss) = (recut.mapped, recut.time);
         if !self.runs.is_empty() {
-            let started = std::time::Instant::now();
+            let clock = MissClock::start(reserve.backend());
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
             let outcome = match may_map(wanted, self.page_counts()) {
@@ -272,17 +278,17 @@ impl Arena {
                     return Err(error);
                 }
             }
-            let elapsed = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
-            miss_ns = miss_ns.saturating_add(elapsed);
+            miss = miss.plus(clock.stop(reserve.backend()));
         }
         self.pages.acquire(first, last);
         self.mapped_high = self.mapped_high.max(self.pages.mapped_pages());
         Ok(Placed {
             block,
-            miss_ns,
+            miss_ns: miss.ns,
             ptr: self.base + offset,
             mapped_bytes: mapped.bytes,
-            map_calls: mapped.calls,
+            map_calls: mapped.calls.min(u64::from(u32::MAX)) as u32,
+            miss_cost_ns: miss.cost_ns,
         })
     }
 

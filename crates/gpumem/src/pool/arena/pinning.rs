@@ -19,6 +19,7 @@
 //! layout changes every step (docs/performance.md).
 
 use super::{Arena, Released};
+use crate::pool::miss_clock::{MissClock, MissTime};
 use crate::pool::pages::{PageRun, Pinned};
 use crate::pool::reserve::{Cut, PageReserve};
 use crate::pool::BusyStreams;
@@ -47,7 +48,7 @@ fn around(chunk: PageRun, first: u32, last: u32) -> impl Iterator<Item = PageRun
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Recut {
     pub(super) mapped: Released,
-    pub(super) ns: u32,
+    pub(super) time: MissTime,
 }
 
 /// How a placement cuts the pages it creates: [`Cut::Whole`] for a block on `first..=last`,
@@ -153,7 +154,7 @@ impl Arena {
         if victims.is_empty() {
             return Recut::default();
         }
-        let started = std::time::Instant::now();
+        let clock = MissClock::start(reserve.backend());
         self.unmap_into_reserve(reserve, &victims);
         let mut recut = Recut::default();
         for victim in victims {
@@ -196,7 +197,7 @@ impl Arena {
         }
         self.runs.clear();
         self.pages.unmapped_runs(first, last, &mut self.runs);
-        recut.ns = started.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+        recut.time = clock.stop(reserve.backend());
         recut
     }
 

@@ -1,12 +1,12 @@
-//! The collector: every interval, reads each published file in the collect directory and decides
-//! which processes to export. A process is dropped when its file is stale (older than three
+//! The collect directory ([`CollectDir`]): every interval, reads each published file in it and
+//! decides which processes to export. A process is dropped when its file is stale (older than three
 //! intervals) or its pid is gone; a bad file is skipped, counted and logged once, and the last
 //! good content of that file is kept until it goes stale (so a torn write does not flap series).
 //!
 //! What is kept is bounded whatever the directory holds: files are read newest first (by
 //! modification time), files untouched for longer than any writer's staleness are not opened,
 //! at most `max_files` are read, and the content kept must fit a budget of series and bytes
-//! sized for the sidecar's memory limit; a file over the budget is skipped and counted.
+//! sized for the collector's memory limit; a file over the budget is skipped and counted.
 
 use super::read::{read_sized, Rejection, MAX_FILE_BYTES, REJECTION_REASONS};
 use gpumem_wire::process::{current_pid_namespace, pid_alive};
@@ -75,7 +75,7 @@ impl CollectSettings {
     }
 }
 
-/// Checks the directory once at start, so a typo is an error and not an empty sidecar.
+/// Checks the directory once at start, so a typo is an error and not an empty collector.
 pub fn check_dir(dir: &Path) -> Result<(), String> {
     let shown = dir.display();
     match std::fs::metadata(dir) {
@@ -104,7 +104,7 @@ pub struct Collected {
 /// metric reason and the message).
 type Outcome = Result<(PublishedFile, u64), (&'static str, String)>;
 
-/// What the collector remembers about one file between scans.
+/// What is remembered about one file between scans.
 #[derive(Default)]
 struct FileState {
     /// The version last read and what it gave.
@@ -121,7 +121,7 @@ struct FileState {
 }
 
 /// Reads the collect directory; see the module documentation.
-pub struct Collector {
+pub struct CollectDir {
     settings: CollectSettings,
     pid_namespace: Option<String>,
     files: BTreeMap<String, FileState>,
@@ -136,9 +136,9 @@ pub struct Collector {
     listing: Option<Listing>,
 }
 
-impl Collector {
+impl CollectDir {
     pub fn new(settings: CollectSettings) -> Self {
-        Collector {
+        CollectDir {
             settings,
             pid_namespace: current_pid_namespace(),
             files: BTreeMap::new(),

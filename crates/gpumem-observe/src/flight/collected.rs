@@ -1,18 +1,18 @@
-//! The recorder in the sidecar (or node agent): devices it reads but holds no pools on, and the
-//! collected processes whose published OOM counts went up, each with who else holds memory on
-//! the device as the sidecar sees it.
+//! The recorder in a collector (a sidecar or the node agent): devices it reads but holds no pools
+//! on, and the collected processes whose published OOM counts went up, each with who else holds
+//! memory on the device as the collector sees it.
 
 use super::record::{device_history, OtherProcess, RecordDevice, RecordProcess};
 use super::{blank, FlightRecord, FlightRecorder};
 use crate::history::HistoryPoint;
 use gpumem_wire::published::tag_groups;
-use gpumem_wire::{CollectedProcess, DeviceSnapshot, ProcessDevice, SidecarSnapshot, Snapshot};
+use gpumem_wire::{CollectedProcess, CollectorSnapshot, DeviceSnapshot, ProcessDevice, Snapshot};
 
 impl FlightRecorder {
-    pub(super) fn observe_sidecar_device(
+    pub(super) fn observe_read_device(
         &mut self,
         device: &DeviceSnapshot,
-        sidecar: &SidecarSnapshot,
+        collected: &CollectorSnapshot,
         points: &[HistoryPoint],
         snapshot: &Snapshot,
     ) {
@@ -21,7 +21,7 @@ impl FlightRecorder {
         let Some(due) = self.due(key, 0, level, false) else {
             return;
         };
-        let (other_processes, note) = holders(device, sidecar, None);
+        let (other_processes, note) = holders(device, collected, None);
         let record = FlightRecord {
             process: None,
             device: record_device(device, None),
@@ -37,7 +37,7 @@ impl FlightRecorder {
         &mut self,
         process: &CollectedProcess,
         published: &ProcessDevice,
-        sidecar: &SidecarSnapshot,
+        collected: &CollectorSnapshot,
         points: &[HistoryPoint],
         snapshot: &Snapshot,
     ) {
@@ -48,11 +48,11 @@ impl FlightRecorder {
         let Some(due) = self.due(key, ooms, None, false) else {
             return;
         };
-        // The sidecar's own view of the device: join on the UUID, else on the index.
+        // The collector's own view of the device: join on the UUID, else on the index.
         let device = snapshot.devices.iter().find(|d| published.is(d));
         let (other_processes, note, mut record_dev, history) = match device {
             Some(d) => {
-                let (others, note) = holders(d, sidecar, Some(process.pid));
+                let (others, note) = holders(d, collected, Some(process.pid));
                 let history = device_history(points, d.index, 0.0);
                 (others, note, record_device(d, Some(published)), history)
             }
@@ -68,7 +68,7 @@ impl FlightRecorder {
             process: Some(RecordProcess {
                 pid: process.pid,
                 process: process.process.clone(),
-                pod: process.pod.clone().or_else(|| publisher_pod(sidecar)),
+                pod: process.pod.clone().or_else(|| publisher_pod(collected)),
             }),
             device: record_dev,
             ooms_total: Some(ooms),
@@ -86,11 +86,11 @@ impl FlightRecorder {
 
 /// In the sidecar shape (no pod attribution), a process that publishes into the sidecar's
 /// directory runs in the sidecar's pod: the downward API names it.
-fn publisher_pod(sidecar: &SidecarSnapshot) -> Option<gpumem_wire::PodRef> {
-    if sidecar.pods.is_some() {
+fn publisher_pod(collected: &CollectorSnapshot) -> Option<gpumem_wire::PodRef> {
+    if collected.pods.is_some() {
         return None;
     }
-    let pod = sidecar.this_pod.as_ref()?;
+    let pod = collected.this_pod.as_ref()?;
     Some(gpumem_wire::PodRef {
         namespace: pod.namespace.clone(),
         pod: pod.pod.clone(),
@@ -98,7 +98,7 @@ fn publisher_pod(sidecar: &SidecarSnapshot) -> Option<gpumem_wire::PodRef> {
     })
 }
 
-/// The sidecar's reading of a device, with the publishing process's pool totals when known.
+/// The collector's reading of a device, with the publishing process's pool totals when known.
 pub(super) fn record_device(
     device: &DeviceSnapshot,
     published: Option<&ProcessDevice>,
@@ -114,14 +114,14 @@ pub(super) fn record_device(
     }
 }
 
-/// Who holds memory on `device`, as the sidecar sees it: NVML's compute processes, then the
+/// Who holds memory on `device`, as the collector sees it: NVML's compute processes, then the
 /// collected processes NVML does not list (their reserved bytes), leaving out `except`.
 pub(super) fn holders(
     device: &DeviceSnapshot,
-    sidecar: &SidecarSnapshot,
+    collected: &CollectorSnapshot,
     except: Option<u32>,
 ) -> (Vec<OtherProcess>, Option<String>) {
-    let mut others: Vec<OtherProcess> = sidecar
+    let mut others: Vec<OtherProcess> = collected
         .gpu_processes
         .iter()
         .filter(|p| p.uuid == device.uuid && Some(p.pid) != except)
@@ -134,24 +134,19 @@ pub(super) fn holders(
         })
         .collect();
     // A process joined to its NVML entry is listed once, above.
-    let listed = sidecar
-        .processes
-        .iter()
-        .filter(|p| Some(p.pid) != except && p.host_pid.is_none());
-    for process in listed {
-        for published in &process.devices {
-            if published.is(device) {
-                others.push(OtherProcess {
-                    pid: process.pid,
-                    process: process.process.clone(),
-                    used_bytes: published.reserved_bytes,
-                    source: "published".to_string(),
-                    pod: process.pod.clone(),
-                });
-            }
-        }
+    let listed = collected
+        .on_device(device)
+        .filter(|(p, _)| Some(p.pid) != except && p.host_pid.is_none());
+    for (process, published) in listed {
+        others.push(OtherProcess {
+            pid: process.pid,
+            process: process.process.clone(),
+            used_bytes: published.reserved_bytes,
+            source: "published".to_string(),
+            pod: process.pod.clone(),
+        });
     }
-    let nvml_up = sidecar.sources.iter().any(|s| s.source == "nvml" && s.up);
+    let nvml_up = collected.sources.iter().any(|s| s.source == "nvml" && s.up);
     let note =
         (!nvml_up).then(|| "no NVML: only processes that publish snapshots are listed".to_string());
     (others, note)

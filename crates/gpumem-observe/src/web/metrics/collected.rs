@@ -1,13 +1,17 @@
-//! The sidecar's part of `/metrics`: collected processes' series (the manager families of the
-//! parent module, labelled `process`, `pid`, `gpu`, `uuid`), NVML's per-process memory,
-//! `gpumem_up{source=...}`, and the collector's own health. Each field `f` of the publish
+//! What a collector (a sidecar or the node agent) adds to `/metrics`, read from
+//! `Snapshot::collected()` — empty in-process, where every call here adds nothing: collected
+//! processes' series (the manager and tag families of the parent module, labelled `process`,
+//! `pid`, `gpu`, `uuid`), NVML's per-process memory, `gpumem_up{source=...}`, and the
+//! collector's own health. Each field `f` of the publish
 //! format's device is exported as `gpumem_f`, each pool field as `gpumem_pool_f`. A process the
 //! node agent placed in a pod also carries `namespace`, `pod` and `container` (bounded: the
 //! pods of one node, at most `pods::MAX_LABELLED_PODS`); the pod list's own health is here too.
 
 use super::families::{PoolRecordValue, RecordValue};
 use super::{def, sample, Def, Families, COUNTER, GAUGE};
-use gpumem_wire::{PodRef, ReasonCount, Snapshot};
+use gpumem_wire::{
+    CollectedProcess, CollectorSnapshot, PodRef, ProcessDevice, ProcessTag, ReasonCount,
+};
 use prometheus::proto::Metric;
 
 const PROCESS_MEMORY: Def = def("gpumem_process_used_bytes", GAUGE, &["gpu", "uuid", "pid", "process", "namespace", "pod", "container"],
@@ -82,7 +86,7 @@ const SNAPSHOT_AGE: Def = def(
 const EXITED: Def = def("gpumem_collect_exited_processes", GAUGE, &[],
     "Processes that stopped publishing (exited, killed or stale) within the exited retention (--exited-retention, 15 minutes by default); their last numbers are on the page and in /api/v1/snapshot.");
 
-/// The families only the sidecar has.
+/// The families only a collector has.
 pub(super) const DEFS: &[&Def] = &[
     &EXITED,
     &EXITED_GPU,
@@ -105,7 +109,7 @@ pub(super) const DEFS: &[&Def] = &[
 
 /// `namespace`, `pod` and `container` (when named) of a process placed in a pod; nothing for
 /// others, which are named by `process` alone.
-pub(super) fn pod_labels(pod: Option<&PodRef>) -> Vec<(&'static str, &str)> {
+fn pod_labels(pod: Option<&PodRef>) -> Vec<(&'static str, &str)> {
     let Some(pod) = pod else {
         return Vec::new();
     };
@@ -119,12 +123,44 @@ pub(super) fn pod_labels(pod: Option<&PodRef>) -> Vec<(&'static str, &str)> {
     labels
 }
 
+/// One device of one collected process, and the labels all its series carry.
+struct ProcessSeries<'a> {
+    process: &'a CollectedProcess,
+    device: &'a ProcessDevice,
+    pid: String,
+    gpu: String,
+}
+
+impl<'a> ProcessSeries<'a> {
+    /// `process`, `pid`, `gpu`, `uuid`, then `extra` (the pool, the tag), then the pod's.
+    fn labels(&'a self, extra: Option<(&'static str, &'a str)>) -> Vec<(&'static str, &'a str)> {
+        let mut labels = vec![
+            ("process", self.process.process.as_str()),
+            ("pid", self.pid.as_str()),
+            ("gpu", self.gpu.as_str()),
+            ("uuid", self.device.uuid.as_deref().unwrap_or("")),
+        ];
+        labels.extend(extra);
+        labels.extend(pod_labels(self.process.pod.as_ref()));
+        labels
+    }
+}
+
+/// Every device of every collected process, in order.
+fn process_series(collected: &CollectorSnapshot) -> impl Iterator<Item = ProcessSeries<'_>> {
+    collected.processes.iter().flat_map(|process| {
+        process.devices.iter().map(move |device| ProcessSeries {
+            process,
+            device,
+            pid: process.pid.to_string(),
+            gpu: device.gpu.to_string(),
+        })
+    })
+}
+
 /// `gpumem_up{source=...}`, one per source in use.
-pub(super) fn up_samples(snapshot: &Snapshot) -> Vec<Metric> {
-    let Some(sidecar) = &snapshot.sidecar else {
-        return Vec::new();
-    };
-    sidecar
+pub(super) fn up_samples(collected: &CollectorSnapshot) -> Vec<Metric> {
+    collected
         .sources
         .iter()
         .map(|s| {
@@ -139,27 +175,29 @@ pub(super) fn up_samples(snapshot: &Snapshot) -> Vec<Metric> {
 
 /// The collected processes' samples of one per-device family.
 pub(super) fn process_device_samples(
-    snapshot: &Snapshot,
+    collected: &CollectorSnapshot,
     def: &Def,
     value: RecordValue,
 ) -> Vec<Metric> {
-    let Some(sidecar) = &snapshot.sidecar else {
-        return Vec::new();
-    };
+    process_series(collected)
+        .filter_map(|series| {
+            let v = value(series.device)?;
+            Some(sample(def.kind, &series.labels(None), v))
+        })
+        .collect()
+}
+
+/// The collected processes' samples of one per-pool family.
+pub(super) fn process_pool_samples(
+    collected: &CollectorSnapshot,
+    def: &Def,
+    value: PoolRecordValue,
+) -> Vec<Metric> {
     let mut samples = Vec::new();
-    for process in &sidecar.processes {
-        let pid = process.pid.to_string();
-        for device in &process.devices {
-            if let Some(v) = value(device) {
-                let gpu = device.gpu.to_string();
-                let uuid = device.uuid.as_deref().unwrap_or("");
-                let mut labels = vec![
-                    ("process", process.process.as_str()),
-                    ("pid", pid.as_str()),
-                    ("gpu", gpu.as_str()),
-                    ("uuid", uuid),
-                ];
-                labels.extend(pod_labels(process.pod.as_ref()));
+    for series in process_series(collected) {
+        for pool in &series.device.pools {
+            if let Some(v) = value(pool) {
+                let labels = series.labels(Some(("pool", pool.pool.as_str())));
                 samples.push(sample(def.kind, &labels, v));
             }
         }
@@ -167,45 +205,26 @@ pub(super) fn process_device_samples(
     samples
 }
 
-/// The collected processes' samples of one per-pool family.
-pub(super) fn process_pool_samples(
-    snapshot: &Snapshot,
-    def: &Def,
-    value: PoolRecordValue,
+/// The collected processes' samples of one `gpumem_tag_*` family.
+pub(super) fn process_tag_samples(
+    collected: &CollectorSnapshot,
+    value: fn(&ProcessTag) -> Option<f64>,
 ) -> Vec<Metric> {
-    let Some(sidecar) = &snapshot.sidecar else {
-        return Vec::new();
-    };
     let mut samples = Vec::new();
-    for process in &sidecar.processes {
-        let pid = process.pid.to_string();
-        for device in &process.devices {
-            let gpu = device.gpu.to_string();
-            let uuid = device.uuid.as_deref().unwrap_or("");
-            for pool in &device.pools {
-                if let Some(v) = value(pool) {
-                    let mut labels = vec![
-                        ("process", process.process.as_str()),
-                        ("pid", pid.as_str()),
-                        ("gpu", gpu.as_str()),
-                        ("uuid", uuid),
-                        ("pool", pool.pool.as_str()),
-                    ];
-                    labels.extend(pod_labels(process.pod.as_ref()));
-                    samples.push(sample(def.kind, &labels, v));
-                }
+    for series in process_series(collected) {
+        for tag in &series.device.tags {
+            if let Some(v) = value(tag) {
+                let labels = series.labels(Some(("tag", tag.tag.as_str())));
+                samples.push(sample(GAUGE, &labels, v));
             }
         }
     }
     samples
 }
 
-/// The sidecar-only families.
-pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
-    let Some(sidecar) = &snapshot.sidecar else {
-        return;
-    };
-    let used = sidecar
+/// The families only a collector has; none in-process, where nothing is collected.
+pub(super) fn add_families(collected: &CollectorSnapshot, out: &mut Families) {
+    let used = collected
         .gpu_processes
         .iter()
         .filter_map(|p| {
@@ -222,14 +241,14 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         })
         .collect();
     out.add(&PROCESS_MEMORY, used);
-    if !sidecar.exited_gpu.is_empty() || sidecar.pods.is_some() {
+    if !collected.exited_gpu.is_empty() || collected.pods.is_some() {
         out.add(
             &EXITED_GPU,
-            vec![sample(GAUGE, &[], sidecar.exited_gpu.len() as f64)],
+            vec![sample(GAUGE, &[], collected.exited_gpu.len() as f64)],
         );
     }
-    add_pod_families(sidecar, out);
-    let Some(collect) = &sidecar.collect else {
+    add_pod_families(collected, out);
+    let Some(collect) = &collected.collect else {
         return;
     };
     let single = |def: &Def, value: f64| vec![sample(def.kind, &[], value)];
@@ -241,10 +260,10 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
     };
     out.add(
         &COLLECT_PROCESSES,
-        single(&COLLECT_PROCESSES, sidecar.processes.len() as f64),
+        single(&COLLECT_PROCESSES, collected.processes.len() as f64),
     );
     out.add(&COLLECT_FILES, single(&COLLECT_FILES, collect.files as f64));
-    out.add(&EXITED, single(&EXITED, sidecar.exited.len() as f64));
+    out.add(&EXITED, single(&EXITED, collected.exited.len() as f64));
     out.add(
         &COLLECT_REJECTED,
         by_reason(&COLLECT_REJECTED, &collect.rejected),
@@ -265,7 +284,7 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
         &COLLECT_BUDGET,
         single(&COLLECT_BUDGET, collect.budget_exceeded_total as f64),
     );
-    let ages = sidecar
+    let ages = collected
         .processes
         .iter()
         .map(|p| {
@@ -279,8 +298,8 @@ pub(super) fn add_families(snapshot: &Snapshot, out: &mut Families) {
 }
 
 /// The node agent's pod list: whether it is fresh, how big, and who it left unnamed.
-fn add_pod_families(sidecar: &gpumem_wire::SidecarSnapshot, out: &mut Families) {
-    let Some(pods) = &sidecar.pods else {
+fn add_pod_families(collected: &CollectorSnapshot, out: &mut Families) {
+    let Some(pods) = &collected.pods else {
         return;
     };
     let single = |def: &Def, value: f64| vec![sample(def.kind, &[], value)];
@@ -321,9 +340,9 @@ mod tests {
     use super::super::all_defs;
     use super::*;
 
-    /// Every sidecar-only family is among the families `/metrics` declares.
+    /// Every collector-only family is among the families `/metrics` declares.
     #[test]
-    fn the_sidecar_families_are_declared() {
+    fn the_collector_families_are_declared() {
         let declared: Vec<&str> = all_defs().map(|d| d.name).collect();
         for def in DEFS {
             assert!(declared.contains(&def.name));

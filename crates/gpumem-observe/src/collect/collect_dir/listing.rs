@@ -1,8 +1,8 @@
-//! How the collector finds the files to read: a full listing of the collect directory when it
+//! How [`CollectDir`] finds the files to read: a full listing of the collect directory when it
 //! changed, else the files read last time looked at again, and each file's version ([`Stamp`])
 //! so that an unchanged file is not read again.
 
-use super::Collector;
+use super::CollectDir;
 use gpumem_wire::published::is_published_name;
 use std::collections::HashSet;
 use std::path::Path;
@@ -60,7 +60,7 @@ pub(super) struct Listing {
 /// However still the directory is, it is listed in full at least this often.
 const FULL_LISTING_EVERY: Duration = Duration::from_secs(30);
 
-impl Collector {
+impl CollectDir {
     /// The files to read this scan, newest first: a full listing of the directory when it
     /// changed (its own mtime: a file created, renamed or removed) or every
     /// [`FULL_LISTING_EVERY`], else only the files read last time looked at again (one `stat`

@@ -1,15 +1,16 @@
-//! The sidecar's snapshot source (`gpumem serve`): device memory from NVML — or from a backend
-//! the user chose (`--backend sim`, or CUDA when a context is explicitly allowed) — NVML's
-//! per-process memory mapped to the pids this sidecar can see, and the collected files. No
-//! source is fatal: each reports whether it works (`gpumem_up{source=...}`) and why not.
-//! As the node agent it also names each GPU process's pod (`crate::pods`), joins what
-//! processes publish to what NVML says of them (`merge`), keeps GPU processes that vanished
-//! holding memory (`gpu_exited`), and without any device source reads the devices as the
-//! publishers see them (`published_devices`). Reading the device sources is `devices`.
+//! The collector: the [`SnapshotSource`] of `gpumem serve`, as a sidecar or as the node agent.
+//! Device memory from NVML — or from a backend the user chose (`--backend sim`, or CUDA when a
+//! context is explicitly allowed) — NVML's per-process memory mapped to the pids this collector
+//! can see, and the collected files. No source is fatal: each reports whether it works
+//! (`gpumem_up{source=...}`) and why not. As the node agent it also names each GPU process's
+//! pod (`crate::pods`), joins what processes publish to what NVML says of them (`merge`), keeps
+//! GPU processes that vanished holding memory (`gpu_exited`), and without any device source
+//! reads the devices as the publishers see them (`published_devices`). Reading the device
+//! sources is `devices`.
 
 mod devices;
 
-use super::collector::{CollectSettings, Collector};
+use super::collect_dir::{CollectDir, CollectSettings};
 use super::gpu_exited::GpuExitTracker;
 use crate::nvml::PidMapper;
 use crate::pods::{PodAttributor, PodDirectory};
@@ -17,7 +18,7 @@ use crate::sampler::SnapshotSource;
 use devices::{nvml_device, open_nvml, source_name, status, NamedBackend, NvmlReading, NvmlState};
 use gpumem::backend::DeviceBackend;
 use gpumem::snapshot::CaptureSettings;
-use gpumem_wire::{unix_now, DeviceSnapshot, GpuProcess, SidecarSnapshot, Snapshot, ThisPod};
+use gpumem_wire::{unix_now, CollectorSnapshot, DeviceSnapshot, GpuProcess, Snapshot, ThisPod};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,14 +38,14 @@ pub enum DeviceSource {
     NvmlFixture(PathBuf),
 }
 
-/// The sidecar's [`SnapshotSource`].
-pub struct Sidecar {
+/// See the module documentation.
+pub struct Collector {
     nvml: Option<NvmlState>,
     backend: Option<NamedBackend>,
     /// Device indices to report (of the device source); `None` for all.
     selection: Option<Vec<usize>>,
     pids: PidMapper,
-    collector: Option<Collector>,
+    collect_dir: Option<CollectDir>,
     exited: Option<super::exited::ExitedTracker>,
     /// Where pids are looked up (`/proc`, or the host's `/proc` mounted elsewhere).
     proc_root: PathBuf,
@@ -58,7 +59,7 @@ pub struct Sidecar {
     this_pod: Option<ThisPod>,
 }
 
-impl Sidecar {
+impl Collector {
     /// Opens the device source (never fails: an unavailable source is reported, not fatal)
     /// and logs which one is used and why, as every command's first log line does.
     pub fn open(source: DeviceSource, collect: Option<CollectSettings>) -> Self {
@@ -78,7 +79,7 @@ impl Sidecar {
             DeviceSource::NvmlFixture(path) => (Some(NvmlState::fixture(path)), None),
         };
         let proc_root = PathBuf::from("/proc");
-        Sidecar {
+        Collector {
             nvml,
             backend,
             selection: None,
@@ -86,7 +87,7 @@ impl Sidecar {
             exited: collect.as_ref().map(|c| {
                 super::exited::ExitedTracker::new(c.dir.clone(), super::exited::DEFAULT_RETENTION)
             }),
-            collector: collect.map(Collector::new),
+            collect_dir: collect.map(CollectDir::new),
             gpu_exited: GpuExitTracker::new(
                 super::exited::DEFAULT_RETENTION,
                 Some(proc_root.clone()),
@@ -121,8 +122,8 @@ impl Sidecar {
     pub fn keep_exited_for(&mut self, retention: std::time::Duration) {
         self.retention = retention;
         self.gpu_exited = GpuExitTracker::new(retention, Some(self.proc_root.clone()));
-        if let Some(collector) = &self.collector {
-            let dir = collector.settings().dir.clone();
+        if let Some(collect_dir) = &self.collect_dir {
+            let dir = collect_dir.settings().dir.clone();
             self.exited = Some(super::exited::ExitedTracker::new(dir, retention));
         }
     }
@@ -163,7 +164,7 @@ impl Sidecar {
                         .unwrap_or(""),
                 );
                 let pid = mapping.as_ref().map_or(p.pid, |m| m.pid);
-                // Only a pid this sidecar could map is read under its proc root.
+                // Only a pid this collector could map is read under its proc root.
                 let (pod, pid_namespace) = match &mapping {
                     Some(_) => (
                         self.attributor
@@ -204,7 +205,7 @@ impl Sidecar {
     }
 }
 
-impl SnapshotSource for Sidecar {
+impl SnapshotSource for Collector {
     fn capture(&mut self, settings: &CaptureSettings) -> Snapshot {
         let started = Instant::now();
         let timestamp_seconds = unix_now();
@@ -232,8 +233,8 @@ impl SnapshotSource for Sidecar {
         let mut processes = Vec::new();
         let mut exited = Vec::new();
         let mut collect = None;
-        if let Some(collector) = &mut self.collector {
-            let collected = collector.scan();
+        if let Some(collect_dir) = &mut self.collect_dir {
+            let collected = collect_dir.scan();
             sources.push(status(
                 "collect",
                 collected.status.readable,
@@ -267,7 +268,7 @@ impl SnapshotSource for Sidecar {
         Snapshot {
             devices,
             problems,
-            sidecar: Some(SidecarSnapshot {
+            collector: Some(CollectorSnapshot {
                 sources,
                 gpu_processes,
                 processes,
@@ -282,7 +283,7 @@ impl SnapshotSource for Sidecar {
     }
 }
 
-impl Sidecar {
+impl Collector {
     /// GPU processes that vanished holding memory, judged only on devices read this time.
     fn update_exited_gpu(
         &mut self,

@@ -1,14 +1,14 @@
-//! The sidecar's part of the status page: its sources (and the node agent's pod list), the
-//! processes whose snapshots it collects, the compute processes NVML sees with their pods, and
-//! those that went away — as ready-to-print rows.
+//! What a collector (a sidecar or the node agent) adds to the status page: its sources (and the
+//! node agent's pod list), the processes whose snapshots it collects, the compute processes
+//! NVML sees with their pods, and those that went away — as ready-to-print rows.
 
 use super::super::format;
 use gpumem_wire::{
-    CollectStatus, CollectedProcess, ExitedGpuProcess, GpuProcess, PodRef, PodsStatus,
-    SidecarSnapshot,
+    CollectStatus, CollectedProcess, CollectorSnapshot, ExitedGpuProcess, GpuProcess, PodRef,
+    PodsStatus,
 };
 
-pub(crate) struct SidecarView {
+pub(crate) struct CollectedView {
     pub sources: Vec<SourceRow>,
     /// Whether `--collect-dir` is set (the processes table is shown only then).
     pub collecting: bool,
@@ -82,10 +82,10 @@ pub(crate) struct GpuProcessRow {
     pub note: String,
 }
 
-impl SidecarView {
-    pub(crate) fn new(sidecar: &SidecarSnapshot) -> Self {
-        SidecarView {
-            sources: sidecar
+impl CollectedView {
+    pub(crate) fn new(collected: &CollectorSnapshot) -> Self {
+        CollectedView {
+            sources: collected
                 .sources
                 .iter()
                 .map(|s| SourceRow {
@@ -94,20 +94,24 @@ impl SidecarView {
                     reason: s.reason.clone().unwrap_or_default(),
                 })
                 .collect(),
-            collecting: sidecar.collect.is_some(),
-            collect_summary: sidecar.collect.as_ref().map(summary).unwrap_or_default(),
-            processes: sidecar.processes.iter().flat_map(process_rows).collect(),
-            gpu_processes: sidecar.gpu_processes.iter().map(gpu_process_row).collect(),
-            this_pod: sidecar
+            collecting: collected.collect.is_some(),
+            collect_summary: collected.collect.as_ref().map(summary).unwrap_or_default(),
+            processes: collected.processes.iter().flat_map(process_rows).collect(),
+            gpu_processes: collected
+                .gpu_processes
+                .iter()
+                .map(gpu_process_row)
+                .collect(),
+            this_pod: collected
                 .this_pod
                 .as_ref()
                 .map(|p| format!("{}/{}", p.namespace, p.pod))
                 .unwrap_or_default(),
-            pods: sidecar.pods.as_ref().map(pods_row),
-            any_pod: sidecar.gpu_processes.iter().any(|p| p.pod.is_some())
-                || sidecar.processes.iter().any(|p| p.pod.is_some())
-                || sidecar.exited_gpu.iter().any(|e| e.last.pod.is_some()),
-            exited: sidecar
+            pods: collected.pods.as_ref().map(pods_row),
+            any_pod: collected.gpu_processes.iter().any(|p| p.pod.is_some())
+                || collected.processes.iter().any(|p| p.pod.is_some())
+                || collected.exited_gpu.iter().any(|e| e.last.pod.is_some()),
+            exited: collected
                 .exited
                 .iter()
                 .flat_map(|e| {
@@ -126,7 +130,7 @@ impl SidecarView {
                         gone_for: gone_for.clone(),
                     })
                 })
-                .chain(sidecar.exited_gpu.iter().map(exited_gpu_row))
+                .chain(collected.exited_gpu.iter().map(exited_gpu_row))
                 .collect(),
         }
     }

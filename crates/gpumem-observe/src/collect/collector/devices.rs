@@ -1,7 +1,7 @@
-//! Where the sidecar's device memory comes from: NVML (retried while missing), a test fixture
+//! Where the collector's device memory comes from: NVML (retried while missing), a test fixture
 //! standing in for it, or a backend the user chose; and the device snapshots built from them.
 
-use super::Sidecar;
+use super::Collector;
 use crate::nvml::{NvmlDevice, NvmlReader};
 use gpumem::backend::{open_backend, sim::SimConfig, BackendChoice, BackendKind, DeviceBackend};
 use gpumem::snapshot::CaptureSettings;
@@ -9,7 +9,7 @@ use gpumem_wire::{DeviceMemory, DeviceSnapshot, SourceStatus};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-/// How often a missing NVML is looked for again (the driver may come up after the sidecar).
+/// How often a missing NVML is looked for again (the driver may come up after the collector).
 const NVML_RETRY: Duration = Duration::from_secs(60);
 
 /// A backend read for device memory, and its source name (`sim`, `cuda`).
@@ -111,7 +111,7 @@ pub(super) fn status(source: &str, up: bool, reason: Option<String>) -> SourceSt
 }
 
 /// NVML's total includes what the driver reserves for itself; `cuMemGetInfo`'s does not. Counting
-/// total as used plus free makes the sidecar's numbers those of an in-process exporter on the
+/// total as used plus free makes the collector's numbers those of an in-process exporter on the
 /// same device, and its "used" that of `nvidia-smi`.
 pub(super) fn nvml_device(device: &NvmlDevice, settings: &CaptureSettings) -> DeviceSnapshot {
     let memory = device
@@ -125,7 +125,7 @@ pub(super) fn nvml_device(device: &NvmlDevice, settings: &CaptureSettings) -> De
     snapshot
 }
 
-/// A device with only memory: the sidecar has no pools of its own. "Used" is total minus free,
+/// A device with only memory: the collector has no pools of its own. "Used" is total minus free,
 /// as the in-process exporter counts it.
 pub(super) fn device_snapshot(
     index: usize,
@@ -151,7 +151,7 @@ pub(super) fn device_snapshot(
     }
 }
 
-impl Sidecar {
+impl Collector {
     pub(super) fn read_nvml(&mut self, sources: &mut Vec<SourceStatus>) -> Option<NvmlReading> {
         let state = self.nvml.as_mut()?;
         if let Some(path) = &state.fixture {
