@@ -8,7 +8,9 @@
 #                                   # code, and the alloc + free cost (about 7 minutes)
 #   benches/gpu/issue45.sh e2e      # torch_workloads.py's workloads, the default, its second run
 #                                   # (the noise floor), expandable segments and gpumem in turn,
-#                                   # three rounds (about 9 minutes)
+#                                   # three rounds, every process on the same cores (CPUS, 2-9):
+#                                   # gpt2_train and cnn_serve by default, about 6 minutes;
+#                                   # WORKLOADS=hf_generate on its own (about 7: 30 s a process)
 #
 # Needs a stripped release libgpumem.so at .gpu/libgpumem.so (cargo build --release -p
 # gpumem-cdylib) and $OUT, where the results go. The layer is compiled first (about 20 s).
@@ -34,7 +36,10 @@ case "$part" in
       2>&1 | tee "$OUT/compat.md"
     ;;
   e2e)
-    python "$repository/benches/gpu/torch_workloads.py" --repeat 3 \
+    # Unpinned, one allocator's processes spread as far as any gap between allocators
+    # (gpt2_train 168-242 ms a round under the default, H200, 2026-11-27); pinned, much less.
+    python "$repository/benches/gpu/torch_workloads.py" --repeat "${REPEAT:-3}" --cpus "${CPUS:-2-9}" \
+      --workloads "${WORKLOADS:-gpt2_train,cnn_serve}" \
       --modes default,default_again,expandable,gpumem 2>&1 | tee "$OUT/e2e.md"
     ;;
 esac

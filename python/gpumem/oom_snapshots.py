@@ -6,7 +6,8 @@ each out-of-memory flight record (JSON: gpumem's devices, pools and history) int
 own tools read: at the refusal, an out-of-memory observer takes `torch.cuda.memory._snapshot()`
 (segments, blocks and, while `_record_memory_history` is on, the trace with stacks) and writes
 it as a pickle, the format `torch.cuda.memory._dump_snapshot` writes and PyTorch's memory
-viewer opens, under the record's naming: `<UTC stamp>-oom-gpu<N>.pickle`.
+viewer opens, under the record's naming: `<UTC stamp>-oom-gpu<N>-pid<P>.pickle` (the pid keeps
+two processes on one GPU from writing the same name in the same millisecond).
 
 The observer runs on the allocating thread, inside the failing call, before the exception is
 raised, which is the only moment the blocks that did not fit are still there. It is bounded the
@@ -86,7 +87,8 @@ class OomSnapshots:
         data = pickle.dumps(self.take())
         os.makedirs(self.directory, exist_ok=True)
         self.prune(self.max_files - 1, self.max_bytes - len(data))
-        path = os.path.join(self.directory, f"{utc_stamp(now)}-oom-gpu{device}{SUFFIX}")
+        name = f"{utc_stamp(now)}-oom-gpu{device}-pid{os.getpid()}{SUFFIX}"
+        path = os.path.join(self.directory, name)
         fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".gpumem-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:

@@ -39,7 +39,7 @@ class OomSnapshotTests(unittest.TestCase):
         observer = self.observer()
         observer(1, 10, 100, 5)
         names = os.listdir(os.path.join(self.dir, "oom"))
-        self.assertEqual(names, ["20231114T221320.250Z-oom-gpu1.pickle"])
+        self.assertEqual(names, [f"20231114T221320.250Z-oom-gpu1-pid{os.getpid()}.pickle"])
         with open(os.path.join(self.dir, "oom", names[0]), "rb") as f:
             self.assertEqual(pickle.load(f)["n"], 1)
 
@@ -80,7 +80,8 @@ class OomSnapshotTests(unittest.TestCase):
         self.clock.now += 1
         observer(0)
         names = sorted(os.listdir(oom))
-        self.assertEqual([n for n in names if n not in kept], ["20231114T221321.250Z-oom-gpu0.pickle"])
+        self.assertEqual([n for n in names if n not in kept],
+                         [f"20231114T221321.250Z-oom-gpu0-pid{os.getpid()}.pickle"])
         self.assertEqual(len(names), 4)
 
     def test_a_snapshot_that_fails_costs_one_line_and_no_exception(self):

@@ -13,6 +13,20 @@ use gpumem::backend::sim::{SimBackend, SimConfig};
 use gpumem::{DeviceBackend, ManagerConfig, MemoryManager};
 use std::sync::Arc;
 
+/// `gpumem serve` on the simulated device, on a free loopback port, sampling every `interval`:
+/// the arguments every test of a running server starts from.
+pub(crate) fn serve_args(interval: &str) -> Vec<&str> {
+    vec![
+        "serve",
+        "--backend",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        interval,
+    ]
+}
+
 /// A manager of device 0 whose cache keeps exactly `idle_pages_kept` idle pages (none per
 /// mille), may use the whole device, and runs no upkeep thread: what the cache-budget tests need
 /// to know exactly which pages move.

@@ -149,10 +149,10 @@ fn a_release_publishes_the_image_the_chart_and_the_wheels_behind_the_version_che
     );
     // The oldest Python the package claims, and the newest there is.
     let claimed = read("python/pyproject.toml");
-    assert!(claimed.contains("requires-python = \">=3.8\""));
+    assert!(claimed.contains("requires-python = \">=3.9\""));
     assert_eq!(
         strings(&jobs["wheel-check"]["strategy"]["matrix"]["python"]),
-        ["3.8", "3.13"]
+        ["3.9", "3.13"]
     );
     let publish = &jobs["publish-wheels"];
     assert!(!steps_using(publish, "pypa/gh-action-pypi-publish").is_empty());

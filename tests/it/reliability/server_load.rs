@@ -11,7 +11,7 @@
 //! never asserted (docs/reliability.md has the figures).
 
 use super::{open_fds, Scratch};
-use crate::support::{memory_kib, Running};
+use crate::support::{memory_kib, serve_args, Running};
 use gpumem_wire::unix_now;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -115,22 +115,9 @@ fn the_sidecar_holds_under_thousands_of_scrapes_and_slow_readers() {
     let log = std::fs::File::create(dir.path().join("serve.log")).expect("a log file");
     let collect_dir = dir.path().to_str().expect("a UTF-8 scratch path");
     let max = MAX_CONNECTIONS.to_string();
-    let serve = Running::start_with_stderr(
-        &[
-            "serve",
-            "--backend",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            "1s",
-            "--collect-dir",
-            collect_dir,
-            "--max-connections",
-            &max,
-        ],
-        log,
-    );
+    let mut args = serve_args("1s");
+    args.extend(["--collect-dir", collect_dir, "--max-connections", &max]);
+    let serve = Running::start_with_stderr(&args, log);
     let (addr, pid) = (serve.addr, serve.pid());
     let first = crate::web::get(addr, "/metrics");
     assert_eq!(first.status, 200);

@@ -5,7 +5,7 @@
 //! must be answered 200 within 1 s, with 1,100 silent connections held open, and with 200 under
 //! `ulimit -n 256`. Loopback only; each test ends within about 30 s.
 
-use super::serve_args;
+use crate::support::serve_args;
 use crate::support::Running;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -15,7 +15,7 @@ mod slow_readers;
 mod web;
 mod writes;
 
-use crate::support::Running;
+use crate::support::{serve_args, Running};
 use gpumem_wire::ReasonCount;
 use std::path::Path;
 use std::process::Stdio;
@@ -26,19 +26,6 @@ pub(super) fn collecting_sidecar(dir: &Path, interval: &str, stderr: Stdio) -> R
     let mut args = serve_args(interval);
     args.extend(["--collect-dir", dir.to_str().expect("a UTF-8 scratch path")]);
     Running::start_with_stderr(&args, stderr)
-}
-
-/// `gpumem serve` on the simulated device, on a free loopback port, sampling every `interval`.
-pub(super) fn serve_args(interval: &str) -> Vec<&str> {
-    vec![
-        "serve",
-        "--backend",
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--interval",
-        interval,
-    ]
 }
 
 /// A valid published file for `pid`, taken at `timestamp`, with `devices` devices of `pools`

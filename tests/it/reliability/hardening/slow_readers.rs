@@ -8,7 +8,7 @@
 //! queues in `/proc/net/tcp`) and the server's resident memory. Loopback only; about 30 s.
 
 use super::super::Scratch;
-use super::serve_args;
+use crate::support::serve_args;
 use crate::support::Running;
 use crate::web::request;
 use gpumem_wire::unix_now;

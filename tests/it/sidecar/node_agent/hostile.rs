@@ -7,7 +7,7 @@
 
 use super::apiserver::{pod, ApiServer};
 use crate::sidecar::TempDir;
-use crate::support::{peak_kib, Running};
+use crate::support::{peak_kib, serve_args, Running};
 use crate::web::{eventually, get, value_of};
 use std::path::Path;
 use std::process::Stdio;
@@ -97,30 +97,22 @@ fn devices_fifos_and_huge_files_as_credentials_are_one_line_and_exit_2_at_once()
 /// An agent listing `api`'s pods every second (nothing else to do).
 fn agent(api: &ApiServer, stderr: Stdio) -> Running {
     let url = api.url();
-    Running::start_with_stderr(
-        &[
-            "serve",
-            "--backend",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            "500ms",
-            "--pod-source",
-            "kubernetes",
-            "--node-name",
-            NODE,
-            "--kubernetes-url",
-            &url,
-            "--kubernetes-ca",
-            api.ca_file.to_str().expect("utf-8"),
-            "--kubernetes-token-file",
-            api.token_file.to_str().expect("utf-8"),
-            "--pod-refresh",
-            "1s",
-        ],
-        stderr,
-    )
+    let mut args = serve_args("500ms");
+    args.extend([
+        "--pod-source",
+        "kubernetes",
+        "--node-name",
+        NODE,
+        "--kubernetes-url",
+        &url,
+        "--kubernetes-ca",
+        api.ca_file.to_str().expect("utf-8"),
+        "--kubernetes-token-file",
+        api.token_file.to_str().expect("utf-8"),
+        "--pod-refresh",
+        "1s",
+    ]);
+    Running::start_with_stderr(&args, stderr)
 }
 
 fn three_pods(api: &ApiServer) {
