@@ -5,8 +5,8 @@
 //! cache knobs. Only misses and upkeep come here: a hit never does.
 
 use super::adaptive::{
-    counts_as_cost, decide, setting_at, CacheSetting, Observation, Tuning, MEMORY_FIRST_LEVEL,
-    WINDOW_MISSES,
+    counts_as_cost, decide, maps_a_large_block, setting_at, with_large_blocks, CacheSetting,
+    Observation, Tuning, MEMORY_FIRST_LEVEL, WINDOW_MISSES,
 };
 use super::config::{CacheMode, MemoryConfig};
 use super::{ManagedDevice, MemoryManager, PressureLevel};
@@ -31,6 +31,8 @@ struct Window {
     held_high: u64,
     /// The setting in force.
     setting: CacheSetting,
+    /// Whether a miss has mapped a gigabyte block (`maps_a_large_block`).
+    large_blocks: bool,
 }
 
 /// The configured cache setting, as the ladder's base.
@@ -59,6 +61,7 @@ pub(crate) fn starting(config: &MemoryConfig) -> (CacheSetting, Option<Adapting>
                 miss_ns: 0,
                 held_high: 0,
                 setting: base,
+                large_blocks: false,
             };
             let adapting = Adapting {
                 base,
@@ -111,9 +114,19 @@ impl MemoryManager {
         let Some(mut window) = adapting.window.try_lock() else {
             return;
         };
+        // The first gigabyte block lowers the setting at once: the climbs before it were made at
+        // a smaller peak, and no window may come before its freed pages are placed on.
+        if maps_a_large_block(mapped_bytes) && !window.large_blocks {
+            window.large_blocks = true;
+            let tuning = with_large_blocks(window.tuning);
+            self.apply(managed, adapting, &mut window, tuning);
+        }
         let held = managed.reserve.reserved_bytes.load(Relaxed);
         let growth = held > window.held_high;
         window.held_high = window.held_high.max(held);
+        // Counted, misses at a new high (nine tenths of graph_message_passing's time at level 1)
+        // took every trace to the top rung, and placed 32-64 MiB chunks pinned by live blocks
+        // held bert_mlm_dynpad and convnext_multires past the ceiling.
         if growth || !counts_as_cost(ns, mapped_bytes) {
             return;
         }
@@ -123,22 +136,44 @@ impl MemoryManager {
             return;
         }
         let ops = allocations(managed);
-        let live_peak_bytes = live_peak_pages(managed) * managed.page_size;
         let seen = Observation {
             ops: ops.saturating_sub(window.ops_at_start),
             misses: window.misses,
             miss_ns: window.miss_ns,
             pressure: managed.pressure.level(),
-            live_peak_bytes,
+            live_peak_bytes: live_peak_pages(managed) * managed.page_size,
             room_bytes: managed.pool_cap().saturating_sub(held),
+            large_blocks: window.large_blocks,
         };
         let tuning = decide(window.tuning, &seen);
+        tracing::debug!(
+            device = managed.index,
+            level = tuning.level,
+            cost_ns_per_op = seen.cost_ns_per_op(),
+            "adaptive window"
+        );
+        self.apply(managed, adapting, &mut window, tuning);
+        window.ops_at_start = ops;
+        window.misses = 0;
+        window.miss_ns = 0;
+    }
+
+    /// Puts `tuning` in force on `managed`: its setting at the live peak now, stored into the
+    /// device's knobs if it moved.
+    fn apply(
+        &self,
+        managed: &ManagedDevice,
+        adapting: &Adapting,
+        window: &mut Window,
+        tuning: Tuning,
+    ) {
         let setting = while_running(
             &setting_at(
                 tuning.level,
                 &adapting.base,
-                live_peak_bytes,
+                live_peak_pages(managed) * managed.page_size,
                 managed.page_size,
+                window.large_blocks,
             ),
             &adapting.base,
         );
@@ -147,19 +182,12 @@ impl MemoryManager {
             tracing::debug!(
                 device = managed.index,
                 level = tuning.level,
-                cost_ns_per_op = seen.cost_ns_per_op(),
                 ?setting,
                 "cache setting moved"
             );
         }
-        *window = Window {
-            tuning,
-            ops_at_start: ops,
-            misses: 0,
-            miss_ns: 0,
-            held_high: window.held_high,
-            setting,
-        };
+        window.tuning = tuning;
+        window.setting = setting;
     }
 
     /// Pressure rose to `level` on `managed` (upkeep): at high and above the adaptive default
@@ -181,6 +209,7 @@ impl MemoryManager {
                 pressure: level,
                 live_peak_bytes: 0,
                 room_bytes: 0,
+                large_blocks: window.large_blocks,
             },
         );
         debug_assert_eq!(tuning.level, MEMORY_FIRST_LEVEL);

@@ -9,9 +9,10 @@
 //! configured setting (the fixed default); each level above keeps more idle pages and cuts
 //! larger chunks, the trades `replay --sweep` names for workloads whose misses cost time. The
 //! pools climb one level while misses cost more than [`GROW_NS_PER_OP`] per operation and the
-//! device has room, step back when a climb did not cut that cost by a quarter, and fall to
+//! device has room, step back when a climb more than doubled that cost, and fall to
 //! memory-first as pressure rises. Whatever the level, the idle slack stays under
-//! [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds that slack.
+//! [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds that slack. A device that
+//! has mapped a gigabyte block climbs no higher than level 3 and places nothing.
 
 use super::pressure::PressureLevel;
 use crate::units::MIB;
@@ -45,12 +46,16 @@ impl CacheSetting {
 /// on mapped pages). On the simulated H100 these are where the sweep's fastest settings within
 /// the driver pool's memory cluster: 32 MiB chunks with 16 idle pages; placed on mapped pages
 /// with 64 (under the pool on both axes on every trace of the corpus that misses often, but the
-/// one whose blocks are gigabytes); 128 MiB chunks with 256 for the traces whose layout changes
-/// most every step.
+/// one whose blocks are gigabytes); 64 MiB chunks with 256 for the traces whose layout changes
+/// most every step (128 MiB chunks, the sweep's, held vae_decode at 1.062 of its peak where the
+/// driver's pool holds 1.054: one block pins a chunk, and each pinned chunk's free part is
+/// held beside the idle slack; 64 MiB held 1.041 at the same time per operation). The inside
+/// chunk (a long miss's) applies where blocks are not placed; placed levels cut long misses in
+/// their ordinary chunks ([`setting_at`]).
 const ABOVE_BASE: [(u64, u64, usize, bool); 3] = [
     (32 * MIB, 64 * MIB, 16, false),
     (32 * MIB, 64 * MIB, 64, true),
-    (128 * MIB, 256 * MIB, 256, true),
+    (64 * MIB, 128 * MIB, 256, true),
 ];
 
 /// The highest level.
@@ -59,6 +64,14 @@ pub const TOP_LEVEL: u8 = 1 + ABOVE_BASE.len() as u8;
 pub const MEMORY_FIRST_LEVEL: u8 = 0;
 /// Where a device starts: the configured setting.
 pub const BASE_LEVEL: u8 = 1;
+/// The highest level of a device that has mapped a [`LARGE_BLOCK_BYTES`] block: the first
+/// placed rung, without placing (see [`setting_at`]).
+pub const LARGE_BLOCKS_TOP_LEVEL: u8 = 3;
+/// A block of twice the largest slack ([`MAX_SLACK_BYTES`]) or more: its freed pages are more
+/// than the cache may keep idle twice over, and small blocks placed on them pin its chunks. On
+/// the corpus a trace's largest block is under 800 MiB or 1.5 GiB and more (bert_mlm_dynpad,
+/// cnn_serve_large, gpt2_train_large, vae_decode).
+pub const LARGE_BLOCK_BYTES: u64 = 2 * MAX_SLACK_BYTES;
 
 /// Misses costing more than this per operation served (in the window) are worth memory: the
 /// driver's own pool answers an allocation and its free in about a microsecond.
@@ -91,6 +104,11 @@ pub fn counts_as_cost(ns: u64, mapped_bytes: u64) -> bool {
 /// The most idle slack any process keeps.
 pub const MAX_SLACK_BYTES: u64 = 512 * MIB;
 
+/// Whether a miss that mapped `mapped_bytes` mapped a [`LARGE_BLOCK_BYTES`] block.
+pub fn maps_a_large_block(mapped_bytes: u64) -> bool {
+    mapped_bytes >= LARGE_BLOCK_BYTES
+}
+
 /// What a device's pools saw over one window of misses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Observation {
@@ -106,6 +124,8 @@ pub struct Observation {
     pub live_peak_bytes: u64,
     /// What the pools may still take from the device (their cap less what they hold).
     pub room_bytes: u64,
+    /// Whether the device has mapped a [`LARGE_BLOCK_BYTES`] block.
+    pub large_blocks: bool,
 }
 
 impl Observation {
@@ -128,6 +148,9 @@ pub struct Tuning {
     /// cut again into the new chunks, idle pages not yet kept), so it is not what the climb is
     /// judged on.
     pub settling: bool,
+    /// The live peak of the window that climbed: a window whose live peak is higher met a
+    /// layout the climb never saw.
+    pub peak_at_climb: u64,
 }
 
 impl Default for Tuning {
@@ -137,6 +160,7 @@ impl Default for Tuning {
             cost_before_climb: 0,
             hold: 0,
             settling: false,
+            peak_at_climb: 0,
         }
     }
 }
@@ -147,7 +171,10 @@ impl Default for Tuning {
 /// undone and held off (one window's cost moves by tens of percent with the host's load, so a
 /// climb is not asked to prove a gain, only to do no clear harm), and a cost above
 /// [`GROW_NS_PER_OP`] climbs one level where the device has room for the next level's slack
-/// twice over.
+/// twice over. A window whose live peak rose past the climb's does not judge it: its misses are
+/// a new layout's first (on graph_message_passing, cnn_serve_cycled and segment_multiscale they
+/// were three to twenty times a settled window's, and undid every climb for sixteen windows,
+/// most of the trace); the climb's cost stays to be judged by a window at that layout.
 pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
     let cost = seen.cost_ns_per_op();
     if seen.pressure >= PressureLevel::High {
@@ -156,12 +183,13 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
             cost_before_climb: 0,
             hold: HOLD_WINDOWS,
             settling: false,
+            peak_at_climb: 0,
         };
     }
     let cap = if seen.pressure == PressureLevel::Medium {
         BASE_LEVEL
     } else {
-        TOP_LEVEL
+        top_level(seen.large_blocks)
     };
     let level = now.level.min(cap);
     if now.settling && level == now.level {
@@ -170,12 +198,14 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
             ..now
         };
     }
-    if now.cost_before_climb > 0 && cost > now.cost_before_climb * 2 {
+    let new_layout = seen.live_peak_bytes > now.peak_at_climb;
+    if now.cost_before_climb > 0 && cost > now.cost_before_climb * 2 && !new_layout {
         return Tuning {
             level: level.saturating_sub(1),
             cost_before_climb: 0,
             hold: HOLD_WINDOWS,
             settling: false,
+            peak_at_climb: 0,
         };
     }
     if now.hold > 0 {
@@ -184,6 +214,7 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
             cost_before_climb: 0,
             hold: now.hold - 1,
             settling: false,
+            peak_at_climb: 0,
         };
     }
     let next = level + 1;
@@ -195,6 +226,14 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
             cost_before_climb: cost,
             hold: 0,
             settling: true,
+            peak_at_climb: seen.live_peak_bytes,
+        };
+    }
+    if new_layout && now.cost_before_climb > 0 && level == now.level {
+        // Not judged yet: the next window at this layout judges the climb.
+        return Tuning {
+            peak_at_climb: seen.live_peak_bytes,
+            ..now
         };
     }
     Tuning {
@@ -202,25 +241,68 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
         cost_before_climb: 0,
         hold: 0,
         settling: false,
+        peak_at_climb: 0,
+    }
+}
+
+/// The highest level the ladder climbs to: [`LARGE_BLOCKS_TOP_LEVEL`] once the device has
+/// mapped a [`LARGE_BLOCK_BYTES`] block, [`TOP_LEVEL`] otherwise.
+pub fn top_level(large_blocks: bool) -> u8 {
+    if large_blocks {
+        LARGE_BLOCKS_TOP_LEVEL
+    } else {
+        TOP_LEVEL
+    }
+}
+
+/// The tuning once the device has mapped its first [`LARGE_BLOCK_BYTES`] block: at most
+/// [`LARGE_BLOCKS_TOP_LEVEL`], at once (the climbs that took it higher were made at a smaller
+/// peak, and no window may come before that peak's misses pin chunks). A climb it lowers has
+/// nothing left to prove.
+pub fn with_large_blocks(now: Tuning) -> Tuning {
+    if now.level <= LARGE_BLOCKS_TOP_LEVEL {
+        return now;
+    }
+    Tuning {
+        level: LARGE_BLOCKS_TOP_LEVEL,
+        cost_before_climb: 0,
+        settling: false,
+        peak_at_climb: 0,
+        ..now
     }
 }
 
 /// The setting at `level`, from the configured one (`base`, level 1), bounded by the ceiling:
-/// idle pages kept at most [`ceiling_slack_bytes`] of the live peak, and no chunk larger than
-/// that slack (a chunk one live block pins holds at most what the cache could keep idle).
-pub fn setting_at(level: u8, base: &CacheSetting, live_peak_bytes: u64, page: u64) -> CacheSetting {
+/// idle pages kept at most [`ceiling_slack_bytes`] of the live peak, and no chunk, a long
+/// miss's inside chunk included, larger than that slack (a chunk one live block pins holds at
+/// most what the cache could keep idle). Where blocks are placed on mapped pages, a long miss's
+/// inside chunk is no larger than an ordinary one: a small block placed on a freed long block's
+/// pages pins the inside chunk under it, and with 128 MiB inside chunks beside its idle pages
+/// segment_multiscale held 1.1304 of its peak where the driver's pool holds 1.1209. With
+/// `large_blocks` (the device has mapped a [`LARGE_BLOCK_BYTES`] block) the ladder places
+/// nothing: at a peak of tens of gigabytes the chunks small blocks pinned on gigabyte blocks'
+/// freed pages held cnn_serve_large at 1.0172 of its peak where the driver's pool holds 1.0071.
+pub fn setting_at(
+    level: u8,
+    base: &CacheSetting,
+    live_peak_bytes: u64,
+    page: u64,
+    large_blocks: bool,
+) -> CacheSetting {
+    let page = page.max(1);
     let ceiling = ceiling_slack_bytes(live_peak_bytes);
-    let ceiling_pages = (ceiling / page.max(1)) as usize;
+    let ceiling_pages = (ceiling / page) as usize;
     match level {
         MEMORY_FIRST_LEVEL => CacheSetting::MEMORY_FIRST,
         BASE_LEVEL => *base,
         _ => {
-            let step = ABOVE_BASE[(level.min(TOP_LEVEL) - 2) as usize];
-            let (chunk, inside, idle, placed) = step;
-            let chunk = chunk.min(ceiling).max(base.max_chunk_bytes) / page.max(1) * page.max(1);
+            let (chunk, inside, idle, placed) = ABOVE_BASE[(level.min(TOP_LEVEL) - 2) as usize];
+            let placed = placed && !large_blocks;
+            let chunk = chunk.min(ceiling).max(base.max_chunk_bytes) / page * page;
+            let inside = if placed { chunk } else { inside.min(ceiling) };
             CacheSetting {
                 max_chunk_bytes: chunk,
-                inside_chunk_bytes: inside.max(base.inside_chunk_bytes),
+                inside_chunk_bytes: inside.max(base.inside_chunk_bytes) / page * page,
                 idle_pages_kept: idle.min(ceiling_pages).max(base.idle_pages_kept),
                 idle_per_mille: 0,
                 whole_chunks_when_growing: base.whole_chunks_when_growing,
@@ -256,6 +338,7 @@ mod tests {
             pressure: PressureLevel::Low,
             live_peak_bytes: GIB,
             room_bytes: 40 * GIB,
+            large_blocks: false,
         }
     }
 
@@ -305,6 +388,37 @@ mod tests {
             decide(tuning, &seen(1_000, 2_100_000)).level,
             BASE_LEVEL + 1
         );
+    }
+
+    /// A window whose live peak rose past the climb's window holds a new layout's first misses:
+    /// however dear, it leaves the climb standing; the next window at that layout judges it.
+    #[test]
+    fn a_window_at_a_new_layout_does_not_judge_the_climb() {
+        let grown = Observation {
+            live_peak_bytes: 2 * GIB,
+            ..seen(1_000, 30_000_000)
+        };
+        let kept = decide(climbed(), &grown);
+        // It did not undo; with its cost above the threshold it climbed on.
+        assert_eq!(kept.level, BASE_LEVEL + 2, "{kept:?}");
+        assert_eq!(kept.peak_at_climb, 2 * GIB);
+        // Where it cannot climb (no room), the climb stays to be judged at the new layout.
+        let tight = Observation {
+            room_bytes: 0,
+            ..grown
+        };
+        let waiting = decide(climbed(), &tight);
+        assert_eq!(waiting.level, BASE_LEVEL + 1, "{waiting:?}");
+        assert_eq!(waiting.cost_before_climb, 1_000);
+        assert_eq!(waiting.peak_at_climb, 2 * GIB);
+        // A window at that layout which more than doubled the cost undoes it.
+        let same_layout = Observation {
+            live_peak_bytes: 2 * GIB,
+            room_bytes: 0,
+            ..seen(1_000, 2_100_000)
+        };
+        let judged = decide(waiting, &same_layout);
+        assert_eq!((judged.level, judged.hold), (BASE_LEVEL, HOLD_WINDOWS));
     }
 
     #[test]
@@ -357,6 +471,13 @@ mod tests {
     }
 
     #[test]
+    fn a_large_block_is_a_gigabyte_or_more() {
+        assert!(!maps_a_large_block(800 * MIB));
+        assert!(maps_a_large_block(GIB));
+        assert!(maps_a_large_block(3 * GIB / 2));
+    }
+
+    #[test]
     fn the_ceiling_is_an_eighth_of_the_peak_between_16_and_512_mib() {
         assert_eq!(ceiling_slack_bytes(0), 16 * MIB);
         assert_eq!(ceiling_slack_bytes(GIB), 128 * MIB);
@@ -368,26 +489,88 @@ mod tests {
         for peak in [0, 100 * MIB, GIB, 8 * GIB, 80 * GIB] {
             let ceiling = ceiling_slack_bytes(peak);
             for level in BASE_LEVEL + 1..=TOP_LEVEL {
-                let s = setting_at(level, &base(), peak, PAGE);
-                assert!(
-                    s.idle_pages_kept as u64 * PAGE <= ceiling,
-                    "{level} {peak}: {s:?}"
-                );
-                assert!(s.max_chunk_bytes <= ceiling, "{level} {peak}: {s:?}");
-                assert_eq!(s.max_chunk_bytes % PAGE, 0);
+                for large_blocks in [false, true] {
+                    let s = setting_at(level, &base(), peak, PAGE, large_blocks);
+                    let at = format!("{level} {peak} {large_blocks}: {s:?}");
+                    assert!(s.idle_pages_kept as u64 * PAGE <= ceiling, "{at}");
+                    assert!(s.max_chunk_bytes <= ceiling, "{at}");
+                    // The configured inside chunk (16 MiB) is the floor, as the ceiling's is.
+                    assert!(s.inside_chunk_bytes <= ceiling.max(16 * MIB), "{at}");
+                    assert_eq!(s.max_chunk_bytes % PAGE, 0);
+                    assert_eq!(s.inside_chunk_bytes % PAGE, 0);
+                }
             }
         }
+    }
+
+    /// A small block placed on a freed long block's pages pins the inside chunk under it: where
+    /// blocks are placed, inside chunks are no larger than ordinary ones.
+    #[test]
+    fn placed_levels_cut_inside_chunks_no_larger_than_their_chunks() {
+        for level in BASE_LEVEL + 1..=TOP_LEVEL {
+            let s = setting_at(level, &base(), 8 * GIB, PAGE, false);
+            if s.place_on_mapped_pages {
+                assert_eq!(s.inside_chunk_bytes, s.max_chunk_bytes, "{level}: {s:?}");
+            } else {
+                assert!(s.inside_chunk_bytes > s.max_chunk_bytes, "{level}: {s:?}");
+            }
+        }
+        // At least one level places, and one does not.
+        assert!(!setting_at(BASE_LEVEL + 1, &base(), 8 * GIB, PAGE, false).place_on_mapped_pages);
+        assert!(setting_at(TOP_LEVEL, &base(), 8 * GIB, PAGE, false).place_on_mapped_pages);
+    }
+
+    /// Once a gigabyte block was mapped the ladder places nothing and stops at
+    /// [`LARGE_BLOCKS_TOP_LEVEL`], keeping the long misses' large inside chunks.
+    #[test]
+    fn large_blocks_stop_the_ladder_below_the_top_and_place_nothing() {
+        let large = |ops, ns| Observation {
+            large_blocks: true,
+            ..seen(ops, ns)
+        };
+        let mut tuning = Tuning::default();
+        let mut cost = 100_000_000;
+        for _ in 0..20 {
+            tuning = decide(tuning, &large(1_000, cost));
+            cost /= 2;
+            assert!(tuning.level <= LARGE_BLOCKS_TOP_LEVEL, "{tuning:?}");
+        }
+        assert_eq!(tuning.level, LARGE_BLOCKS_TOP_LEVEL);
+        // A device at the top when its first gigabyte block comes is lowered at once, and the
+        // climb it made has nothing left to prove.
+        let top = Tuning {
+            level: TOP_LEVEL,
+            cost_before_climb: 1_000,
+            settling: true,
+            peak_at_climb: GIB,
+            hold: 0,
+        };
+        let lowered = with_large_blocks(top);
+        assert_eq!(lowered.level, LARGE_BLOCKS_TOP_LEVEL);
+        assert_eq!((lowered.cost_before_climb, lowered.settling), (0, false));
+        // Below it nothing changes.
+        assert_eq!(with_large_blocks(climbed()), climbed());
+        for level in BASE_LEVEL + 1..=TOP_LEVEL {
+            let s = setting_at(level, &base(), 8 * GIB, PAGE, true);
+            assert!(!s.place_on_mapped_pages, "{level}: {s:?}");
+        }
+        let s = setting_at(LARGE_BLOCKS_TOP_LEVEL, &base(), 8 * GIB, PAGE, true);
+        assert_eq!(
+            (s.max_chunk_bytes, s.inside_chunk_bytes),
+            (32 * MIB, 64 * MIB)
+        );
     }
 
     #[test]
     fn the_ends_of_the_ladder_are_memory_first_and_the_configured_setting() {
         assert_eq!(
-            setting_at(MEMORY_FIRST_LEVEL, &base(), GIB, PAGE),
+            setting_at(MEMORY_FIRST_LEVEL, &base(), GIB, PAGE, false),
             CacheSetting::MEMORY_FIRST
         );
-        assert_eq!(setting_at(BASE_LEVEL, &base(), GIB, PAGE), base());
-        let top = setting_at(TOP_LEVEL, &base(), 8 * GIB, PAGE);
-        assert_eq!((top.max_chunk_bytes, top.idle_pages_kept), (128 * MIB, 256));
+        assert_eq!(setting_at(BASE_LEVEL, &base(), GIB, PAGE, true), base());
+        let top = setting_at(TOP_LEVEL, &base(), 8 * GIB, PAGE, false);
+        assert_eq!((top.max_chunk_bytes, top.idle_pages_kept), (64 * MIB, 256));
+        assert_eq!(top.inside_chunk_bytes, 64 * MIB);
         assert!(top.place_on_mapped_pages);
     }
 }
