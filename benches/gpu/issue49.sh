@@ -58,9 +58,11 @@ fi
 "$bin" devices --backend "$backend" --json > "$out/devices.json" 2>> "$out/log.txt"
 git -C "$root" rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 
-step "pool hit, alloc + free, 1 thread (criterion-free: gpumem bench, two runs)"
-for run in 1 2; do
-  timeout "$(allow 20)" "$bin" bench --backend "$backend" --allocators pool-hit,driver-async \
+step "pool hit, alloc + free, 1 thread (criterion-free: gpumem bench; runs 1-2 where the scheduler puts them, 3-4 on one core, HIT_CPU)"
+for run in 1 2 3 4; do
+  pin=()
+  if [ "$run" -gt 2 ] && command -v taskset > /dev/null; then pin=(taskset -c "${HIT_CPU:-3}"); fi
+  timeout "$(allow 20)" "${pin[@]}" "$bin" bench --backend "$backend" --allocators pool-hit,driver-async \
     --sizes 256,64KiB,1MiB,16MiB,256MiB --threads 1 --seconds 1 --json "${extra[@]}" \
     > "$out/hit-$run.jsonl" 2>> "$out/log.txt"
   done_step $?
@@ -138,7 +140,7 @@ for trace in sorted(modes["adaptive"][0]):
     print(line)
 print(f"adaptive at or under the pool: memory {held['memory']}, time {held['time']}, both {held['both']} of {held['n']}")
 print(f"memory-first at or under 1.03: {held['first_103']} of {held['n']}")
-for name in ("hit-1.jsonl", "hit-2.jsonl", "cold-1.jsonl", "cold-2.jsonl"):
+for name in ("hit-1.jsonl", "hit-2.jsonl", "hit-3.jsonl", "hit-4.jsonl", "cold-1.jsonl", "cold-2.jsonl"):
     for r in rows(name):
         keys = ("allocator", "size_bytes", "threads", "median_ns", "p99_ns", "miss_median_ns",
                 "give_back_median_ns", "driver_ns_per_pair")
