@@ -4,6 +4,7 @@
 
 use crate::support::{all_backends, sim_backend, tight_manager};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
+use gpumem::manager::CacheMode;
 use gpumem::units::MIB;
 use gpumem::{AllocError, AllocOptions, ManagerConfig, MemoryManager, StreamId};
 use std::sync::Arc;
@@ -285,15 +286,35 @@ fn inside_chunks_grow_with_the_cache_slack_up_to_a_quarter_of_the_run() {
     // per mille, twice which is no more than 16 MiB, so inside chunks stay 8 pages (64 of
     // them); 32 pages at 64 per mille, so inside chunks of 64 pages (eight); at 1024 per mille
     // twice the slack passes a quarter of the run, which bounds them at 126 pages (five).
+    // That is a fixed setting's rule.
     for (per_mille, chunks) in [(8, 2 + 64), (64, 2 + 8), (1024, 2 + 5)] {
         let config = ManagerConfig {
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,
             idle_per_mille: per_mille,
+            cache_mode: CacheMode::Fixed,
             ..ManagerConfig::default()
         };
         let (_, unmapped) = chunks_of_one_miss(config, 1024 * MIB);
         assert_eq!(unmapped, chunks, "idle_per_mille {per_mille}");
+    }
+}
+
+#[test]
+fn the_adaptive_default_grows_inside_chunks_to_its_ceiling() {
+    // The same 1 GiB miss at the adaptive default: its ceiling at a 1 GiB peak is an eighth,
+    // 64 pages, so the 506 pages between the ends go in eight chunks (seven of 64, one of 58)
+    // whatever the slack; a 128 MiB miss (a 128 MiB peak: the ceiling's floor, 16 MiB) keeps
+    // 16 MiB ones, eight for its 58 pages between the ends.
+    for (size, chunks) in [(1024 * MIB, 2 + 8), (128 * MIB, 2 + 8)] {
+        let config = ManagerConfig {
+            max_chunk_bytes: 6 * MIB,
+            inside_chunk_bytes: 16 * MIB,
+            ..ManagerConfig::default()
+        };
+        assert_eq!(config.cache_mode, CacheMode::Adaptive);
+        let (_, unmapped) = chunks_of_one_miss(config, size);
+        assert_eq!(unmapped, chunks, "{size} bytes");
     }
 }
 
@@ -310,6 +331,7 @@ fn a_run_with_grown_inside_chunks_releases_small_kept_chunks_instead_of_mapping_
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,
             idle_per_mille: per_mille,
+            cache_mode: CacheMode::Fixed,
             ..ManagerConfig::default()
         };
         let m = MemoryManager::new(sim_backend(), config).unwrap();

@@ -1,7 +1,9 @@
 //! What the pools keep cached and when it goes back to the driver: the cache budget checked
 //! before every mapping, trimming, emptying, age-based release, and peaks.
 
+use super::adaptive::ceiling_slack_bytes;
 use super::{ManagedDevice, MemoryManager, PressureLevel};
+use crate::pool::reserve::INSIDE_CHUNK_SLACKS;
 use crate::pool::{BusyStreams, MapDecision};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -44,7 +46,11 @@ impl MemoryManager {
         if let Some(cap) = config.max_cached_bytes {
             slack = slack.min(cap / page);
         }
-        managed.pages.note_slack(slack);
+        let inside_cap = match managed.adapting {
+            Some(_) => ceiling_slack_bytes(peak * page) / page,
+            None => slack * INSIDE_CHUNK_SLACKS,
+        };
+        managed.pages.note_inside_cap(inside_cap);
         let budget = (peak + slack).max(config.preallocate_bytes.div_ceil(page));
         let idle = mapped.saturating_sub(live);
         let held = mapped + spare;

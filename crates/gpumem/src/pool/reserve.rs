@@ -24,9 +24,9 @@ pub struct PageReserve {
     /// whole when growing), the idle pages the cache keeps and where blocks go: fixed, or moved
     /// by the adaptive default while the pools run.
     knobs: CacheKnobs,
-    /// The cache's slack, in pages, as the cache budget last saw it: inside chunks grow with it
-    /// (see [`PageReserve::new_chunks`]).
-    slack_pages: AtomicU64,
+    /// The most pages an inside chunk may hold, as the cache budget last saw it (see
+    /// [`PageReserve::new_chunks`]).
+    inside_cap_pages: AtomicU64,
     spare: Mutex<Vec<PhysicalChunk>>,
     /// The pages of `spare`, readable without the lock (cache budget checks, snapshots)...
     spare_pages: AtomicU64,
@@ -72,15 +72,16 @@ impl ChunkSizes {
     }
 }
 
-/// Inside chunks grow to at most this many times the cache's slack. One chunk that a block
-/// beside it pins can then hold up to twice what the cache may keep idle; measured on the
-/// fourteen traces at the simulated H100's costs, twice took cnn_serve_large 27 %, gpt2_train 12 %
-/// and gpt2_train_cycled 9 % faster than once, with the worst waste unchanged (1.0248;
-/// gpt2_train_cycled 1.0183 -> 1.0229), while three times put cnn_serve_cycled at 1.0535.
-/// Below a live peak of 1.25 GiB twice the slack (four pages at least, or 1/128 of the peak) is
-/// at most the default 16 MiB inside chunk: nothing changes there. The three held-out traces map
-/// the same pages either way, so the choice rests on the tuning traces alone.
-const INSIDE_CHUNK_SLACKS: u64 = 2;
+/// Inside chunks grow to at most this many times the cache's slack where the cache setting is
+/// fixed. One chunk that a block beside it pins can then hold up to twice what the cache may
+/// keep idle; measured on the fourteen traces at the simulated H100's costs, twice took
+/// cnn_serve_large 27 %, gpt2_train 12 % and gpt2_train_cycled 9 % faster than once, with the
+/// worst waste unchanged (1.0248; gpt2_train_cycled 1.0183 -> 1.0229), while three times put
+/// cnn_serve_cycled at 1.0535. Below a live peak of 1.25 GiB twice the slack (four pages at
+/// least, or 1/128 of the peak) is at most the default 16 MiB inside chunk: nothing changes
+/// there. The adaptive default bounds them by its ceiling instead (see
+/// [`PageReserve::note_slack`]).
+pub(crate) const INSIDE_CHUNK_SLACKS: u64 = 2;
 
 /// A long miss holds at least this many inside chunks between its two ordinary end chunks;
 /// shorter runs are cut as ordinary misses (cutting runs from 48 MiB up took cnn_serve_cycled to
@@ -145,7 +146,7 @@ impl PageReserve {
             page_size,
             held,
             knobs,
-            slack_pages: AtomicU64::new(0),
+            inside_cap_pages: AtomicU64::new(0),
             spare: Mutex::new(Vec::new()),
             spare_pages: AtomicU64::new(0),
             in_flight_pages: AtomicU64::new(0),
@@ -223,11 +224,14 @@ impl PageReserve {
         }
     }
 
-    /// The pages the cache budget allows beyond the recent live peak (its slack), which bound
-    /// the chunks inside long misses from now on.
-    pub fn note_slack(&self, pages: u64) {
-        if self.slack_pages.load(Relaxed) != pages {
-            self.slack_pages.store(pages, Relaxed);
+    /// The most pages a chunk inside a long miss may hold from now on, as the cache budget
+    /// sees it at a miss: [`INSIDE_CHUNK_SLACKS`] times its slack for a fixed setting; the
+    /// adaptive default's ceiling (an eighth of the recent live peak, 16 to 512 MiB), which
+    /// bounds what one pinned chunk can hold beside the live blocks as it bounds the idle
+    /// pages kept.
+    pub fn note_inside_cap(&self, pages: u64) {
+        if self.inside_cap_pages.load(Relaxed) != pages {
+            self.inside_cap_pages.store(pages, Relaxed);
         }
     }
 
@@ -315,13 +319,13 @@ impl PageReserve {
     /// pages are freed together; only its end pages may be shared with the blocks beside it, and
     /// a block there keeps its whole chunk mapped, so the ends stay small.
     ///
-    /// Inside chunks are `inside_chunk_pages`, or larger where both the run and the cache's
-    /// slack are: a quarter of the run at most, and no more than [`INSIDE_CHUNK_SLACKS`] times
-    /// the slack, so that one chunk a block beside it pins holds little beside what the cache
-    /// may keep idle anyway (0.8 % of the recent live peak by default; inside chunks pass 16 MiB
-    /// from a 1.25 GiB peak up). The driver charges per chunk, not per byte (a grant of access
-    /// took 44 µs for 2 MiB and 48 µs for 256 MiB on an H100): with 16 MiB chunks a process
-    /// whose blocks are gigabytes paid hundreds of grants and as many unmaps a miss.
+    /// Inside chunks are `inside_chunk_pages`, or larger where both the run and the cap the
+    /// cache budget noted are ([`PageReserve::note_inside_cap`]): a quarter of the run at most,
+    /// so that one chunk a block beside it pins holds little beside what the cache may keep
+    /// idle anyway. The driver charges per chunk, not per byte (a grant of access took 44 µs
+    /// for 2 MiB and 48 µs for 256 MiB on an H100): with 16 MiB chunks a process whose blocks
+    /// are gigabytes paid hundreds of grants and as many unmaps a miss (a cold miss of 1 GiB:
+    /// 66 chunks, 2.2–2.9 ms on an H200 where the driver's pool took 1.1 ms).
     fn new_chunks(&self, creating: u64) -> Vec<u32> {
         let cap = self.ordinary_chunk_pages();
         let Some(inside) = self.inside_chunk_pages_for(creating) else {
@@ -405,7 +409,7 @@ impl PageReserve {
         }
         let inner = pages - 2 * cap;
         let inside = (inner / MIN_INSIDE_CHUNKS)
-            .min(self.slack_pages.load(Relaxed) * INSIDE_CHUNK_SLACKS)
+            .min(self.inside_cap_pages.load(Relaxed))
             .clamp(smallest, u32::MAX as u64);
         Some(inside as u32)
     }
