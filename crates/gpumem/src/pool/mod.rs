@@ -15,6 +15,7 @@ pub(crate) mod miss_clock;
 pub(crate) mod pages;
 pub(crate) mod reserve;
 mod shared;
+mod short_wait;
 pub mod stats;
 pub(crate) mod tlsf;
 

@@ -213,15 +213,7 @@ impl PageReserve {
     /// Waits until no arena has pages on their way here, so that a trim after it reaches them
     /// (`empty_cache` returns everything cached, whichever thread was unmapping it).
     pub fn wait_for_unmapping(&self) {
-        let mut spins = 0u32;
-        while self.unmapping_pages.load(Relaxed) > 0 {
-            if spins < 64 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
-        }
+        super::short_wait::until(|| self.unmapping_pages.load(Relaxed) == 0);
     }
 
     /// The most pages a chunk inside a long miss may hold from now on, as the cache budget

@@ -12,7 +12,6 @@ use crate::pool::reserve::PageReserve;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What an arena has being unmapped outside its lock, shared with those doing it. Until the
 /// arena has looked at it again, a chunk is out of its page table but maybe still mapped: being
@@ -53,8 +52,8 @@ impl UnmapsInFlight {
 
     fn done(&self, chunks: &[PageRun], refused: &[PageRun]) {
         if !refused.is_empty() {
-            // Counted as refused before they stop counting as being unmapped: a miss never
-            // sees neither while they are out of the page table.
+            // Counted as refused before they stop counting as being unmapped: while they are out
+            // of the page table, a miss always sees them counted as one or the other.
             let pages: u64 = refused.iter().map(|c| c.count as u64).sum();
             self.refused.lock().extend_from_slice(refused);
             self.refused_pages.fetch_add(pages, Ordering::AcqRel);
@@ -65,18 +64,9 @@ impl UnmapsInFlight {
         self.unmapping.fetch_sub(pages, Ordering::AcqRel);
     }
 
-    /// Waits until nothing is being unmapped: a few driver calls at most, so a short spin,
-    /// then naps.
+    /// Waits until nothing is being unmapped.
     fn wait_until_none(&self) {
-        let mut spins = 0u32;
-        while self.unmapping.load(Ordering::Acquire) > 0 {
-            if spins < 64 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
+        crate::pool::short_wait::until(|| self.unmapping.load(Ordering::Acquire) == 0);
     }
 }
 
