@@ -93,6 +93,19 @@ for t in "${lost[@]}"; do
   done_step $?
 done
 
+# UNSEEN="name ..." records those workloads (benches/gpu/record_traces.py, PyTorch needed) into
+# $OUT/unseen and replays them like the corpus: traces none of the default's choices saw.
+if [ -n "${UNSEEN:-}" ] && [ "$backend" = cuda ]; then
+  step "unseen workloads recorded (${UNSEEN}) and replayed at the default beside the driver pool"
+  mkdir -p "$out/unseen"
+  # shellcheck disable=SC2086 # a list of names
+  (cd "$here" && OUT="$out/unseen" timeout "$(allow 240)" python3 record_traces.py $UNSEEN) \
+    > "$out/unseen-recorded.jsonl" 2>> "$out/log.txt"
+  done_step $?
+  timeout "$(allow 90)" "${replay[@]}" "$out"/unseen/*.trace.gz > "$out/unseen.jsonl" 2>> "$out/log.txt"
+  done_step $?
+fi
+
 step "summary"
 python3 - "$out" <<'PY' | tee "$out/summary.txt"
 import json, os, sys
@@ -117,6 +130,12 @@ def by_trace(name):
     return ours, pool
 
 modes = {m: by_trace(m + ".jsonl") for m in ("adaptive", "memory-first", "fixed")}
+unseen, unseen_pool = by_trace("unseen.jsonl")
+for trace in sorted(unseen):
+    r, p = unseen[trace], unseen_pool.get(trace)
+    if p:
+        print(f"unseen {trace} | L{r.get('adaptive_level')} {r['reserved_over_peak']:.4f} {r['ns_per_op']:.0f}"
+              f" {r['ns_per_op'] / p['ns_per_op']:.2f}x | pool {p['reserved_over_peak']:.4f} {p['ns_per_op']:.0f}")
 print("trace | adaptive: level, res/peak, ns/op, x pool | memory-first res/peak | fixed: res/peak, x pool | pool res/peak, ns/op")
 held = {"both": 0, "memory": 0, "time": 0, "first_103": 0, "n": 0}
 for trace in sorted(modes["adaptive"][0]):

@@ -436,3 +436,62 @@ def contrastive_two_tower_train():
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+
+
+# The fifth set, recorded on 2026-11-27 after the adaptive default's ladder and its ceiling on
+# inside chunks were chosen on the thirty traces of benches/traces: kept outside the corpus, to
+# judge the default on work none of its choices saw.
+
+
+def audio_ctc_train():
+    """A wav2vec2-style speech model (random init, 12 layers) trained with CTC on raw audio of 2-16
+    s at 16 kHz, batch 2-12, AdamW, bf16 autocast: a strided convolutional front end whose output
+    length follows the audio's, and a loss whose alignment tensors do too."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+    config = Wav2Vec2Config(vocab_size=40, num_hidden_layers=12, hidden_size=768,
+                            num_attention_heads=12, intermediate_size=3072)
+    model = Wav2Vec2ForCTC(config).to(DEV).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(16):
+        batch, seconds = random.choice([(12, 2), (8, 4), (4, 8), (2, 16), (6, 6)])
+        audio = torch.randn(batch, seconds * 16_000, device=DEV)
+        labels = torch.randint(1, 40, (batch, seconds * 12), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(audio, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def beam_search_generate():
+    """GPT-2 (random init, 12 layers) generating with beam search (4 or 8 beams, 32-96 new
+    tokens) from prompts of 16-512 tokens, batch 1-8: the cache reordered by beam at every step,
+    unlike the greedy decoding of the corpus."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(n_layer=12)).to(DEV).half().eval()
+    with torch.no_grad():
+        for _ in range(12):
+            batch, prompt = random.choice([(1, 512), (2, 256), (4, 64), (8, 16), (4, 128)])
+            ids = torch.randint(0, 50_000, (batch, prompt), device=DEV)
+            model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=random.choice([4, 8]),
+                           max_new_tokens=random.choice([32, 64, 96]), min_new_tokens=32,
+                           do_sample=False, pad_token_id=0, early_stopping=False)
+
+
+def seq2seq_train_varlen():
+    """A T5-base-sized encoder-decoder (random init) trained on pairs of 32-512 source and 8-128
+    target tokens, batch drawn per step (4-64), AdamW, bf16 autocast: summarisation-style
+    training, where the corpus only generates with T5."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    model = T5ForConditionalGeneration(T5Config(num_layers=12, num_decoder_layers=12)).to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(16):
+        batch, source, target = random.choice([(64, 32, 8), (16, 256, 64), (4, 512, 128),
+                                               (32, 128, 32), (8, 384, 96)])
+        ids = torch.randint(0, 32_000, (batch, source), device=DEV)
+        labels = torch.randint(0, 32_000, (batch, target), device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
