@@ -5,7 +5,7 @@
 //! driver costs the adaptive default stays under its ceiling.
 
 use gpumem::backend::sim::{DriverCosts, SimBackend, SimConfig};
-use gpumem::manager::adaptive::ceiling_slack_bytes;
+use gpumem::manager::adaptive::{ceiling_slack_bytes, inside_chunk_cap_bytes};
 use gpumem::{ManagerConfig, MemoryManager};
 use gpumem_replay::replay::{replay, replay_config};
 use gpumem_replay::trace::load_trace;
@@ -23,8 +23,8 @@ const WASTE_BOUND: f64 = 1.03;
 /// sight: the first in the first set, the other two in the second (docs/performance.md says
 /// where their excess lies).
 /// The last four passed it since the adaptive default cuts a long miss's inside chunks up to
-/// its ceiling (an eighth of the live peak) at every level: a cold miss of 1 GiB maps ten
-/// chunks instead of 66, and chunks beside later blocks pin more (on the GPU these traces
+/// an eighth of the live peak (twice its ceiling on idle pages) at every level: a cold miss of
+/// 1 GiB maps ten chunks instead of 66, and chunks beside later blocks pin more (on the GPU these traces
 /// climb past level 1 anyway, where they held more before too).
 const OVER_THE_BOUND_TODAY: &[(&str, f64)] = &[
     ("unet_diffusion", 1.0342),
@@ -70,8 +70,9 @@ fn every_trace_stays_within_the_waste_bound_at_the_memory_first_setting() {
 
 /// Under the H100's measured driver costs misses cost what they do on a GPU, so the adaptive
 /// default climbs where misses are frequent; whatever level it reaches, what the pools hold stays
-/// within the ceiling: the live peak plus at most an eighth of it as idle slack, and the chunk
-/// rounding of the pages live blocks touch (a hundredth here, on the corpus).
+/// within the ceiling: the live peak plus at most a sixteenth of it as idle slack, and the free
+/// part of the chunks live blocks touch, which on the corpus stays within one of the largest
+/// chunks the default cuts (an eighth of the peak).
 #[test]
 fn the_adaptive_default_stays_under_its_ceiling_when_misses_cost_time() {
     let costly = SimConfig {
@@ -86,7 +87,8 @@ fn the_adaptive_default_stays_under_its_ceiling_when_misses_cost_time() {
         let manager = MemoryManager::new(backend.clone(), config).unwrap();
         let (report, _) = replay(&manager, 0, &trace, |_| {}).unwrap();
         let peak = report.peak_requested_bytes;
-        let ceiling = (peak + ceiling_slack_bytes(peak)) as f64 / peak as f64 + 0.01;
+        let ceiling =
+            (peak + ceiling_slack_bytes(peak) + inside_chunk_cap_bytes(peak)) as f64 / peak as f64;
         if report.reserved_over_peak > ceiling {
             failures.push(format!(
                 "{} at {:.4} over {ceiling:.4} (level {:?})",

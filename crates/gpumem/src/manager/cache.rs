@@ -1,7 +1,7 @@
 //! What the pools keep cached and when it goes back to the driver: the cache budget checked
 //! before every mapping, trimming, emptying, age-based release, and peaks.
 
-use super::adaptive::ceiling_slack_bytes;
+use super::adaptive::inside_chunk_cap_bytes;
 use super::{ManagedDevice, MemoryManager, PressureLevel};
 use crate::pool::reserve::INSIDE_CHUNK_SLACKS;
 use crate::pool::{BusyStreams, MapDecision};
@@ -47,7 +47,7 @@ impl MemoryManager {
             slack = slack.min(cap / page);
         }
         let inside_cap = match managed.adapting {
-            Some(_) => ceiling_slack_bytes(peak * page) / page,
+            Some(_) => inside_chunk_cap_bytes(peak * page) / page,
             None => slack * INSIDE_CHUNK_SLACKS,
         };
         managed.pages.note_inside_cap(inside_cap);

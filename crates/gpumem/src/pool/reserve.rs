@@ -218,9 +218,9 @@ impl PageReserve {
 
     /// The most pages a chunk inside a long miss may hold from now on, as the cache budget
     /// sees it at a miss: [`INSIDE_CHUNK_SLACKS`] times its slack for a fixed setting; the
-    /// adaptive default's ceiling (an eighth of the recent live peak, 16 to 512 MiB), which
-    /// bounds what one pinned chunk can hold beside the live blocks as it bounds the idle
-    /// pages kept.
+    /// adaptive default's largest chunk (an eighth of the recent live peak, 16 to 512 MiB, twice
+    /// its ceiling on idle pages), which bounds what one pinned chunk can hold beside the live
+    /// blocks.
     pub fn note_inside_cap(&self, pages: u64) {
         if self.inside_cap_pages.load(Relaxed) != pages {
             self.inside_cap_pages.store(pages, Relaxed);
