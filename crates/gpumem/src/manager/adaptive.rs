@@ -12,8 +12,8 @@
 //! device has room, step back when a climb more than doubled that cost, and fall to
 //! memory-first as pressure rises. Whatever the level, the idle slack stays under
 //! [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds [`inside_chunk_cap_bytes`]
-//! (twice that slack). A device that
-//! has mapped a gigabyte block climbs no higher than level 3 and places nothing.
+//! (twice that slack). A device that has mapped a gigabyte block climbs no higher than level 3
+//! and places nothing.
 
 use super::pressure::PressureLevel;
 use crate::units::MIB;
