@@ -483,7 +483,8 @@ def seq2seq_train_varlen():
     target tokens, batch drawn per step (4-64), AdamW, bf16 autocast: summarisation-style
     training, where the corpus only generates with T5."""
     from transformers import T5Config, T5ForConditionalGeneration
-    model = T5ForConditionalGeneration(T5Config(num_layers=12, num_decoder_layers=12)).to(DEV)
+    config = T5Config(num_layers=12, num_decoder_layers=12, decoder_start_token_id=0, pad_token_id=0)
+    model = T5ForConditionalGeneration(config).to(DEV)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(16):
         batch, source, target = random.choice([(64, 32, 8), (16, 256, 64), (4, 512, 128),
