@@ -149,14 +149,16 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("driver pool (cuMemAllocAsync): "), "{text}");
     assert!(
-        text.contains("beats the driver pool on both: GPUMEM_MAX_CHUNK_BYTES=")
-            || text.contains("no setting beats the driver pool on both")
+        text.contains(
+            "beats the driver pool on both: GPUMEM_CACHE_MODE=fixed GPUMEM_MAX_CHUNK_BYTES="
+        ) || text.contains("no setting beats the driver pool on both")
             || text.contains("no setting holds as little memory"),
         "{text}"
     );
     assert!(
-        text.contains("One setting for all 2 traces: GPUMEM_MAX_CHUNK_BYTES=")
-            || text.contains("No setting beats the driver pool on both axes on any of the 2"),
+        text.contains(
+            "One setting for all 2 traces: GPUMEM_CACHE_MODE=fixed GPUMEM_MAX_CHUNK_BYTES="
+        ) || text.contains("No setting beats the driver pool on both axes on any of the 2"),
         "{text}"
     );
     let json = gpumem(&[
