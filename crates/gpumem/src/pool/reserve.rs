@@ -217,7 +217,7 @@ impl PageReserve {
     }
 
     /// The most pages a chunk inside a long miss may hold from now on, as the cache budget
-    /// sees it at a miss: [`INSIDE_CHUNK_SLACKS`] times its slack for a fixed setting; the
+    /// sees it at a miss: `INSIDE_CHUNK_SLACKS` (2) times its slack for a fixed setting; the
     /// adaptive default's largest chunk (an eighth of the recent live peak, 16 to 512 MiB, twice
     /// its ceiling on idle pages), which bounds what one pinned chunk can hold beside the live
     /// blocks.
