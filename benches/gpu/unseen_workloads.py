@@ -139,18 +139,27 @@ def unet_diffusion():
                 latents = latents - 0.05 * (unconditional + 7.5 * (conditional - unconditional))
 
 
-def train_causal_lm(model, shapes, steps=16):
-    """`steps` training steps of a causal language model on random tokens (AdamW, bf16 autocast),
-    each at a (batch, length) drawn from `shapes`."""
+def train_on_batches(model, next_batch, steps=16):
+    """`steps` training steps of a Hugging Face model (AdamW, bf16 autocast), each on the keyword
+    arguments `next_batch()` returns (a loss among the outputs)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(steps):
-        batch, length = random.choice(shapes)
-        ids = torch.randint(0, 32000, (batch, length), device=DEV)
+        inputs = next_batch()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def train_causal_lm(model, shapes, steps=16):
+    """`steps` training steps of a causal language model on random tokens, each at a (batch,
+    length) drawn from `shapes`."""
+    def next_batch():
+        batch, length = random.choice(shapes)
+        ids = torch.randint(0, 32000, (batch, length), device=DEV)
+        return dict(input_ids=ids, labels=ids)
+    train_on_batches(model, next_batch, steps)
 
 
 def scaled_step(loss, optimizer, scaler):
@@ -485,14 +494,10 @@ def seq2seq_train_varlen():
     from transformers import T5Config, T5ForConditionalGeneration
     config = T5Config(num_layers=12, num_decoder_layers=12, decoder_start_token_id=0, pad_token_id=0)
     model = T5ForConditionalGeneration(config).to(DEV)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for _ in range(16):
+
+    def next_batch():
         batch, source, target = random.choice([(64, 32, 8), (16, 256, 64), (4, 512, 128),
                                                (32, 128, 32), (8, 384, 96)])
-        ids = torch.randint(0, 32_000, (batch, source), device=DEV)
-        labels = torch.randint(0, 32_000, (batch, target), device=DEV)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        return dict(input_ids=torch.randint(0, 32_000, (batch, source), device=DEV),
+                    labels=torch.randint(0, 32_000, (batch, target), device=DEV))
+    train_on_batches(model, next_batch)

@@ -222,13 +222,7 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
         if climbs && cost > SETTLING_CLIMB_NS_PER_OP {
             // Not judged, but too dear to wait a window: the next level, which the window
             // after it settles and the one after that judges against this window's cost.
-            return Tuning {
-                level: next,
-                cost_before_climb: cost,
-                hold: 0,
-                settling: true,
-                peak_at_climb: seen.live_peak_bytes,
-            };
+            return climb_to(next, cost, seen);
         }
         return Tuning {
             settling: false,
@@ -255,13 +249,7 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
         };
     }
     if climbs {
-        return Tuning {
-            level: next,
-            cost_before_climb: cost,
-            hold: 0,
-            settling: true,
-            peak_at_climb: seen.live_peak_bytes,
-        };
+        return climb_to(next, cost, seen);
     }
     if new_layout && now.cost_before_climb > 0 && level == now.level {
         // Not judged yet: the next window at this layout judges the climb.
@@ -303,6 +291,18 @@ pub fn with_large_blocks(now: Tuning) -> Tuning {
         settling: false,
         peak_at_climb: 0,
         ..now
+    }
+}
+
+/// A climb to `level` from a window whose misses cost `cost` per operation: the window after it
+/// settles, and the one after that, at the layout of `seen`, judges it against `cost`.
+fn climb_to(level: u8, cost: u64, seen: &Observation) -> Tuning {
+    Tuning {
+        level,
+        cost_before_climb: cost,
+        hold: 0,
+        settling: true,
+        peak_at_climb: seen.live_peak_bytes,
     }
 }
 
