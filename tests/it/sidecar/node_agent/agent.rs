@@ -103,29 +103,15 @@ pub(crate) fn start(
     nvml_file: &Path,
     stderr: impl Into<Stdio>,
 ) -> Running {
-    let url = api.url();
-    let args = [
+    let kubernetes = api.agent_args("1h");
+    let mut args = vec![
         "--test-nvml-fixture",
         nvml_file.to_str().expect("utf-8"),
         "--proc-root",
         proc_root.str(),
-        "--pod-source",
-        "kubernetes",
-        "--node-name",
-        NODE,
-        "--kubernetes-url",
-        &url,
-        "--kubernetes-ca",
-        api.ca_file.to_str().expect("utf-8"),
-        "--kubernetes-token-file",
-        api.token_file.to_str().expect("utf-8"),
-        "--pod-refresh",
-        "1h",
-        "--pod-name",
-        AGENT_POD.1,
-        "--pod-namespace",
-        AGENT_POD.0,
     ];
+    args.extend(kubernetes.iter().map(String::as_str));
+    args.extend(["--pod-name", AGENT_POD.1, "--pod-namespace", AGENT_POD.0]);
     serve_logging_to(collect, &args, stderr)
 }
 

@@ -39,6 +39,8 @@ pub(crate) struct ApiServer {
     /// The CA's certificate (PEM) and the token, as files the agent is pointed at.
     pub ca_file: PathBuf,
     pub token_file: PathBuf,
+    /// The node whose pods it lists.
+    node: String,
     _dir: super::super::TempDir,
 }
 
@@ -85,12 +87,33 @@ impl ApiServer {
             shared,
             ca_file,
             token_file,
+            node: node.to_string(),
             _dir: dir,
         }
     }
 
     pub(crate) fn url(&self) -> String {
         format!("https://{}", self.addr)
+    }
+
+    /// The arguments that point `gpumem serve` at this server for its node's pods, as the
+    /// chart's node agent is, listing them again every `pod_refresh`.
+    pub(crate) fn agent_args(&self, pod_refresh: &str) -> Vec<String> {
+        let path = |file: &PathBuf| file.to_str().expect("utf-8").to_string();
+        vec![
+            "--pod-source".to_string(),
+            "kubernetes".to_string(),
+            "--node-name".to_string(),
+            self.node.clone(),
+            "--kubernetes-url".to_string(),
+            self.url(),
+            "--kubernetes-ca".to_string(),
+            path(&self.ca_file),
+            "--kubernetes-token-file".to_string(),
+            path(&self.token_file),
+            "--pod-refresh".to_string(),
+            pod_refresh.to_string(),
+        ]
     }
 
     pub(crate) fn set_pods(&self, pods: Vec<serde_json::Value>) {

@@ -5,6 +5,7 @@
 //! than the agent's memory allows is refused, said so, and the last good list kept, with the
 //! agent's peak memory under the chart's 128 MiB limit.
 
+use super::agent::NODE;
 use super::apiserver::{pod, ApiServer};
 use crate::sidecar::TempDir;
 use crate::support::{peak_kib, serve_args, Running};
@@ -13,8 +14,6 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const NODE: &str = "gpu-node-1";
 
 fn fifo(path: &Path) {
     let made = std::process::Command::new("mkfifo")
@@ -96,22 +95,9 @@ fn devices_fifos_and_huge_files_as_credentials_are_one_line_and_exit_2_at_once()
 
 /// An agent listing `api`'s pods every second (nothing else to do).
 fn agent(api: &ApiServer, stderr: Stdio) -> Running {
-    let url = api.url();
+    let kubernetes = api.agent_args("1s");
     let mut args = serve_args("500ms");
-    args.extend([
-        "--pod-source",
-        "kubernetes",
-        "--node-name",
-        NODE,
-        "--kubernetes-url",
-        &url,
-        "--kubernetes-ca",
-        api.ca_file.to_str().expect("utf-8"),
-        "--kubernetes-token-file",
-        api.token_file.to_str().expect("utf-8"),
-        "--pod-refresh",
-        "1s",
-    ]);
+    args.extend(kubernetes.iter().map(String::as_str));
     Running::start_with_stderr(&args, stderr)
 }
 
