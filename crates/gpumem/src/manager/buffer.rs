@@ -65,12 +65,6 @@ impl AllocOptions {
     }
 }
 
-/// What a buffer's memory belongs to, and so where its free goes back to.
-pub(crate) enum Backing {
-    Pooled { pool: Arc<Pool>, block: PooledBlock },
-    Direct(Arc<DirectPool>),
-}
-
 /// Which arena of the pool and which block in it, packed into one word: written with one
 /// store and copied with one load (as two fields, the buffer's copy on return read across
 /// two stores and missed store forwarding, several nanoseconds of a pool hit).
@@ -79,6 +73,8 @@ pub(crate) struct PooledBlock(u64);
 
 impl PooledBlock {
     const LARGE: u64 = 1 << 32;
+    /// What a buffer without a pool's block holds (read by nothing).
+    pub(crate) const NONE: PooledBlock = PooledBlock(0);
 
     pub(crate) fn new(kind: PoolKind, block: u32) -> Self {
         let large = if kind == PoolKind::Large {
@@ -114,7 +110,13 @@ pub struct DeviceBuffer {
     /// The buffer holds one count of it (`tag::release_allocation` when freed), so its name stays.
     pub(crate) tag_id: u32,
     pub(crate) stream: StreamId,
-    pub(crate) backing: Option<Backing>,
+    /// What the memory belongs to, and so where its free goes back to: a pool's block, or
+    /// the direct pool (at most one of the two; neither once freed). Plain words rather than
+    /// an enum, which the allocation path built on the stack and copied with loads that missed
+    /// store forwarding (a few nanoseconds of a pool hit).
+    pub(crate) pool: Option<Arc<Pool>>,
+    pub(crate) block: PooledBlock,
+    pub(crate) direct: Option<Arc<DirectPool>>,
     /// Where the allocating thread and backtrace were recorded, when that is on.
     pub(crate) origins: Option<OriginTable>,
 }
@@ -158,27 +160,33 @@ impl DeviceBuffer {
         // After the block is back (below), nothing lists this allocation: its tag count goes.
         // Taken out first, so the second call (`free` then `drop`) releases nothing.
         let tag_id = std::mem::replace(&mut self.tag_id, super::tag::UNTAGGED);
-        let freed = self.free_backing();
+        // A pool's free cannot fail. Answered on its own, it returns `Ok` as a constant: one
+        // result for both kinds was staged and copied out through the stack, with loads that
+        // missed store forwarding (a few nanoseconds of a pool hit).
+        if let Some(pool) = self.pool.take() {
+            self.free_pooled(pool);
+            super::tag::release_allocation(tag_id);
+            return Ok(());
+        }
+        let Some(direct) = self.direct.take() else {
+            return Ok(());
+        };
+        let freed = direct.free(self.ptr);
         if freed.is_ok() {
             super::tag::release_allocation(tag_id);
         } // else the driver kept it: still listed, and its tag with it
         freed
     }
 
-    fn free_backing(&mut self) -> Result<(), BackendError> {
-        match self.backing.take() {
-            Some(Backing::Pooled { pool, block }) => {
-                if pool.stream == StreamId::SHARED {
-                    pool.free_fenced(block.kind(), block.block(), self.stream);
-                } else {
-                    pool.free(block.kind(), block.block());
-                }
-                super::handles::park(pool);
-                Ok(())
-            }
-            Some(Backing::Direct(pool)) => pool.free(self.ptr),
-            None => Ok(()),
+    #[inline(always)]
+    fn free_pooled(&self, pool: Arc<Pool>) {
+        let block = self.block;
+        if pool.stream == StreamId::SHARED {
+            pool.free_fenced(block.kind(), block.block(), self.stream);
+        } else {
+            pool.free(block.kind(), block.block());
         }
+        super::handles::park(pool);
     }
 }
 

@@ -53,7 +53,7 @@ use crate::pool::{
     PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::{align_up, Bytes};
-use buffer::{Backing, PooledBlock};
+use buffer::PooledBlock;
 use parking_lot::{Mutex, RwLock};
 use pressure::PressureState;
 use std::collections::HashMap;
@@ -335,17 +335,23 @@ impl MemoryManager {
         &self.shared
     }
 
+    /// The managed device `device`. Inlined, with the error built out of line, so that an
+    /// allocation reads the device from a register rather than from a result staged on the stack.
+    #[inline]
     pub(crate) fn device(&self, device: usize) -> Result<&ManagedDevice, BackendError> {
-        self.shared
-            .slot_of
-            .get(device)
-            .copied()
-            .flatten()
-            .map(|slot| &self.shared.devices[slot])
-            .ok_or_else(|| BackendError::InvalidDevice {
-                requested: device,
-                count: self.shared.backend.device_count(),
-            })
+        match self.shared.slot_of.get(device).copied().flatten() {
+            Some(slot) => Ok(&self.shared.devices[slot]),
+            None => Err(self.not_managed(device)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn not_managed(&self, device: usize) -> BackendError {
+        BackendError::InvalidDevice {
+            requested: device,
+            count: self.shared.backend.device_count(),
+        }
     }
 
     /// Allocates `size` bytes on `device`.
@@ -389,40 +395,55 @@ impl MemoryManager {
             tag: tag_id,
         };
         let block_size = align_up(size, MIN_BLOCK);
-        // Built first and filled in after: assembling it at the end made the compiler stage the
-        // pool handle on the stack and copy it out with wide loads that missed store
-        // forwarding, a few nanoseconds of a pool hit. Dropped on an error, it frees nothing.
-        let mut buffer = DeviceBuffer {
-            ptr: 0,
-            size,
-            device,
-            id,
-            tag_id,
-            stream: options.stream,
-            backing: None,
-            origins: None,
+        // Nothing holds the tag's count until the buffer exists: an error gives it back here.
+        let failed = |error| {
+            tag::release_allocation(tag_id);
+            error
         };
-        let (ptr, backing) = match self.shared.config.strategy {
-            Strategy::Direct => self.alloc_direct(managed, block_size, live)?,
+        // The block's owner comes back in registers and the buffer is assembled from them at
+        // the end. Building the buffer first and filling it in, or passing its owner as an
+        // enum, staged them on the stack, where the buffer's copy to the caller read them with
+        // wide loads across narrower stores and missed store forwarding (a few nanoseconds of
+        // a pool hit).
+        let (ptr, pool, block, direct) = match self.shared.config.strategy {
+            Strategy::Direct => {
+                let (ptr, direct) = self
+                    .alloc_direct(managed, block_size, live)
+                    .map_err(failed)?;
+                (ptr, None, PooledBlock::NONE, Some(direct))
+            }
             Strategy::Pooled => {
                 let pool = match options.graph_pool {
                     None => self.pool_for(managed, options.stream, thread_slot),
                     Some(id) => managed.graph_pool(id),
                 };
-                self.alloc_pooled(managed, pool, block_size, align, live)?
+                let (ptr, pool, block) = self
+                    .alloc_pooled(managed, pool, block_size, align, live)
+                    .map_err(failed)?;
+                (ptr, Some(pool), block, None)
             }
         };
-        buffer.ptr = ptr;
-        buffer.backing = Some(backing);
-        if self.shared.config.capture_backtraces {
+        let origins = self.shared.config.capture_backtraces.then(|| {
             self.shared.origins.record(id);
-            buffer.origins = Some(self.shared.origins.clone());
-        }
-        Ok(buffer)
+            self.shared.origins.clone()
+        });
+        Ok(DeviceBuffer {
+            ptr,
+            size,
+            device,
+            id,
+            tag_id,
+            stream: options.stream,
+            pool,
+            block,
+            direct,
+            origins,
+        })
     }
 
-    /// A pooled allocation. Inlined into `alloc` so the hit path returns its block through
-    /// registers; everything after a first refusal lives in `alloc_pooled_retrying`.
+    /// A pooled allocation: its pointer, pool and block. Inlined into `alloc` so the hit path
+    /// keeps them in registers until the buffer is assembled; everything after a first refusal
+    /// lives in `alloc_pooled_retrying`.
     #[inline(always)]
     fn alloc_pooled(
         &self,
@@ -431,7 +452,7 @@ impl MemoryManager {
         size: u64,
         align: u64,
         live: LiveInfo,
-    ) -> Result<(u64, Backing), AllocError> {
+    ) -> Result<(u64, Arc<Pool>, PooledBlock), AllocError> {
         let kind = pool.kind_for(size);
         // A graph's pool keeps all it maps: it has nothing to make room with, and asking the
         // other pools to unmap would wait on their streams, one of which may be capturing.
@@ -463,16 +484,8 @@ impl MemoryManager {
                 }
             }
         };
-        match outcome {
-            Ok(placed) => {
-                let backing = Backing::Pooled {
-                    pool,
-                    block: PooledBlock::new(kind, placed.block),
-                };
-                Ok((placed.ptr, backing))
-            }
-            Err(error) => Err(error),
-        }
+        let placed = outcome?;
+        Ok((placed.ptr, pool, PooledBlock::new(kind, placed.block)))
     }
 
     fn alloc_direct(
@@ -480,9 +493,9 @@ impl MemoryManager {
         managed: &ManagedDevice,
         size: u64,
         live: LiveInfo,
-    ) -> Result<(u64, Backing), AllocError> {
+    ) -> Result<(u64, Arc<DirectPool>), AllocError> {
         match managed.direct.alloc(size, live) {
-            Ok(ptr) => Ok((ptr, Backing::Direct(Arc::clone(&managed.direct)))),
+            Ok(ptr) => Ok((ptr, Arc::clone(&managed.direct))),
             Err(error) => {
                 let error = ArenaError::Backend(error);
                 Err(self.explain_failure(managed, &live, PoolKind::Direct, error))

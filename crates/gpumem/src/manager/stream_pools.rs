@@ -9,7 +9,7 @@
 //! used for `release_idle_after` give their pages to the device's page reserve and are dropped
 //! at upkeep, which makes room for the next new stream.
 
-use super::buffer::Backing;
+use super::buffer::PooledBlock;
 use super::{handles, ManagedDevice, MemoryManager};
 use crate::backend::StreamId;
 use crate::error::{AllocError, BackendError};
@@ -143,7 +143,7 @@ impl MemoryManager {
         size: u64,
         align: u64,
         live: LiveInfo,
-    ) -> Result<(u64, Backing), AllocError> {
+    ) -> Result<(u64, Arc<Pool>, PooledBlock), AllocError> {
         let pool = self.pool_for(managed, stream, super::thread_ids::current_thread_slot());
         self.alloc_pooled(managed, pool, size, align, live)
     }
