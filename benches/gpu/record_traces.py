@@ -58,7 +58,8 @@ UNSEEN = ("detect_multiscale", "segment_multiscale", "unet_diffusion", "moe_trai
           "resnet_train", "convnext_multires", "llama_train_ckpt", "bert_mlm_dynpad",
           "lstm_seq2seq", "whisper_generate", "efficientnet_multires_train", "vae_decode",
           "graph_message_passing", "recsys_embedding_train", "contrastive_two_tower_train",
-          "audio_ctc_train", "beam_search_generate", "seq2seq_train_varlen")
+          "audio_ctc_train", "beam_search_generate", "seq2seq_train_varlen",
+          "continuous_batching_serve", "gan_train_multires", "pointcloud_dgcnn_train")
 WORKLOADS = {**{name: getattr(corpus_workloads, name) for name in CORPUS},
              **{name: getattr(unseen_workloads, name) for name in UNSEEN}}
 

@@ -501,3 +501,148 @@ def seq2seq_train_varlen():
         return dict(input_ids=torch.randint(0, 32_000, (batch, source), device=DEV),
                     labels=torch.randint(0, 32_000, (batch, target), device=DEV))
     train_on_batches(model, next_batch)
+
+
+# The sixth set, written on 2026-11-27 after the ceiling on idle pages (a sixteenth of the live
+# peak) was chosen with the fifth set's audio_ctc_train in view: the next check of that choice.
+
+
+def continuous_batching_serve():
+    """A decoder-only model (8 layers, 1024 wide, fp16) serving 32 requests under continuous
+    batching: at most 8 run at once, a waiting request joins when one finishes, each with a
+    prompt of 16-1024 tokens, 8-128 new tokens and a key/value cache of its own, grown a token a
+    step and freed when it finishes; each step pads the live caches into one batch. Lifetimes
+    overlap irregularly, where the corpus generates in fixed batches."""
+    width, heads, layers = 1024, 16, 8
+    head = width // heads
+    torch.manual_seed(0)
+
+    def linear(inputs, outputs):
+        return torch.randn(inputs, outputs, device=DEV, dtype=torch.half) / inputs ** 0.5
+    weights = [(linear(width, 3 * width), linear(width, width), linear(width, 4 * width),
+                linear(4 * width, width)) for _ in range(layers)]
+
+    def attend(query, keys, values, lengths):
+        # query (batch, heads, new, head); keys and values (batch, heads, longest, head).
+        scores = query @ keys.transpose(-1, -2) / head ** 0.5
+        positions = torch.arange(keys.shape[2], device=DEV)
+        padded = positions[None, :] >= torch.tensor(lengths, device=DEV)[:, None]
+        scores = scores.masked_fill(padded[:, None, None, :], float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).half() @ values
+
+    def run(tokens, caches):
+        # tokens (batch, new, width); caches: per request, per layer, [keys, values] of
+        # (heads, length, head), extended in place of the list's entries.
+        x = tokens
+        for layer, (qkv, out, up, down) in enumerate(weights):
+            q, k, v = (x @ qkv).split(width, dim=-1)
+            split = [t.view(t.shape[0], t.shape[1], heads, head).transpose(1, 2) for t in (q, k, v)]
+            for i, cache in enumerate(caches):
+                kept = cache[layer]
+                kept[0] = split[1][i] if kept[0] is None else torch.cat([kept[0], split[1][i]], dim=1)
+                kept[1] = split[2][i] if kept[1] is None else torch.cat([kept[1], split[2][i]], dim=1)
+            lengths = [cache[layer][0].shape[1] for cache in caches]
+            longest = max(lengths)
+            keys = torch.stack([torch.nn.functional.pad(c[layer][0], (0, 0, 0, longest - c[layer][0].shape[1]))
+                                for c in caches])
+            values = torch.stack([torch.nn.functional.pad(c[layer][1], (0, 0, 0, longest - c[layer][1].shape[1]))
+                                  for c in caches])
+            attended = attend(split[0], keys, values, lengths)
+            x = x + attended.transpose(1, 2).reshape(x.shape) @ out
+            x = x + torch.nn.functional.gelu(x @ up) @ down
+        return x[:, -1:]
+
+    waiting = [(random.choice([16, 64, 128, 512, 1024]), random.choice([8, 32, 64, 128]))
+               for _ in range(32)]
+    running = []  # [last hidden state, caches, tokens still to generate]
+    with torch.no_grad():
+        while waiting or running:
+            while waiting and len(running) < 8:
+                prompt, new = waiting.pop()
+                caches = [[[None, None] for _ in range(layers)]]
+                hidden = run(torch.randn(1, prompt, width, device=DEV, dtype=torch.half), caches)
+                running.append([hidden, caches[0], new])
+            hidden = run(torch.cat([r[0] for r in running]), [r[1] for r in running])
+            for i, request in enumerate(running):
+                request[0], request[2] = hidden[i:i + 1], request[2] - 1
+            running = [r for r in running if r[2] > 0]
+
+
+def gan_train_multires():
+    """A DCGAN-style generator and discriminator trained adversarially (two Adam optimizers,
+    alternating steps, bf16 autocast) at a resolution (64-256 px) and batch (8-64) drawn per
+    step: two models' activations and gradients interleave within each step, and the
+    generator's output is kept across the discriminator's and its own update."""
+    def up(inputs, outputs):
+        return torch.nn.Sequential(torch.nn.ConvTranspose2d(inputs, outputs, 4, 2, 1),
+                                   torch.nn.BatchNorm2d(outputs), torch.nn.ReLU())
+
+    def down(inputs, outputs):
+        return torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 4, 2, 1),
+                                   torch.nn.BatchNorm2d(outputs), torch.nn.LeakyReLU(0.2))
+    generator = torch.nn.Sequential(up(128, 512), up(512, 256), up(256, 128), up(128, 64),
+                                    torch.nn.Conv2d(64, 3, 3, 1, 1), torch.nn.Tanh()).to(DEV)
+    discriminator = torch.nn.Sequential(down(3, 64), down(64, 128), down(128, 256), down(256, 512),
+                                        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                        torch.nn.Linear(512, 1)).to(DEV)
+    g_opt = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    d_opt = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = torch.nn.BCEWithLogitsLoss()
+    for _ in range(24):
+        batch, side = random.choice([(64, 64), (32, 128), (16, 192), (8, 256), (48, 96)])
+        real = torch.randn(batch, 3, side, side, device=DEV)
+        z = torch.randn(batch, 128, side // 16, side // 16, device=DEV)
+        ones = torch.ones(batch, 1, device=DEV)
+        zeros = torch.zeros(batch, 1, device=DEV)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            fake = generator(z)
+            d_loss = bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)
+        d_opt.zero_grad(set_to_none=True)
+        d_loss.backward()
+        d_opt.step()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            g_loss = bce(discriminator(fake), ones)
+        g_opt.zero_grad(set_to_none=True)
+        g_loss.backward()
+        g_opt.step()
+
+
+def pointcloud_dgcnn_train():
+    """A DGCNN-style point-cloud classifier trained with Adam: three edge convolutions over the
+    20 nearest neighbours (found with torch.cdist and topk each layer), then a shared MLP and a
+    max pool, on clouds of 1,024-8,192 points in batches of 4-32. The pairwise distances are
+    quadratic in the cloud's size, so one step's largest buffers change by 16x between draws."""
+    def edge_conv(inputs, outputs):
+        return torch.nn.Sequential(torch.nn.Conv2d(2 * inputs, outputs, 1, bias=False),
+                                   torch.nn.BatchNorm2d(outputs), torch.nn.LeakyReLU(0.2))
+    convs = torch.nn.ModuleList([edge_conv(3, 64), edge_conv(64, 64), edge_conv(64, 128)]).to(DEV)
+    head = torch.nn.Sequential(torch.nn.Conv1d(256, 1024, 1), torch.nn.BatchNorm1d(1024),
+                               torch.nn.LeakyReLU(0.2)).to(DEV)
+    classify = torch.nn.Linear(1024, 40).to(DEV)
+    parameters = [*convs.parameters(), *head.parameters(), *classify.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=1e-3)
+
+    def neighbours(points, k=20):
+        # points (batch, channels, n): for each point, the features of its k nearest and its own.
+        flat = points.transpose(1, 2)
+        nearest = torch.cdist(flat, flat).topk(k, dim=-1, largest=False).indices
+        batch, n, channels = flat.shape
+        offsets = torch.arange(batch, device=DEV)[:, None, None] * n
+        gathered = flat.reshape(batch * n, channels)[(nearest + offsets).reshape(-1)]
+        gathered = gathered.view(batch, n, k, channels)
+        centre = flat[:, :, None, :].expand(-1, -1, k, -1)
+        return torch.cat([gathered - centre, centre], dim=-1).permute(0, 3, 1, 2)
+
+    for _ in range(20):
+        batch, n = random.choice([(32, 1024), (16, 2048), (8, 4096), (4, 8192), (12, 3072)])
+        x = torch.randn(batch, 3, n, device=DEV)
+        labels = torch.randint(0, 40, (batch,), device=DEV)
+        features = []
+        for conv in convs:
+            x = conv(neighbours(x)).max(dim=-1).values
+            features.append(x)
+        pooled = head(torch.cat(features, dim=1)).max(dim=-1).values
+        loss = torch.nn.functional.cross_entropy(classify(pooled), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
