@@ -218,6 +218,7 @@ impl Pool {
         self.pinned.store(false, Relaxed);
     }
 
+    #[inline]
     pub fn is_pinned(&self) -> bool {
         self.pinned.load(Relaxed)
     }
@@ -231,6 +232,7 @@ impl Pool {
         }
     }
 
+    #[inline]
     pub fn slot(&self, kind: PoolKind) -> &ArenaSlot {
         match kind {
             PoolKind::Small | PoolKind::Direct => &self.small,
@@ -353,6 +355,7 @@ impl Pool {
         }
     }
 
+    #[inline]
     pub fn is_retired(&self) -> bool {
         self.retired.load(Relaxed)
     }
