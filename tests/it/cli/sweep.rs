@@ -169,14 +169,26 @@ fn a_sweep_on_a_gpu_compares_every_setting_with_the_driver_pool() {
         "--json",
         trace.to_str().unwrap(),
     ]);
-    let strategies: Vec<String> = String::from_utf8_lossy(&json.stdout)
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&json.stdout)
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["strategy"].to_string())
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(strategies.len(), 91, "90 settings and the driver pool");
+    assert_eq!(
+        rows.len(),
+        92,
+        "90 settings, the adaptive default and the driver pool"
+    );
     assert!(
-        strategies.iter().any(|s| s.contains("driver")),
-        "{strategies:?}"
+        rows.iter()
+            .any(|r| r["strategy"].to_string().contains("driver")),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["cache_mode"] == "adaptive")
+            .count(),
+        1,
+        "{rows:?}"
     );
 
     // One setting against the pool, in alternated rounds: both medians and the verdict.
