@@ -196,9 +196,9 @@ impl Default for Tuning {
 ///
 /// A climb is never undone for its cost. Judged against the window before it (undone where
 /// the cost more than doubled), climbs were undone where the workload's own cost rose: on an
-/// H200, recsys_embedding_train's windows cost 324, 617 and 1,926 ns per operation around its
+/// H100, recsys_embedding_train's windows cost 324, 617 and 1,926 ns per operation around its
 /// first climb, so it went back to level 1 and stayed there while its windows cost 1,491 to
-/// 5,632 (1.39x the driver pool's time); on the simulated H100 the same rule undid one climb
+/// 5,632 (on an H200 it ended at level 1 at 1.39x the driver pool's time); on the simulated H100 the same rule undid one climb
 /// on the corpus and the recorded sets, gan_train_multires's (1.06x the pool's time with it,
 /// 0.35x without), and changed nothing else. The ceiling bounds what any level holds, and
 /// pressure takes it back.
@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(next.level, BASE_LEVEL + 2);
     }
 
-    /// The windows recsys_embedding_train closed on an H200 around its first climb, in ns per
+    /// The windows recsys_embedding_train closed on an H100 around its first climb, in ns per
     /// operation: its cost rose with its layout whatever the level, and judged against the
     /// window before the climb (324) the climb was undone at the third. Now the ladder climbs
     /// on while the cost stays above [`GROW_NS_PER_OP`].
