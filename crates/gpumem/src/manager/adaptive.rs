@@ -9,9 +9,9 @@
 //! configured setting (the fixed default); each level above keeps more idle pages and cuts
 //! larger chunks, the trades `replay --sweep` names for workloads whose misses cost time. The
 //! pools climb one level while misses cost more than [`GROW_NS_PER_OP`] per operation and the
-//! device has room, and fall to memory-first as pressure rises. Whatever the level, the idle slack stays under
-//! [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds [`inside_chunk_cap_bytes`]
-//! (twice that slack). A device that has mapped a gigabyte block climbs no higher than level 3
+//! device has room, and fall to memory-first as pressure rises. Whatever the level, the idle
+//! slack stays under [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds
+//! [`inside_chunk_cap_bytes`]. A device that has mapped a gigabyte block climbs no higher than level 3
 //! and places nothing.
 
 use super::pressure::PressureLevel;
@@ -106,8 +106,8 @@ pub fn ceiling_slack_bytes(live_peak_bytes: u64) -> u64 {
     (live_peak_bytes / 16).clamp(MIN_SLACK_BYTES, MAX_SLACK_BYTES)
 }
 
-/// The least idle slack the ceiling allows, whatever the peak: a thousandth of the smallest
-/// device this serves. A sixteenth of a small peak left workloads whose layout changes every
+/// The least idle slack the ceiling allows, whatever the peak: about a thousandth of an 80 GB
+/// device. A sixteenth of a small peak left workloads whose layout changes every
 /// step remapping the same pages: a GAN trained at a resolution drawn per step (live peak 636
 /// MiB, so 40 MiB of slack; recorded after the sixteenth was chosen) took 1.20x the driver
 /// pool's time on the simulated H100 while holding 1.087 of its peak to the pool's 1.911;
@@ -198,10 +198,10 @@ impl Default for Tuning {
 /// the cost more than doubled), climbs were undone where the workload's own cost rose: on an
 /// H100, recsys_embedding_train's windows cost 324, 617 and 1,926 ns per operation around its
 /// first climb, so it went back to level 1 and stayed there while its windows cost 1,491 to
-/// 5,632 (on an H200 it ended at level 1 at 1.39x the driver pool's time); on the simulated H100 the same rule undid one climb
-/// on the corpus and the recorded sets, gan_train_multires's (1.06x the pool's time with it,
-/// 0.35x without), and changed nothing else. The ceiling bounds what any level holds, and
-/// pressure takes it back.
+/// 5,632 (on an H200 it ended at level 1, 1.39x the driver pool's time). On the simulated H100
+/// the rule undid one climb on the corpus and the recorded sets, gan_train_multires's (1.06x
+/// the pool's time with it, 0.36x without), and changed nothing else. The ceiling bounds what
+/// any level holds, and pressure takes it back.
 pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
     let cost = seen.cost_ns_per_op();
     if seen.pressure >= PressureLevel::High {
@@ -275,8 +275,8 @@ fn climb_to(level: u8) -> Tuning {
 
 /// The setting at `level`, from the configured one (`base`, level 1), bounded by the ceiling:
 /// idle pages kept at most [`ceiling_slack_bytes`] of the live peak, and no chunk, a long
-/// miss's inside chunk included, larger than [`inside_chunk_cap_bytes`] (twice that slack). Where blocks are placed on mapped pages, a long miss's
-/// inside chunk is no larger than an ordinary one: a small block placed on a freed long block's
+/// miss's inside chunk included, larger than [`inside_chunk_cap_bytes`]. Where blocks are
+/// placed on mapped pages, a long miss's inside chunk is no larger than an ordinary one: a small block placed on a freed long block's
 /// pages pins the inside chunk under it, and with 128 MiB inside chunks beside its idle pages
 /// segment_multiscale held 1.1304 of its peak where the driver's pool holds 1.1209. With
 /// `large_blocks` (the device has mapped a [`LARGE_BLOCK_BYTES`] block) the ladder places
