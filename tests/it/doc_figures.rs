@@ -1,7 +1,8 @@
 //! Figures quoted in the docs are what this build prints: each replay figure in
-//! docs/configuration.md is checked against `gpumem replay --backend sim --json` on the traces
-//! in benches/traces, so a change to the allocator that moves them fails here until the docs
-//! say the new numbers.
+//! docs/configuration.md is checked against `GPUMEM_CACHE_MODE=fixed gpumem replay --backend sim
+//! --json` on the traces in benches/traces (the configured keys' defaults, which that section
+//! explains), so a change to the allocator that moves them fails here until the docs say the
+//! new numbers.
 
 use crate::support::gpumem;
 use std::path::Path;
@@ -21,7 +22,10 @@ fn the_replay_figures_in_the_configuration_doc_are_reproduced() {
     let mut args = vec!["replay", "--backend", "sim", "--json"];
     let paths: Vec<String> = traces.iter().map(|p| p.display().to_string()).collect();
     args.extend(paths.iter().map(String::as_str));
-    let out = gpumem(&args).output().expect("gpumem runs");
+    let out = gpumem(&args)
+        .env("GPUMEM_CACHE_MODE", "fixed")
+        .output()
+        .expect("gpumem runs");
     assert!(
         out.status.success(),
         "{}",

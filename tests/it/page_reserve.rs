@@ -241,6 +241,7 @@ fn a_miss_maps_chunks_no_larger_than_max_chunk_bytes() {
     for (cap, chunks) in [(8 * MIB, 3), (32 * MIB, 1)] {
         let config = ManagerConfig {
             max_chunk_bytes: cap,
+            cache_mode: CacheMode::Fixed,
             ..ManagerConfig::default()
         };
         assert_eq!(chunks_of_one_miss(config, 20 * MIB).1, chunks, "cap {cap}");
@@ -264,6 +265,7 @@ fn a_long_miss_is_cut_into_inside_chunks_between_two_ordinary_ones() {
         let config = ManagerConfig {
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: inside,
+            cache_mode: CacheMode::Fixed,
             ..ManagerConfig::default()
         };
         let (m, unmapped) = chunks_of_one_miss(config, size);
@@ -301,13 +303,13 @@ fn inside_chunks_grow_with_the_cache_slack_up_to_a_quarter_of_the_run() {
 }
 
 #[test]
-fn the_adaptive_default_grows_inside_chunks_to_twice_its_ceiling() {
-    // The same 1 GiB miss at the adaptive default: its largest chunk at a 1 GiB peak is an
-    // eighth (twice its ceiling on idle pages), 64 pages, so the 506 pages between the ends go in
-    // eight chunks (seven of 64, one of 58)
-    // whatever the slack; a 128 MiB miss (a 128 MiB peak: the ceiling's floor, 16 MiB) keeps
-    // 16 MiB ones, eight for its 58 pages between the ends.
-    for (size, chunks) in [(1024 * MIB, 2 + 8), (128 * MIB, 2 + 8)] {
+fn the_adaptive_default_grows_inside_chunks_to_an_eighth_of_the_peak() {
+    // The same 1 GiB miss at the adaptive default, which starts a rung up (32 MiB chunks, 64 MiB
+    // inside ones): its largest chunk at a 1 GiB peak is an eighth, 64 pages, so the 480 pages
+    // between its two 16-page ends go in eight chunks (seven of 64, one of 32) whatever the
+    // slack; a 128 MiB miss (64 pages) is too short for inside chunks and is cut in four
+    // ordinary ones.
+    for (size, chunks) in [(1024 * MIB, 2 + 8), (128 * MIB, 4)] {
         let config = ManagerConfig {
             max_chunk_bytes: 6 * MIB,
             inside_chunk_bytes: 16 * MIB,

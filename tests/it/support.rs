@@ -10,6 +10,7 @@ pub(crate) use chromium::Chromium;
 pub(crate) use promtool::promtool_check_metrics;
 
 use gpumem::backend::sim::{SimBackend, SimConfig};
+use gpumem::manager::CacheMode;
 use gpumem::{DeviceBackend, ManagerConfig, MemoryManager};
 use std::sync::Arc;
 
@@ -37,10 +38,13 @@ pub(crate) fn tight_manager(
     MemoryManager::new(backend, tight_config(idle_pages_kept)).unwrap()
 }
 
-/// [`tight_manager`]'s configuration, to change further.
+/// [`tight_manager`]'s configuration, to change further: the cache budget exactly as given, so
+/// a fixed setting (the adaptive default starts a rung above the configured one, with idle
+/// pages of its own).
 pub(crate) fn tight_config(idle_pages_kept: usize) -> ManagerConfig {
     ManagerConfig {
         devices: Some(vec![0]),
+        cache_mode: CacheMode::Fixed,
         idle_pages_kept,
         idle_per_mille: 0,
         gpu_memory_fraction: 1.0,

@@ -6,6 +6,7 @@
 
 use gpumem::backend::sim::{DriverCosts, SimBackend, SimConfig};
 use gpumem::manager::adaptive::{ceiling_slack_bytes, inside_chunk_cap_bytes};
+use gpumem::manager::CacheMode;
 use gpumem::{ManagerConfig, MemoryManager};
 use gpumem_replay::replay::{replay, replay_config};
 use gpumem_replay::trace::load_trace;
@@ -22,17 +23,15 @@ const WASTE_BOUND: f64 = 1.03;
 /// were recorded on 2026-11-25 as workloads unlike the corpus and passed the bound at first
 /// sight: the first in the first set, the other two in the second (docs/performance.md says
 /// where their excess lies).
-/// The last four passed it since the adaptive default cuts a long miss's inside chunks up to
-/// an eighth of the live peak (twice its ceiling on idle pages) at every level: a cold miss of
-/// 1 GiB maps ten chunks instead of 66, and chunks beside later blocks pin more (on the GPU these traces
-/// climb past level 1 anyway, where they held more before too).
+/// The test replays the configured keys as a fixed setting since the adaptive default starts a
+/// rung above them; as a fixed setting, bert_mlm_dynpad, detect_multiscale and gpt2_train_cycled
+/// are within the bound (a fixed setting bounds inside chunks by twice its slack, where the
+/// adaptive default lets them reach an eighth of the live peak), and llama_train_ckpt holds
+/// 1.0434 instead of 1.0619.
 const OVER_THE_BOUND_TODAY: &[(&str, f64)] = &[
     ("unet_diffusion", 1.0342),
     ("convnext_multires", 1.0508),
-    ("llama_train_ckpt", 1.0619),
-    ("detect_multiscale", 1.0426),
-    ("bert_mlm_dynpad", 1.0477),
-    ("gpt2_train_cycled", 1.0544),
+    ("llama_train_ckpt", 1.0434),
 ];
 
 /// Every trace of the corpus, in name order.
@@ -109,14 +108,21 @@ fn the_adaptive_default_stays_under_its_ceiling_when_misses_cost_time() {
     );
 }
 
+/// The configured keys' defaults, as a fixed setting. (The adaptive default starts a rung above
+/// them and climbs where misses cost time: its bound is the ceiling, tested below under the
+/// H100's driver costs.)
 #[test]
-fn every_trace_stays_within_the_waste_bound_at_the_default_settings() {
+fn every_trace_stays_within_the_waste_bound_at_the_configured_defaults() {
     let paths = corpus();
     let backend = Arc::new(SimBackend::new(SimConfig::default()));
     let mut failures = Vec::new();
     for path in &paths {
         let trace = load_trace(path).unwrap_or_else(|e| panic!("{e}"));
-        let config = replay_config(ManagerConfig::default(), 0);
+        let fixed = ManagerConfig {
+            cache_mode: CacheMode::Fixed,
+            ..ManagerConfig::default()
+        };
+        let config = replay_config(fixed, 0);
         let manager = MemoryManager::new(backend.clone(), config).unwrap();
         let (report, _) = replay(&manager, 0, &trace, |_| {}).unwrap();
         eprintln!(

@@ -47,27 +47,31 @@ pub(crate) fn configured_setting(config: &MemoryConfig) -> CacheSetting {
     }
 }
 
-/// The setting a device starts with under `config`, and its adaptive state if it adapts.
-pub(crate) fn starting(config: &MemoryConfig) -> (CacheSetting, Option<Adapting>) {
+/// The setting a device whose pages are `page_size` bytes starts with under `config`, and its
+/// adaptive state if it adapts: [`Tuning::starting`]'s level, before any live peak.
+pub(crate) fn starting(config: &MemoryConfig, page_size: u64) -> (CacheSetting, Option<Adapting>) {
     let base = configured_setting(config);
     match config.cache_mode {
         CacheMode::Fixed => (base, None),
         CacheMode::MemoryFirst => (CacheSetting::MEMORY_FIRST, None),
         CacheMode::Adaptive => {
+            let tuning = Tuning::starting();
+            let first = setting_at(tuning.level, &base, 0, page_size, false);
+            let setting = while_running(&first, &base);
             let window = Window {
-                tuning: Tuning::default(),
+                tuning,
                 ops_at_start: 0,
                 misses: 0,
                 miss_ns: 0,
                 held_high: 0,
-                setting: base,
+                setting,
                 large_blocks: false,
             };
             let adapting = Adapting {
                 base,
                 window: Mutex::new(window),
             };
-            (base, Some(adapting))
+            (setting, Some(adapting))
         }
     }
 }

@@ -248,7 +248,7 @@ impl MemoryManager {
             ChunkSizes::new(config.max_chunk_bytes, config.inside_chunk_bytes)
                 .whole_when_growing(config.whole_chunks_when_growing),
         )?);
-        let (setting, adapting) = adapting::starting(config);
+        let (setting, adapting) = adapting::starting(config, page_size);
         adapting::store(pages.knobs(), &setting, page_size);
         let mut device = ManagedDevice {
             index,
