@@ -236,11 +236,15 @@ impl Sweep<'_> {
             "CREATED"
         );
         for report in reports {
-            let is_default = report.idle_pages_kept == defaults.idle_pages_kept
-                && report.idle_per_mille == defaults.idle_per_mille
-                && report.max_chunk_bytes == defaults.max_chunk_bytes
-                && report.whole_chunks_when_growing == defaults.whole_chunks_when_growing
-                && report.place_on_mapped_pages == defaults.place_on_mapped_pages;
+            // A row replayed at the adaptive default (`--against-driver-pool` at the default
+            // cache mode) is the default wherever it landed; among fixed settings, the one with
+            // the configured keys' defaults.
+            let is_default = report.cache_mode == "adaptive"
+                || (report.idle_pages_kept == defaults.idle_pages_kept
+                    && report.idle_per_mille == defaults.idle_per_mille
+                    && report.max_chunk_bytes == defaults.max_chunk_bytes
+                    && report.whole_chunks_when_growing == defaults.whole_chunks_when_growing
+                    && report.place_on_mapped_pages == defaults.place_on_mapped_pages);
             let yes_no = |on: bool| if on { "yes" } else { "no" };
             println!(
                 "{} {:>10} {:>5} {:>6} {:>10} {:>9} {:>9.4} {:>9.0} {:>7} {:>9} {:>9} {:>8}{}",
