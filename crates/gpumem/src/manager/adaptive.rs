@@ -7,12 +7,12 @@
 //! The settings form a ladder. Level 0 is memory-first (2 MiB chunks cut whole when growing,
 //! no idle pages: at or under 1.03 of the peak on every trace of the corpus); level 1 is the
 //! configured setting (the fixed default); each level above keeps more idle pages and cuts
-//! larger chunks, the trades `replay --sweep` names for workloads whose misses cost time. The
-//! pools climb one level while misses cost more than [`GROW_NS_PER_OP`] per operation and the
-//! device has room, and fall to memory-first as pressure rises. Whatever the level, the idle
-//! slack stays under [`ceiling_slack_bytes`] of the live peak and a chunk never exceeds
-//! [`inside_chunk_cap_bytes`]. A device that has mapped a gigabyte block climbs no higher than level 3
-//! and places nothing.
+//! larger chunks, the trades `replay --sweep` names for workloads whose misses cost time. A
+//! device starts at level 2 ([`START_LEVEL`]); its pools climb one level while misses cost more
+//! than [`GROW_NS_PER_OP`] per operation and the device has room, and fall to memory-first as
+//! pressure rises. Whatever the level, the idle slack stays under [`ceiling_slack_bytes`] of the
+//! live peak and a chunk never exceeds [`inside_chunk_cap_bytes`]. A device that has mapped a
+//! gigabyte block climbs no higher than level 3 and places nothing.
 
 use super::pressure::PressureLevel;
 use crate::units::MIB;
@@ -68,9 +68,9 @@ pub const BASE_LEVEL: u8 = 1;
 /// after [`WINDOW_MISSES`] misses that do not take the device to a new high, so a workload that
 /// grows for most of its run spent it where it started: graph_message_passing, started at the
 /// configured setting, made most of its misses there and took 1.58x the driver pool's time on
-/// the simulated H100 (1.62x on an H200). Started here it took 0.96x, and the corpus and the
-/// recorded sets stayed under the pool's memory (t5_generate closest: 1.1279 of its peak
-/// against 1.1472, where it held 1.0534 started at the configured setting).
+/// the simulated H100 (1.62x on an H200). Started here it took 0.96x (1.06x on the H200), and
+/// the corpus and the recorded sets stayed under the pool's memory (t5_generate closest: 1.1279
+/// of its peak against 1.1472, where it held 1.0534 started at the configured setting).
 pub const START_LEVEL: u8 = BASE_LEVEL + 1;
 /// The highest level of a device that has mapped a [`LARGE_BLOCK_BYTES`] block: the first
 /// placed rung, without placing (see [`setting_at`]).
