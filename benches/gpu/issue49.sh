@@ -95,7 +95,7 @@ for t in "${lost[@]}"; do
 done
 
 # UNSEEN="name ..." records those workloads (benches/gpu/record_traces.py, PyTorch needed) into
-# $OUT/unseen and replays them like the corpus: traces none of the default's choices saw.
+# $OUT/unseen and replays them like the corpus: traces recorded after the choices they check.
 if [ -n "${UNSEEN:-}" ] && [ "$backend" = cuda ]; then
   step "unseen workloads recorded (${UNSEEN}) and replayed at the default beside the driver pool"
   mkdir -p "$out/unseen"

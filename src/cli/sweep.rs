@@ -14,6 +14,7 @@ use super::replay::{median_run, micros, print_report, progress_bar, replay_fresh
 use super::CliError;
 use gpumem::backend::DeviceBackend;
 use gpumem::manager::{CacheMode, MemoryConfig};
+use gpumem::named::Named;
 use gpumem::units::{Bytes, MIB};
 use gpumem_replay::replay::{replay_driver_pool, ReplayReport, TimelinePoint};
 use gpumem_replay::trace::Trace;
@@ -239,7 +240,7 @@ impl Sweep<'_> {
             // A row replayed at the adaptive default (`--against-driver-pool` at the default
             // cache mode) is the default wherever it landed; among fixed settings, the one with
             // the configured keys' defaults.
-            let is_default = report.cache_mode == "adaptive"
+            let is_default = report.cache_mode == CacheMode::Adaptive.name()
                 || (report.idle_pages_kept == defaults.idle_pages_kept
                     && report.idle_per_mille == defaults.idle_per_mille
                     && report.max_chunk_bytes == defaults.max_chunk_bytes

@@ -13,6 +13,10 @@
 //! pressure rises. Whatever the level, the idle slack stays under [`ceiling_slack_bytes`] of the
 //! live peak and a chunk never exceeds [`inside_chunk_cap_bytes`]. A device that has mapped a
 //! gigabyte block climbs no higher than level 3 and places nothing.
+//!
+//! The simulated device has no driver pool of its own: where a figure below puts a simulated
+//! H100 replay beside "the driver pool", the pool's figure is an H200's from a GPU call of the
+//! same day. What holds on a GPU, both replayed in the same rounds, is in docs/gpu-results.md.
 
 use super::pressure::PressureLevel;
 use crate::units::MIB;

@@ -79,8 +79,8 @@ impl ChunkSizes {
 /// worst waste unchanged (1.0248; gpt2_train_cycled 1.0183 -> 1.0229), while three times put
 /// cnn_serve_cycled at 1.0535. Below a live peak of 1.25 GiB twice the slack (four pages at
 /// least, or 1/128 of the peak) is at most the default 16 MiB inside chunk: nothing changes
-/// there. The adaptive default bounds them by its ceiling instead (see
-/// [`PageReserve::note_slack`]).
+/// there. The adaptive default bounds them by its own cap instead (see
+/// [`PageReserve::note_inside_cap`]).
 pub(crate) const INSIDE_CHUNK_SLACKS: u64 = 2;
 
 /// A long miss holds at least this many inside chunks between its two ordinary end chunks;
@@ -218,9 +218,8 @@ impl PageReserve {
 
     /// The most pages a chunk inside a long miss may hold from now on, as the cache budget
     /// sees it at a miss: `INSIDE_CHUNK_SLACKS` (2) times its slack for a fixed setting; the
-    /// adaptive default's largest chunk (an eighth of the recent live peak, 16 to 512 MiB, twice
-    /// its ceiling on idle pages), which bounds what one pinned chunk can hold beside the live
-    /// blocks.
+    /// adaptive default's largest chunk (an eighth of the recent live peak, 64 to 512 MiB), which
+    /// bounds what one pinned chunk can hold beside the live blocks.
     pub fn note_inside_cap(&self, pages: u64) {
         if self.inside_cap_pages.load(Relaxed) != pages {
             self.inside_cap_pages.store(pages, Relaxed);
