@@ -100,7 +100,7 @@ if [ -n "${UNSEEN:-}" ] && [ "$backend" = cuda ]; then
   step "unseen workloads recorded (${UNSEEN}) and replayed at the default beside the driver pool"
   mkdir -p "$out/unseen"
   # shellcheck disable=SC2086 # a list of names
-  (cd "$here" && OUT="$out/unseen" timeout "$(allow 240)" python3 record_traces.py $UNSEEN) \
+  (cd "$here" && OUT="$out/unseen" timeout "$(allow 300)" python3 record_traces.py $UNSEEN) \
     > "$out/unseen-recorded.jsonl" 2>> "$out/log.txt"
   done_step $?
   timeout "$(allow 90)" "${replay[@]}" "$out"/unseen/*.trace.gz > "$out/unseen.jsonl" 2>> "$out/log.txt"

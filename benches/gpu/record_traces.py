@@ -59,7 +59,9 @@ UNSEEN = ("detect_multiscale", "segment_multiscale", "unet_diffusion", "moe_trai
           "lstm_seq2seq", "whisper_generate", "efficientnet_multires_train", "vae_decode",
           "graph_message_passing", "recsys_embedding_train", "contrastive_two_tower_train",
           "audio_ctc_train", "beam_search_generate", "seq2seq_train_varlen",
-          "continuous_batching_serve", "gan_train_multires", "pointcloud_dgcnn_train")
+          "continuous_batching_serve", "gan_train_multires", "pointcloud_dgcnn_train",
+          "speculative_decode_generate", "fft_longconv_train", "mae_pretrain_varmask",
+          "ppo_rollout_train")
 WORKLOADS = {**{name: getattr(corpus_workloads, name) for name in CORPUS},
              **{name: getattr(unseen_workloads, name) for name in UNSEEN}}
 
