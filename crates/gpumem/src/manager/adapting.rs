@@ -44,6 +44,7 @@ pub(crate) fn configured_setting(config: &MemoryConfig) -> CacheSetting {
         idle_per_mille: config.idle_per_mille,
         whole_chunks_when_growing: config.whole_chunks_when_growing,
         place_on_mapped_pages: config.place_on_mapped_pages,
+        map_ahead_when_growing: false,
     }
 }
 
@@ -95,6 +96,7 @@ pub(crate) fn store(knobs: &CacheKnobs, setting: &CacheSetting, page_size: u64) 
         inside_chunk_bytes: setting.inside_chunk_bytes,
         whole_when_growing: setting.whole_chunks_when_growing,
         place_on_mapped_pages: setting.place_on_mapped_pages,
+        map_ahead_when_growing: setting.map_ahead_when_growing,
         idle_pages_kept: setting.idle_pages_kept,
         idle_per_mille: setting.idle_per_mille,
     };

@@ -4,7 +4,7 @@
 use super::adaptive::inside_chunk_cap_bytes;
 use super::{ManagedDevice, MemoryManager, PressureLevel};
 use crate::pool::reserve::INSIDE_CHUNK_SLACKS;
-use crate::pool::{BusyStreams, MapDecision};
+use crate::pool::{BusyStreams, MapAsk, MapDecision};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -18,12 +18,15 @@ pub(super) enum Unmapped {
 }
 
 impl MemoryManager {
-    /// Whether mapping `bytes` more keeps the device's pools within their cache budget: the
+    /// Whether mapping `ask.bytes` more keeps the device's pools within their cache budget: the
     /// pages they hold (mapped, or kept in the page reserve) stay within the recent peak of
     /// pages under live blocks plus a slack (capped by `max_cached_bytes`, and never below
     /// `preallocate_bytes`). Idle mapped pages and kept ones share the slack. Asked only before
-    /// the driver is called (a miss), so the hot path never pays for it.
-    pub(super) fn cache_budget_check(&self, managed: &ManagedDevice, bytes: u64) -> MapDecision {
+    /// the driver is called (a miss), so the hot path never pays for it. Pages ahead of a
+    /// growing arena (`ask.ahead_bytes`) are idle when mapped: they count against the slack,
+    /// never towards the peak, and are allowed only where the budget holds them without making
+    /// room ([`MapDecision::AllowBlockOnly`] otherwise).
+    pub(super) fn cache_budget_check(&self, managed: &ManagedDevice, ask: MapAsk) -> MapDecision {
         let (mut mapped, mut live) = (0, 0);
         for pool in managed.pools() {
             let (m, l) = pool.page_census();
@@ -32,9 +35,11 @@ impl MemoryManager {
         }
         let spare = managed.pages.spare_pages();
         let page = managed.page_size;
-        let new_pages = bytes / page;
+        let new_pages = ask.bytes / page;
+        let ahead_pages = ask.ahead_bytes / page;
         // Pages taken from the reserve are held already; only the rest would be created.
         let creating = new_pages.saturating_sub(spare);
+        let creating_ahead = (new_pages + ahead_pages).saturating_sub(spare);
         let peaks = &managed.events.live_pages_peak;
         peaks[0].fetch_max((live + new_pages) as usize, Relaxed);
         let peak = peaks[0].load(Relaxed).max(peaks[1].load(Relaxed)) as u64;
@@ -54,8 +59,16 @@ impl MemoryManager {
         let budget = (peak + slack).max(config.preallocate_bytes.div_ceil(page));
         let idle = mapped.saturating_sub(live);
         let held = mapped + spare;
-        if creating == 0 || held + creating <= budget || idle == 0 {
+        if ahead_pages > 0 && held + creating_ahead <= budget {
             return MapDecision::Allow;
+        }
+        let block_only = if ahead_pages > 0 {
+            MapDecision::AllowBlockOnly
+        } else {
+            MapDecision::Allow
+        };
+        if creating == 0 || held + creating <= budget || idle == 0 {
+            return block_only;
         }
         // Idle pages unmapped into the reserve are what the mapping then takes: each one
         // unmapped is one page fewer to create.

@@ -49,8 +49,8 @@ pub use workspace::{Workspace, WorkspaceError, WorkspaceResize};
 use crate::backend::{DeviceBackend, DeviceProperties, StreamId};
 use crate::error::{AllocError, BackendError, InitError};
 use crate::pool::{
-    ArenaError, ChunkSizes, DeviceReserve, DirectPool, LiveInfo, MapDecision, PageReserve, Pool,
-    PoolKind, PoolSettings, MIN_BLOCK,
+    ArenaError, ChunkSizes, DeviceReserve, DirectPool, LiveInfo, MapAsk, MapDecision, PageReserve,
+    Pool, PoolKind, PoolSettings, MIN_BLOCK,
 };
 use crate::units::{align_up, Bytes};
 use buffer::PooledBlock;
@@ -456,12 +456,18 @@ impl MemoryManager {
         let kind = pool.kind_for(size);
         // A graph's pool keeps all it maps: it has nothing to make room with, and asking the
         // other pools to unmap would wait on their streams, one of which may be capturing.
-        let within_budget = |bytes: u64| {
+        // Pages ahead of a growing arena are mapped only where the budget and the pool's cap
+        // hold them as well; otherwise the block's own pages alone.
+        let within_budget = |ask: MapAsk| {
             if pool.is_pinned() {
-                return self.may_map(managed, bytes);
+                return self.may_map(managed, ask.bytes).block_only();
             }
-            match self.cache_budget_check(managed, bytes) {
-                MapDecision::Allow => self.may_map(managed, bytes),
+            match self.cache_budget_check(managed, ask) {
+                MapDecision::Allow => match self.may_map(managed, ask.bytes + ask.ahead_bytes) {
+                    MapDecision::Allow => MapDecision::Allow,
+                    _ => self.may_map(managed, ask.bytes).block_only(),
+                },
+                MapDecision::AllowBlockOnly => self.may_map(managed, ask.bytes).block_only(),
                 other => other,
             }
         };

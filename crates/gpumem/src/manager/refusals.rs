@@ -5,7 +5,7 @@
 use super::{cache, ooms, tag, ManagedDevice, MemoryManager, PressureLevel};
 use crate::error::{AllocError, BackendError};
 use crate::pool::miss_clock::MissClock;
-use crate::pool::{ArenaError, BusyStreams, LiveInfo, MapDecision, Placed, Pool, PoolKind};
+use crate::pool::{ArenaError, BusyStreams, LiveInfo, MapAsk, MapDecision, Placed, Pool, PoolKind};
 use std::sync::atomic::Ordering::Relaxed;
 
 impl MemoryManager {
@@ -26,7 +26,8 @@ impl MemoryManager {
     ) -> Result<Placed, ArenaError> {
         // The first attempt's mapping, if it got that far, was counted where it failed.
         let clock = MissClock::start(self.shared.backend.as_ref());
-        let may_map = |bytes: u64| self.may_map(managed, bytes);
+        // A retry maps the block's own pages only.
+        let may_map = |ask: MapAsk| self.may_map(managed, ask.bytes).block_only();
         let mut outcome = Err(refusal);
         if let Err(ArenaError::NeedsRoom(excess, busy)) = outcome {
             // The arena's own idle pages were not enough: other pools unmap their oldest into

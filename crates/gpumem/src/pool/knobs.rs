@@ -12,6 +12,7 @@ pub struct CacheKnobs {
     inside_chunk_pages: AtomicU32,
     whole_when_growing: AtomicBool,
     place_on_mapped_pages: AtomicBool,
+    map_ahead_when_growing: AtomicBool,
     idle_pages_kept: AtomicUsize,
     idle_per_mille: AtomicUsize,
 }
@@ -23,6 +24,7 @@ pub struct KnobValues {
     pub inside_chunk_bytes: u64,
     pub whole_when_growing: bool,
     pub place_on_mapped_pages: bool,
+    pub map_ahead_when_growing: bool,
     pub idle_pages_kept: usize,
     pub idle_per_mille: usize,
 }
@@ -40,6 +42,8 @@ impl CacheKnobs {
             .store(values.whole_when_growing, Relaxed);
         self.place_on_mapped_pages
             .store(values.place_on_mapped_pages, Relaxed);
+        self.map_ahead_when_growing
+            .store(values.map_ahead_when_growing, Relaxed);
         self.idle_pages_kept.store(values.idle_pages_kept, Relaxed);
         self.idle_per_mille.store(values.idle_per_mille, Relaxed);
     }
@@ -58,6 +62,10 @@ impl CacheKnobs {
 
     pub fn place_on_mapped_pages(&self) -> bool {
         self.place_on_mapped_pages.load(Relaxed)
+    }
+
+    pub fn map_ahead_when_growing(&self) -> bool {
+        self.map_ahead_when_growing.load(Relaxed)
     }
 
     pub fn idle_pages_kept(&self) -> usize {

@@ -19,7 +19,7 @@ mod short_wait;
 pub mod stats;
 pub(crate) mod tlsf;
 
-pub use arena::{ArenaError, MapDecision, MappedSegment, Placed, ReleaseError, Released};
+pub use arena::{ArenaError, MapAsk, MapDecision, MappedSegment, Placed, ReleaseError, Released};
 pub use device_totals::DeviceReserve;
 pub use direct::DirectPool;
 pub use knobs::{CacheKnobs, KnobValues};
@@ -248,7 +248,7 @@ impl Pool {
         size: u64,
         align: u64,
         live: &LiveInfo,
-        may_map: impl FnOnce(u64) -> MapDecision,
+        may_map: impl FnOnce(MapAsk) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         let slot = self.slot(kind);
         let mut guard = slot.state.lock();
@@ -276,13 +276,13 @@ impl Pool {
             ),
         };
         let counters = &slot.counters;
-        let may_map = |bytes, pages: PageCounts| {
+        let may_map = |ask, pages: PageCounts| {
             // The cache budget reads every pool's published page counts; this arena's lag
             // behind what this call did before its miss (a parked block's free completed, its
             // pages idle now), and a stale count of live pages would raise the budget's peak
             // for good.
             counters.set_pages(pages.mapped, pages.live);
-            may_map(bytes)
+            may_map(ask)
         };
         // Read under the slot's lock, which a capture takes only after pinning the pool.
         let may_unmap = !self.is_pinned();

@@ -135,6 +135,7 @@ impl PageReserve {
                 inside_chunk_bytes: chunks.inside_bytes,
                 whole_when_growing: chunks.whole_when_growing,
                 place_on_mapped_pages: false,
+                map_ahead_when_growing: false,
                 idle_pages_kept: 0,
                 idle_per_mille: 0,
             },

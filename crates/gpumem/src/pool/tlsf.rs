@@ -85,6 +85,15 @@ impl Tlsf {
         &self.blocks[index as usize]
     }
 
+    /// Free bytes right after block `index`: the size of the next block if it is free.
+    pub(crate) fn free_after(&self, index: u32) -> u64 {
+        let next = self.blocks[index as usize].next_phys;
+        if next == NIL || self.blocks[next as usize].state != BlockState::Free {
+            return 0;
+        }
+        self.blocks[next as usize].size
+    }
+
     /// Records a used block's new owner (a block handed out again without a search).
     pub(crate) fn set_live(&mut self, index: u32, live: &LiveInfo) {
         debug_assert_eq!(self.blocks[index as usize].state, BlockState::Used);

@@ -32,15 +32,36 @@ pub enum ArenaError {
     Backend(BackendError),
 }
 
+/// What a miss asks to map: its block's pages, and at a new high of the arena's pages (where
+/// the cache setting says so) free pages after the block, mapped ahead of the arena's growth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapAsk {
+    pub bytes: u64,
+    pub ahead_bytes: u64,
+}
+
 /// The answer to "may the arena map this many more bytes?".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapDecision {
+    /// Everything asked, pages ahead included.
     Allow,
+    /// The block's own pages, not those ahead of it.
+    AllowBlockOnly,
     OverLimit,
     /// Over the cache budget by this many bytes: unmap idle pages first, waiting for their
     /// stream's queued work or only taking those it is done with, as `BusyStreams` says.
     NeedsRoom(u64, BusyStreams),
     BelowMinFree,
+}
+
+impl MapDecision {
+    /// The same answer for the block's own pages alone: nothing ahead of it.
+    pub fn block_only(self) -> MapDecision {
+        match self {
+            MapDecision::Allow => MapDecision::AllowBlockOnly,
+            other => other,
+        }
+    }
 }
 
 /// An arena's pages at one moment: mapped, and under at least one live block.
@@ -196,8 +217,8 @@ impl Arena {
     }
 
     /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
-    /// `may_map(bytes, pages)` is asked before any page is mapped, to enforce the pool's cap and
-    /// the cache budget; `pages` are this arena's pages as they stand then, which this call may
+    /// `may_map(ask, pages)` is asked before any page is mapped, to enforce the pool's cap and
+    /// the cache budget (and whether pages ahead of a growing arena may be mapped too); `pages` are this arena's pages as they stand then, which this call may
     /// already have changed (a parked block's free completed). `may_unmap` is false in a CUDA
     /// graph's pool, all of whose pages a captured graph may use (see `pinning.rs`).
     #[inline(always)]
@@ -208,7 +229,7 @@ impl Arena {
         align: u64,
         live: &LiveInfo,
         may_unmap: bool,
-        may_map: impl FnOnce(u64, PageCounts) -> MapDecision,
+        may_map: impl FnOnce(MapAsk, PageCounts) -> MapDecision,
     ) -> Result<Placed, ArenaError> {
         if let Some(block) = self.parked {
             let parked = self.tlsf.block(block);
@@ -254,8 +275,23 @@ impl Arena {
             let clock = MissClock::start(reserve.backend());
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
-            let outcome = match may_map(wanted, self.page_counts()) {
-                MapDecision::Allow => self.map_runs(reserve, cut),
+            let ahead = if may_unmap && reserve.knobs().map_ahead_when_growing() {
+                self.pages_ahead(reserve, block, offset + size, last)
+            } else {
+                0
+            };
+            let ask = MapAsk {
+                bytes: wanted,
+                ahead_bytes: u64::from(ahead) * self.page_size,
+            };
+            let outcome = match may_map(ask, self.page_counts()) {
+                MapDecision::Allow => {
+                    if let Some(run) = self.runs.last_mut() {
+                        run.count += ahead;
+                    }
+                    self.map_runs(reserve, cut)
+                }
+                MapDecision::AllowBlockOnly => self.map_runs(reserve, cut),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
                 MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
                 MapDecision::NeedsRoom(excess, busy) => {
@@ -338,6 +374,38 @@ impl Arena {
             }
         }
         Ok(done)
+    }
+
+    /// How many free, unmapped pages after a block ending at byte `end` (its last page `last`)
+    /// a miss at a new high of the arena's pages maps ahead: those that fill its last run's
+    /// last ordinary chunk, at most the idle pages the cache keeps. A growing arena (a first
+    /// training step, a model loading) then meets its next small blocks on mapped pages: one
+    /// miss for a chunk's worth of them instead of one each (audio_ctc_train made 360 of its
+    /// 399 misses at new highs, blocks of 2 to 10 MiB). Zero where the block's last run does
+    /// not end the block or no such page follows it.
+    fn pages_ahead(&mut self, reserve: &PageReserve, block: u32, end: u64, last: u32) -> u32 {
+        let Some(run) = self.runs.last().copied() else {
+            return 0;
+        };
+        if run.end() != last + 1 || !self.would_set_a_new_high() {
+            return 0;
+        }
+        let chunk = reserve.ordinary_chunk_pages().max(1);
+        let filling = run.count.div_ceil(chunk) * chunk - run.count;
+        let kept = u32::try_from(reserve.knobs().idle_pages_kept()).unwrap_or(u32::MAX);
+        let free_end = (end + self.tlsf.free_after(block)) >> self.page_shift;
+        let free = u32::try_from(free_end.saturating_sub(u64::from(last) + 1)).unwrap_or(u32::MAX);
+        let wanted = filling.min(kept).min(free);
+        if wanted == 0 {
+            return 0;
+        }
+        let mut after = Vec::with_capacity(1);
+        self.pages
+            .unmapped_runs(last + 1, last + wanted, &mut after);
+        match after.first() {
+            Some(unmapped) if unmapped.first == last + 1 => unmapped.count.min(wanted),
+            _ => 0,
+        }
     }
 
     fn run_range(&self, run: PageRun) -> (DevicePtr, u64) {

@@ -379,3 +379,93 @@ fn a_mapped_stretch_in_what_the_fit_leaves_over_is_taken_after_the_fit_merges_ba
     arena.unpark();
     assert_eq!(arena.largest_cached_free_block(), 4 * MIB);
 }
+
+/// An arena whose misses cut 8 MiB chunks (four pages) and map ahead when growing, keeping up
+/// to `kept` idle pages.
+fn setup_mapping_ahead(kept: usize) -> (PageReserve, Arena) {
+    let (reserve, arena) = setup_with(256 * MIB, crate::pool::ChunkSizes::new(8 * MIB, 0));
+    let values = crate::pool::knobs::KnobValues {
+        max_chunk_bytes: 8 * MIB,
+        inside_chunk_bytes: 0,
+        whole_when_growing: false,
+        place_on_mapped_pages: false,
+        map_ahead_when_growing: true,
+        idle_pages_kept: kept,
+        idle_per_mille: 0,
+    };
+    reserve.knobs().store(&values, reserve.page_size());
+    (reserve, arena)
+}
+
+/// Allocates `size` bytes, answering the arena's question with `answer`; returns the block
+/// and what was asked.
+fn alloc_asking(
+    reserve: &PageReserve,
+    arena: &mut Arena,
+    size: u64,
+    answer: MapDecision,
+) -> (Placed, Option<MapAsk>) {
+    let mut asked = None;
+    let placed = arena
+        .alloc(reserve, size, 256, &live(1), true, |ask, _| {
+            asked = Some(ask);
+            answer
+        })
+        .unwrap();
+    (placed, asked)
+}
+
+#[test]
+fn a_growing_arena_maps_the_rest_of_its_chunk_ahead_and_its_next_blocks_hit() {
+    let (reserve, mut arena) = setup_mapping_ahead(16);
+    let (_, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
+    let ask = asked.expect("a miss asks");
+    assert_eq!((ask.bytes, ask.ahead_bytes), (2 * MIB, 6 * MIB));
+    assert_eq!(arena.mapped_pages(), 4);
+    for id in 2..=4 {
+        let next = alloc(&reserve, &mut arena, 2 * MIB, id);
+        assert_eq!(next.map_calls, 0, "block {id} lands on a page mapped ahead");
+    }
+    let fifth = alloc(&reserve, &mut arena, 2 * MIB, 5);
+    assert!(
+        fifth.map_calls > 0,
+        "the chunk is full: the arena grows again"
+    );
+    assert_eq!(arena.mapped_pages(), 8);
+}
+
+#[test]
+fn nothing_is_mapped_ahead_beyond_what_the_budget_allows_or_the_cache_keeps() {
+    let (reserve, mut arena) = setup_mapping_ahead(16);
+    let _ = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::AllowBlockOnly);
+    assert_eq!(
+        arena.mapped_pages(),
+        1,
+        "the budget allowed the block's page only"
+    );
+    let (reserve, mut arena) = setup_mapping_ahead(2);
+    let (_, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
+    assert_eq!(asked.map(|ask| ask.ahead_bytes), Some(4 * MIB));
+    assert_eq!(arena.mapped_pages(), 3, "two idle pages kept at most");
+    let (reserve, mut arena) = setup_mapping_ahead(0);
+    let _ = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
+    assert_eq!(
+        arena.mapped_pages(),
+        1,
+        "a cache keeping nothing idle maps nothing ahead"
+    );
+}
+
+#[test]
+fn below_its_high_an_arena_maps_nothing_ahead() {
+    let (reserve, mut arena) = setup_mapping_ahead(16);
+    let first = alloc(&reserve, &mut arena, 8 * MIB, 1);
+    let _second = alloc(&reserve, &mut arena, 8 * MIB, 2);
+    arena.free(first.block);
+    arena.unpark();
+    assert_eq!(release_all_idle(&reserve, &mut arena), 1);
+    // The first block's pages are below the arena's high: a block there maps only its own.
+    let (_, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
+    assert_eq!(asked.map(|ask| ask.ahead_bytes), Some(0));
+    assert_eq!(arena.mapped_pages(), 5);
+}
