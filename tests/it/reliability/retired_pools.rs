@@ -41,7 +41,7 @@ fn a_retired_pool_keeps_the_pages_the_driver_would_not_unmap_until_it_can() {
     // Retired with a block live: it winds down at that block's free, which the driver refuses.
     pool.retire();
     sim.faults().set_fail_frees(true);
-    pool.free(kind, placed.block);
+    pool.free(kind, placed.block());
     assert!(!pool.is_wound_down(), "the pool still holds mapped pages");
     assert_eq!(
         (used(), reserved()),

@@ -471,27 +471,29 @@ impl MemoryManager {
                 other => other,
             }
         };
-        let outcome = match pool.alloc(kind, size, align, &live, within_budget) {
+        // Only the fields a caller needs leave the match: moving the whole `Placed` into another
+        // result copied it with 8-byte loads over the hit path's 4-byte stores, which the CPU
+        // cannot forward (a sixth of a hit here).
+        let (ptr, block) = match pool.alloc(kind, size, align, &live, within_budget) {
             Ok(placed) => {
                 if placed.map_calls > 0 {
                     self.record_miss(managed, &placed);
                 }
-                Ok(placed)
+                (placed.ptr, placed.block())
             }
             Err(refusal) => {
                 match self.alloc_pooled_retrying(managed, &pool, kind, size, align, live, refusal) {
-                    Ok(placed) => Ok(placed),
+                    Ok(placed) => (placed.ptr, placed.block()),
                     // Upkeep dropped the stream's pools after this thread took one: not a
                     // refusal, and the stream's pool now serves the request.
                     Err(_) if pool.is_retired() => {
                         return self.alloc_after_retirement(managed, pool.stream, size, align, live)
                     }
-                    Err(error) => Err(self.explain_failure(managed, &live, kind, error)),
+                    Err(error) => return Err(self.explain_failure(managed, &live, kind, error)),
                 }
             }
         };
-        let placed = outcome?;
-        Ok((placed.ptr, pool, PooledBlock::new(kind, placed.block)))
+        Ok((ptr, pool, PooledBlock::new(kind, block)))
     }
 
     fn alloc_direct(

@@ -303,7 +303,7 @@ impl Pool {
             Ok(placed) => {
                 if placed.map_calls > 0 {
                     slot.counters
-                        .on_reserve(placed.mapped_bytes, u64::from(placed.map_calls));
+                        .on_reserve(placed.mapped_bytes, placed.map_calls);
                 }
                 slot.counters
                     .on_alloc(live.requested, size, placed.map_calls == 0);

@@ -71,20 +71,31 @@ pub(crate) struct PageCounts {
     pub(crate) live: u64,
 }
 
-/// A block handed out by `Arena::alloc`.
+/// A block handed out by `Arena::alloc`. Every field is a word, or half of one whose halves a
+/// hit writes together: a hit writes the block's index and the pointer, and its callers copy
+/// the struct a word at a time. A `u32` index beside a zero `u32` was written in two stores and
+/// read back in one, which the CPU cannot forward from its store buffer (a sixth of a hit).
 #[derive(Clone, Copy, Debug)]
 pub struct Placed {
-    pub block: u32,
-    /// On a miss, how long mapping its pages took (making room included), in nanoseconds.
-    pub miss_ns: u32,
+    /// The block's index ([`Placed::block`]), widened to a word.
+    pub(crate) block_index: u64,
     pub ptr: DevicePtr,
     /// Bytes of pages mapped for this block (0 on a pool hit).
     pub mapped_bytes: u64,
-    pub map_calls: u32,
+    pub map_calls: u64,
+    /// On a miss, how long mapping its pages took (making room included), in nanoseconds.
+    pub miss_ns: u32,
     /// On a miss, what it cost the adaptive default: `miss_ns`, or on a device that models its
-    /// costs the driver time charged (see [`MissTime`](crate::pool::MissTime)). A `u32` beside
-    /// `map_calls` keeps the struct the hot path returns at 32 bytes.
+    /// costs the driver time charged (see [`MissTime`](crate::pool::MissTime)).
     pub miss_cost_ns: u32,
+}
+
+impl Placed {
+    /// The block's index in its arena.
+    #[inline]
+    pub fn block(&self) -> u32 {
+        self.block_index as u32
+    }
 }
 
 /// Pages unmapped from an arena (kept in the device's page reserve until it is trimmed).
@@ -239,7 +250,7 @@ impl Arena {
                 self.tlsf.set_live(block, live);
                 // Its pages stayed live while it was parked: nothing to acquire.
                 return Ok(Placed {
-                    block,
+                    block_index: u64::from(block),
                     miss_ns: 0,
                     ptr: self.base + offset,
                     mapped_bytes: 0,
@@ -328,11 +339,11 @@ impl Arena {
         self.pages.acquire(first, last);
         self.mapped_high = self.mapped_high.max(self.pages.mapped_pages());
         Ok(Placed {
-            block,
+            block_index: u64::from(block),
             miss_ns: miss.ns,
             ptr: self.base + offset,
             mapped_bytes: mapped.bytes,
-            map_calls: mapped.calls.min(u64::from(u32::MAX)) as u32,
+            map_calls: mapped.calls,
             miss_cost_ns: miss.cost_ns,
         })
     }

@@ -49,7 +49,7 @@ fn alloc_in(
 fn a_parked_block_is_reused_by_the_same_size_and_is_not_live_meanwhile() {
     let (backend, mut arena) = setup();
     let first = alloc(&backend, &mut arena, 4096, 1);
-    arena.free(first.block);
+    arena.free(first.block());
     assert_eq!(arena.live_block_count(), 0);
     assert_eq!(arena.live_blocks().count(), 0);
     let again = alloc(&backend, &mut arena, 4096, 2);
@@ -57,7 +57,7 @@ fn a_parked_block_is_reused_by_the_same_size_and_is_not_live_meanwhile() {
     let live: Vec<_> = arena.live_blocks().collect();
     assert_eq!(live.len(), 1);
     assert_eq!(live[0].2.id, 2, "the new owner is recorded");
-    arena.free(again.block);
+    arena.free(again.block());
     arena.destroy(&backend).unwrap();
 }
 
@@ -65,11 +65,11 @@ fn a_parked_block_is_reused_by_the_same_size_and_is_not_live_meanwhile() {
 fn another_size_merges_the_parked_block_back_first() {
     let (backend, mut arena) = setup();
     let small = alloc(&backend, &mut arena, 4096, 1);
-    arena.free(small.block);
+    arena.free(small.block());
     // Placement is what it would be without parking: the freed space is whole again.
     let larger = alloc(&backend, &mut arena, 8192, 2);
     assert_eq!(larger.ptr, small.ptr);
-    arena.free(larger.block);
+    arena.free(larger.block());
     assert_eq!(arena.largest_cached_free_block(), 2 * MIB);
     arena.destroy(&backend).unwrap();
 }
@@ -78,11 +78,11 @@ fn another_size_merges_the_parked_block_back_first() {
 fn a_parked_block_keeps_its_pages_live_until_its_free_completes() {
     let (backend, mut arena) = setup();
     let big = alloc(&backend, &mut arena, 6 * MIB, 1);
-    arena.free(big.block);
+    arena.free(big.block());
     assert_eq!((arena.mapped_pages(), arena.idle_pages()), (3, 0));
     let again = alloc(&backend, &mut arena, 6 * MIB, 2);
     assert_eq!((again.ptr, again.map_calls), (big.ptr, 0));
-    arena.free(again.block);
+    arena.free(again.block());
     arena.unpark();
     assert_eq!(arena.idle_pages(), 3, "the completed free idles its pages");
     arena.destroy(&backend).unwrap();
@@ -92,7 +92,7 @@ fn a_parked_block_keeps_its_pages_live_until_its_free_completes() {
 fn releasing_pages_never_leaves_a_parked_block_on_unmapped_memory() {
     let (backend, mut arena) = setup();
     let first = alloc(&backend, &mut arena, 4096, 1);
-    arena.free(first.block);
+    arena.free(first.block());
     let released = arena
         .release_idle(&backend, |_, _| true, BusyStreams::Wait)
         .unwrap();
@@ -111,7 +111,7 @@ fn releasing_pages_never_leaves_a_parked_block_on_unmapped_memory() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
-    arena.free(again.block);
+    arena.free(again.block());
     arena.destroy(&backend).unwrap();
 }
 
@@ -132,7 +132,7 @@ fn place_on_a_corner_of_an_idle_inside_chunk(grow_first: bool, may_unmap: bool) 
     let long = alloc(&reserve, &mut arena, 36 * MIB, 1);
     assert_eq!(long.map_calls, 1);
     let _after = alloc(&reserve, &mut arena, MIB, 2);
-    arena.free(long.block);
+    arena.free(long.block());
     let keep = |chunk: PageRun| chunk.first == 13;
     arena
         .release_pages(&reserve, |_, _| true, keep, BusyStreams::Wait)
@@ -192,7 +192,7 @@ fn a_growing_block_is_mapped_as_one_chunk_only_when_asked() {
         let chunk_sizes = crate::pool::ChunkSizes::new(2 * MIB, 8 * MIB).whole_when_growing(whole);
         let (reserve, mut arena) = setup_with(256 * MIB, chunk_sizes);
         let block = alloc(&reserve, &mut arena, 16 * MIB, 1);
-        arena.free(block.block);
+        arena.free(block.block());
         assert_eq!(
             release_all_idle(&reserve, &mut arena),
             chunks,
@@ -209,7 +209,7 @@ fn a_growing_block_keeps_the_end_page_it_may_share_in_a_chunk_of_its_own() {
     // next (the block ends 1 MiB into it), pages 1..=7 are the block's alone.
     let block = alloc(&reserve, &mut arena, 16 * MIB, 2);
     assert_eq!(arena.mapped_pages(), 9);
-    arena.free(block.block);
+    arena.free(block.block());
     assert_eq!(
         release_all_idle(&reserve, &mut arena),
         2,
@@ -234,7 +234,7 @@ fn land_a_small_block_on_a_whole_chunk(
     grown: u64,
 ) -> Placed {
     let block = alloc(reserve, arena, grown, 1);
-    arena.free(block.block);
+    arena.free(block.block());
     let small = alloc(reserve, arena, 4 * MIB, 2);
     assert_eq!(small.ptr, arena.base);
     small
@@ -264,7 +264,7 @@ fn a_smaller_block_landing_on_a_whole_chunk_cuts_it_again() {
 fn a_graph_pool_never_cuts_whole() {
     let (reserve, mut arena) = setup_cutting_whole_when_growing();
     let block = alloc_in(&reserve, &mut arena, 16 * MIB, 1, false);
-    arena.free(block.block);
+    arena.free(block.block());
     assert_eq!(release_all_idle(&reserve, &mut arena), 8);
 }
 
@@ -303,7 +303,7 @@ fn a_recut_gives_the_landing_block_its_own_chunks_and_the_rest_small_ones() {
 fn a_whole_chunk_mapped_again_from_the_reserve_is_still_cut_again_under_a_smaller_block() {
     let (reserve, mut first) = setup_with_inside_chunks_cutting_whole();
     let grown = alloc(&reserve, &mut first, 64 * MIB, 1);
-    first.free(grown.block);
+    first.free(grown.block());
     assert_eq!(
         release_all_idle(&reserve, &mut first),
         1,
@@ -312,7 +312,7 @@ fn a_whole_chunk_mapped_again_from_the_reserve_is_still_cut_again_under_a_smalle
     // Another pool of the device maps the kept chunk for a block of its size.
     let mut second = Arena::new(reserve.backend(), 0, StreamId::DEFAULT, 256 * MIB).unwrap();
     let reused = alloc(&reserve, &mut second, 64 * MIB, 2);
-    second.free(reused.block);
+    second.free(reused.block());
     let small = alloc(&reserve, &mut second, 4 * MIB, 3);
     assert!(small.map_calls > 0, "the chunk is cut again");
     release_all_idle(&reserve, &mut second);
@@ -334,13 +334,13 @@ fn holes_on_mapped_and_unmapped_pages(place_on_mapped_pages: bool) -> (PageReser
     alloc(&reserve, &mut arena, 2 * MIB, 2);
     let h = alloc(&reserve, &mut arena, 3 * MIB, 3);
     alloc(&reserve, &mut arena, 2 * MIB, 4);
-    arena.free(h.block);
+    arena.free(h.block());
     // Its one wholly idle page (6..8 MiB) goes; 8..10 MiB stays under the last block.
     let released = arena
         .release_idle(&reserve, |_, _| true, BusyStreams::Wait)
         .unwrap();
     assert_eq!(released.bytes, 2 * MIB);
-    arena.free(a.block);
+    arena.free(a.block());
     (reserve, arena)
 }
 
@@ -358,7 +358,7 @@ fn a_block_the_fit_puts_on_unmapped_pages_goes_to_mapped_free_pages_when_asked()
     assert_eq!((placed.ptr - arena.base, placed.map_calls), (0, 0));
     assert_eq!(arena.mapped_pages(), mapped_before);
     assert_eq!(arena.live_block_count(), 3);
-    arena.free(placed.block);
+    arena.free(placed.block());
     // Everything merges back: the whole 4 MiB is free and cached again.
     assert_eq!(arena.largest_cached_free_block(), 4 * MIB);
 }
@@ -375,7 +375,7 @@ fn a_mapped_stretch_in_what_the_fit_leaves_over_is_taken_after_the_fit_merges_ba
         .map(|(ptr, size, _)| (ptr - arena.base, size))
         .collect();
     assert!(live.contains(&(8 * MIB, MIB)), "{live:?}");
-    arena.free(placed.block);
+    arena.free(placed.block());
     arena.unpark();
     assert_eq!(arena.largest_cached_free_block(), 4 * MIB);
 }
@@ -461,7 +461,7 @@ fn below_its_high_an_arena_maps_nothing_ahead() {
     let (reserve, mut arena) = setup_mapping_ahead(16);
     let first = alloc(&reserve, &mut arena, 8 * MIB, 1);
     let _second = alloc(&reserve, &mut arena, 8 * MIB, 2);
-    arena.free(first.block);
+    arena.free(first.block());
     arena.unpark();
     assert_eq!(release_all_idle(&reserve, &mut arena), 1);
     // The first block's pages are below the arena's high: a block there maps only its own.
