@@ -393,12 +393,16 @@ impl Arena {
     /// training step, a model loading) then meets its next small blocks on mapped pages: one
     /// miss for a chunk's worth of them instead of one each (audio_ctc_train made 360 of its
     /// 399 misses at new highs, blocks of 2 to 10 MiB). Zero where the block's last run does
-    /// not end the block or no such page follows it.
+    /// not end the block or no such page follows it, and in an arena that holds no page: its
+    /// first miss, or the first after the cache was emptied, is no sign of growth yet (mapped
+    /// ahead, a cold miss of 16 MiB mapped and released a 64 MiB chunk each time: 1.80x the
+    /// driver pool's round trip on an H200).
     fn pages_ahead(&mut self, reserve: &PageReserve, block: u32, end: u64, last: u32) -> u32 {
         let Some(run) = self.runs.last().copied() else {
             return 0;
         };
-        if run.end() != last + 1 || !self.would_set_a_new_high() {
+        let growing = self.pages.mapped_pages() > 0 && self.would_set_a_new_high();
+        if run.end() != last + 1 || !growing {
             return 0;
         }
         let chunk = reserve.ordinary_chunk_pages().max(1);

@@ -415,43 +415,54 @@ fn alloc_asking(
     (placed, asked)
 }
 
+/// An arena mapping ahead after its first block, whose miss maps only its own page (an empty
+/// arena is no sign of growth yet): one page mapped.
+fn setup_mapping_ahead_with_a_first_block(kept: usize) -> (PageReserve, Arena) {
+    let (reserve, mut arena) = setup_mapping_ahead(kept);
+    let (first, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
+    let ahead = asked.map(|ask| ask.ahead_bytes);
+    assert_eq!(ahead, Some(0), "an empty arena maps nothing ahead");
+    assert_eq!((first.map_calls, arena.mapped_pages()), (1, 1));
+    (reserve, arena)
+}
+
 #[test]
 fn a_growing_arena_maps_the_rest_of_its_chunk_ahead_and_its_next_blocks_hit() {
-    let (reserve, mut arena) = setup_mapping_ahead(16);
+    let (reserve, mut arena) = setup_mapping_ahead_with_a_first_block(16);
     let (_, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
     let ask = asked.expect("a miss asks");
     assert_eq!((ask.bytes, ask.ahead_bytes), (2 * MIB, 6 * MIB));
-    assert_eq!(arena.mapped_pages(), 4);
-    for id in 2..=4 {
+    assert_eq!(arena.mapped_pages(), 5);
+    for id in 3..=5 {
         let next = alloc(&reserve, &mut arena, 2 * MIB, id);
         assert_eq!(next.map_calls, 0, "block {id} lands on a page mapped ahead");
     }
-    let fifth = alloc(&reserve, &mut arena, 2 * MIB, 5);
+    let sixth = alloc(&reserve, &mut arena, 2 * MIB, 6);
     assert!(
-        fifth.map_calls > 0,
+        sixth.map_calls > 0,
         "the chunk is full: the arena grows again"
     );
-    assert_eq!(arena.mapped_pages(), 8);
+    assert_eq!(arena.mapped_pages(), 9);
 }
 
 #[test]
 fn nothing_is_mapped_ahead_beyond_what_the_budget_allows_or_the_cache_keeps() {
-    let (reserve, mut arena) = setup_mapping_ahead(16);
+    let (reserve, mut arena) = setup_mapping_ahead_with_a_first_block(16);
     let _ = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::AllowBlockOnly);
     assert_eq!(
         arena.mapped_pages(),
-        1,
+        2,
         "the budget allowed the block's page only"
     );
-    let (reserve, mut arena) = setup_mapping_ahead(2);
+    let (reserve, mut arena) = setup_mapping_ahead_with_a_first_block(2);
     let (_, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
     assert_eq!(asked.map(|ask| ask.ahead_bytes), Some(4 * MIB));
-    assert_eq!(arena.mapped_pages(), 3, "two idle pages kept at most");
-    let (reserve, mut arena) = setup_mapping_ahead(0);
+    assert_eq!(arena.mapped_pages(), 4, "two idle pages kept at most");
+    let (reserve, mut arena) = setup_mapping_ahead_with_a_first_block(0);
     let _ = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
     assert_eq!(
         arena.mapped_pages(),
-        1,
+        2,
         "a cache keeping nothing idle maps nothing ahead"
     );
 }
