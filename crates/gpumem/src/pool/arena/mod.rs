@@ -229,8 +229,9 @@ impl Arena {
 
     /// Places `size` bytes (a multiple of 512) aligned to `align`, mapping pages as needed.
     /// `may_map(ask, pages)` is asked before any page is mapped, to enforce the pool's cap and
-    /// the cache budget (and whether pages ahead of a growing arena may be mapped too); `pages` are this arena's pages as they stand then, which this call may
-    /// already have changed (a parked block's free completed). `may_unmap` is false in a CUDA
+    /// the cache budget (and whether pages ahead of a growing arena may be mapped too); `pages`
+    /// are this arena's pages as they stand then, which this call may already have changed (a
+    /// parked block's free completed). `may_unmap` is false in a CUDA
     /// graph's pool, all of whose pages a captured graph may use (see `pinning.rs`).
     #[inline(always)]
     pub(crate) fn alloc(
@@ -286,7 +287,10 @@ impl Arena {
             let clock = MissClock::start(reserve.backend());
             let wanted: u64 =
                 self.runs.iter().map(|r| r.count as u64).sum::<u64>() * self.page_size;
-            let ahead = if may_unmap && reserve.knobs().map_ahead_when_growing() {
+            // Whole-chunk cutting gives a growing block's pages a chunk of their own: nothing
+            // ahead joins it.
+            let ordinary = matches!(cut, BlockCut::Ordinary);
+            let ahead = if ordinary && may_unmap && reserve.knobs().map_ahead_when_growing() {
                 self.pages_ahead(reserve, block, offset + size, last)
             } else {
                 0
