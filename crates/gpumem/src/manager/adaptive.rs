@@ -91,6 +91,9 @@ pub const START_LEVEL: u8 = BASE_LEVEL + 1;
 /// driver pool's time here (1.91x on an H200); cnn_serve_large, whose windows cost at most 1.5
 /// µs, is the trace that placing beside gigabyte blocks held past the pool's memory.
 pub const LARGE_BLOCKS_TOP_LEVEL: u8 = 3;
+/// The most idle pages a device that has mapped a [`LARGE_BLOCK_BYTES`] block keeps at any
+/// level: those of [`LARGE_BLOCKS_TOP_LEVEL`], the highest it reaches while its misses are cheap.
+const LARGE_BLOCKS_IDLE_PAGES: usize = ABOVE_BASE[(LARGE_BLOCKS_TOP_LEVEL - 2) as usize].2;
 /// A block of twice the largest slack ([`MAX_SLACK_BYTES`]) or more: its freed pages are more
 /// than the cache may keep idle twice over, and small blocks placed on them pin its chunks. On
 /// the corpus a trace's largest block is under 800 MiB or 1.5 GiB and more (bert_mlm_dynpad,
@@ -353,9 +356,8 @@ pub fn setting_at(
         BASE_LEVEL => *base,
         _ => {
             let (chunk, inside, idle, placed) = ABOVE_BASE[(level.min(TOP_LEVEL) - 2) as usize];
-            // Beside gigabyte blocks, no more idle pages than the highest rung without them.
             let idle = if large_blocks {
-                idle.min(ABOVE_BASE[(LARGE_BLOCKS_TOP_LEVEL - 2) as usize].2)
+                idle.min(LARGE_BLOCKS_IDLE_PAGES)
             } else {
                 idle
             };

@@ -429,6 +429,56 @@ mod tests {
         assert_eq!(t.used_blocks(), 0);
     }
 
+    /// Holes of many sizes, spread over many bins: the walk through the bitmaps yields exactly
+    /// the free blocks large enough, whatever bin the request's size falls in.
+    #[test]
+    fn free_blocks_at_least_yields_every_large_enough_free_block() {
+        let mut t = Tlsf::new(1 << 30);
+        let mut holes = Vec::new();
+        for i in 1..=40u64 {
+            holes.push(t.alloc(i * i * 1536, 256, &live()).unwrap());
+            t.alloc(512, 256, &live()).unwrap(); // keeps the holes apart
+        }
+        for hole in holes.iter().step_by(2) {
+            t.free(*hole);
+        }
+        for size in [
+            0,
+            512,
+            1536,
+            4000,
+            1 << 16,
+            300_000,
+            1 << 21,
+            1 << 29,
+            1 << 31,
+        ] {
+            let mut walked: Vec<u64> = t
+                .free_blocks_at_least(size)
+                .map(|(_, b)| b.offset)
+                .collect();
+            let mut every: Vec<u64> = t
+                .blocks()
+                .filter(|b| b.state == BlockState::Free && b.size >= size)
+                .map(|b| b.offset)
+                .collect();
+            walked.sort_unstable();
+            every.sort_unstable();
+            assert_eq!(walked, every, "at least {size} bytes");
+        }
+    }
+
+    #[test]
+    fn free_after_is_the_next_block_s_size_when_it_is_free() {
+        let mut t = Tlsf::new(1 << 20);
+        let a = t.alloc(4096, 256, &live()).unwrap();
+        let b = t.alloc(4096, 256, &live()).unwrap();
+        assert_eq!(t.free_after(a), 0, "the next block is in use");
+        assert_eq!(t.free_after(b), (1 << 20) - 8192, "the rest of the arena");
+        t.free(b);
+        assert_eq!(t.free_after(a), (1 << 20) - 4096);
+    }
+
     #[test]
     fn reuses_the_best_fitting_hole() {
         let mut tlsf = Tlsf::new(1 << 20);

@@ -480,3 +480,25 @@ fn below_its_high_an_arena_maps_nothing_ahead() {
     assert_eq!(asked.map(|ask| ask.ahead_bytes), Some(0));
     assert_eq!(arena.mapped_pages(), 5);
 }
+
+#[test]
+fn a_block_cut_whole_when_growing_gets_nothing_ahead() {
+    let (reserve, mut arena) = setup_with(
+        256 * MIB,
+        crate::pool::ChunkSizes::new(8 * MIB, 0).whole_when_growing(true),
+    );
+    let values = crate::pool::knobs::KnobValues {
+        max_chunk_bytes: 8 * MIB,
+        inside_chunk_bytes: 0,
+        whole_when_growing: true,
+        place_on_mapped_pages: false,
+        map_ahead_when_growing: true,
+        idle_pages_kept: 16,
+        idle_per_mille: 0,
+    };
+    reserve.knobs().store(&values, reserve.page_size());
+    let _first = alloc(&reserve, &mut arena, 2 * MIB, 1);
+    let (_, asked) = alloc_asking(&reserve, &mut arena, 2 * MIB, MapDecision::Allow);
+    assert_eq!(asked.map(|ask| ask.ahead_bytes), Some(0));
+    assert_eq!(arena.mapped_pages(), 2);
+}
