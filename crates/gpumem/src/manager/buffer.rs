@@ -153,6 +153,7 @@ impl DeviceBuffer {
         self.release()
     }
 
+    #[inline(always)]
     fn release(&mut self) -> Result<(), BackendError> {
         if let Some(origins) = self.origins.take() {
             origins.forget(self.id);
@@ -191,6 +192,9 @@ impl DeviceBuffer {
 }
 
 impl Drop for DeviceBuffer {
+    // Inlined with `release`, so a pool's free saves no registers to the stack: its lock's
+    // compare-and-swap waits for every earlier store to drain.
+    #[inline]
     fn drop(&mut self) {
         if let Err(error) = self.release() {
             // Nothing to return an error to; the pool counted it in its driver errors.

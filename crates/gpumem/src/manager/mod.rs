@@ -355,7 +355,10 @@ impl MemoryManager {
     }
 
     /// Allocates `size` bytes on `device`.
-    #[inline]
+    // Always inlined: returned from a call, the buffer's words were stored one by one into the
+    // caller's result and read back with wider loads, which miss store forwarding (a sixth of a
+    // pool hit). The cold paths stay out of line, behind `alloc_pooled_retrying`.
+    #[inline(always)]
     pub fn alloc(
         &self,
         device: usize,
