@@ -388,8 +388,13 @@ fn setting(report: &ReplayReport) -> String {
     } else {
         ""
     };
+    let ahead = if report.map_ahead_when_growing {
+        " GPUMEM_MAP_AHEAD_WHEN_GROWING=true"
+    } else {
+        ""
+    };
     format!(
-        "GPUMEM_CACHE_MODE=fixed GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}{placed}",
+        "GPUMEM_CACHE_MODE=fixed GPUMEM_MAX_CHUNK_BYTES={} GPUMEM_IDLE_PAGES_KEPT={} GPUMEM_IDLE_PER_MILLE={}{whole}{placed}{ahead}",
         Bytes(report.max_chunk_bytes).to_string().replace(' ', ""),
         report.idle_pages_kept,
         report.idle_per_mille
@@ -574,7 +579,7 @@ mod tests {
     }
 
     #[test]
-    fn a_setting_with_whole_chunks_or_placed_on_mapped_pages_is_named_with_its_variable() {
+    fn a_setting_with_whole_chunks_placement_or_mapping_ahead_is_named_with_its_variable() {
         let pool = report(1.09, 1400.0, 0);
         let whole = ReplayReport {
             whole_chunks_when_growing: true,
@@ -584,9 +589,14 @@ mod tests {
             place_on_mapped_pages: true,
             ..report(1.02, 1000.0, 4)
         };
+        let ahead = ReplayReport {
+            map_ahead_when_growing: true,
+            ..report(1.02, 1000.0, 4)
+        };
         for (winner, variable) in [
             (whole, "GPUMEM_WHOLE_CHUNKS_WHEN_GROWING=true"),
             (placed, "GPUMEM_PLACE_ON_MAPPED_PAGES=true"),
+            (ahead, "GPUMEM_MAP_AHEAD_WHEN_GROWING=true"),
         ] {
             let text = verdict(&[report(1.03, 2000.0, 4), winner], &pool);
             assert!(

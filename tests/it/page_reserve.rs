@@ -348,3 +348,27 @@ fn a_run_with_grown_inside_chunks_releases_small_kept_chunks_instead_of_mapping_
         drop(big);
     }
 }
+
+#[test]
+fn a_fixed_setting_maps_ahead_of_a_growing_arena_only_when_told() {
+    // 32 MiB chunks: after a first block (an empty arena maps nothing ahead), each 4 MiB block
+    // at a new high misses; told to map ahead, the first of them maps the rest of its chunk and
+    // the next ones are hits. The pages ahead are idle pages the budget keeps (64 of them).
+    for (ahead, misses) in [(false, 6), (true, 2)] {
+        let config = ManagerConfig {
+            max_chunk_bytes: 32 * MIB,
+            idle_pages_kept: 64,
+            map_ahead_when_growing: ahead,
+            cache_mode: CacheMode::Fixed,
+            ..ManagerConfig::default()
+        };
+        let m = MemoryManager::new(sim_backend(), config).unwrap();
+        let mut live = vec![m.alloc(0, MIB, &AllocOptions::default()).unwrap()];
+        for _ in 0..5 {
+            live.push(m.alloc(0, 4 * MIB, &AllocOptions::default()).unwrap());
+        }
+        let stats = m.device_stats(0).unwrap();
+        assert_eq!(stats.misses, misses, "mapping ahead {ahead}: {stats:?}");
+        drop(live);
+    }
+}

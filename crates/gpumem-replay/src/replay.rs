@@ -51,13 +51,15 @@ pub struct ReplayReport {
     pub adaptive_level: Option<u8>,
     /// The cache setting of the run at its end (`--idle-pages`, `--idle-per-mille`,
     /// `max_chunk_bytes`, `inside_chunk_bytes`, `whole_chunks_when_growing`,
-    /// `place_on_mapped_pages`): the configured one, or where the adaptive default landed.
+    /// `place_on_mapped_pages`, `map_ahead_when_growing`): the configured one, or where the
+    /// adaptive default landed.
     pub idle_pages_kept: usize,
     pub idle_per_mille: usize,
     pub max_chunk_bytes: u64,
     pub inside_chunk_bytes: u64,
     pub whole_chunks_when_growing: bool,
     pub place_on_mapped_pages: bool,
+    pub map_ahead_when_growing: bool,
     /// Allocations that called the driver to map pages, and how long those allocations took
     /// (median and 99th percentile, within 12.5%); 0 for the baselines, which do not say.
     pub misses: u64,
@@ -386,6 +388,9 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         }),
         place_on_mapped_pages: landed.map_or(config.place_on_mapped_pages, |(s, _)| {
             s.place_on_mapped_pages
+        }),
+        map_ahead_when_growing: landed.map_or(config.map_ahead_when_growing, |(s, _)| {
+            s.map_ahead_when_growing
         }),
         misses: at_end.as_ref().map_or(0, |s| s.misses),
         miss_p50_ns: at_end.as_ref().map_or(0, |s| s.miss_p50_ns),

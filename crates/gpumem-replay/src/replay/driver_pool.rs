@@ -123,6 +123,7 @@ pub fn replay_driver_pool(
         inside_chunk_bytes: 0,
         whole_chunks_when_growing: false,
         place_on_mapped_pages: false,
+        map_ahead_when_growing: false,
         misses: 0,
         miss_p50_ns: 0,
         miss_p99_ns: 0,

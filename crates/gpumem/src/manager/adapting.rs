@@ -44,7 +44,7 @@ pub(crate) fn configured_setting(config: &MemoryConfig) -> CacheSetting {
         idle_per_mille: config.idle_per_mille,
         whole_chunks_when_growing: config.whole_chunks_when_growing,
         place_on_mapped_pages: config.place_on_mapped_pages,
-        map_ahead_when_growing: false,
+        map_ahead_when_growing: config.map_ahead_when_growing,
     }
 }
 

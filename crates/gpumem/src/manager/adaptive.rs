@@ -375,7 +375,7 @@ pub fn setting_at(
                 idle_per_mille: 0,
                 whole_chunks_when_growing: base.whole_chunks_when_growing,
                 place_on_mapped_pages: placed || base.place_on_mapped_pages,
-                map_ahead_when_growing: level >= TOP_LEVEL,
+                map_ahead_when_growing: level >= TOP_LEVEL || base.map_ahead_when_growing,
             }
         }
     }

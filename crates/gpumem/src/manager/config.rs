@@ -151,6 +151,14 @@ pub struct MemoryConfig {
     /// driver's pool; docs/performance.md). The setting for a process that wants speed back
     /// from the memory-first default.
     pub place_on_mapped_pages: bool,
+    /// Whether a miss that takes a growing arena to a new high also maps the free pages up to
+    /// the end of its last chunk (off by default; what the adaptive default's top rung does).
+    /// A workload whose memory grows through its first steps in blocks of a few pages then
+    /// pays one miss per chunk instead of one per block: audio_ctc_train took 0.46–0.50× the
+    /// driver pool's time instead of 1.12× on an H200. The pages ahead are mapped only where
+    /// the cache budget holds them as idle pages, never in an arena that holds no page, and
+    /// never while `whole_chunks_when_growing` cuts a growing block as one chunk.
+    pub map_ahead_when_growing: bool,
     /// Whether the settings above (chunk sizes, idle pages, placement) are where the pools
     /// start and move from (`Adaptive`, the default), all they ever use (`Fixed`), or replaced
     /// by the least memory (`MemoryFirst`).
@@ -189,6 +197,7 @@ impl Default for MemoryConfig {
             make_room_without_waiting: false,
             room_without_waiting_bytes: 256 * MIB,
             place_on_mapped_pages: false,
+            map_ahead_when_growing: false,
             cache_mode: CacheMode::Adaptive,
         }
     }

@@ -249,6 +249,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("place_on_mapped_pages", |c, raw, key| {
         raw.boolean(key).map(|v| c.place_on_mapped_pages = v)
     }),
+    ("map_ahead_when_growing", |c, raw, key| {
+        raw.boolean(key).map(|v| c.map_ahead_when_growing = v)
+    }),
     ("cache_mode", |c, raw, key| {
         c.cache_mode = raw.parse(key, "adaptive, memory-first or fixed", Why::Detail, |t| {
             <super::config::CacheMode as crate::named::Named>::from_name(t)

@@ -169,3 +169,23 @@ fn environment_overrides_and_cuda_variables_are_honoured() {
         Some(512 * MIB)
     );
 }
+
+#[test]
+fn mapping_ahead_is_a_key_of_the_file_and_the_environment() {
+    assert!(!MemoryConfig::default().map_ahead_when_growing);
+    assert!(
+        from_file("map_ahead_when_growing = true\n")
+            .unwrap()
+            .map_ahead_when_growing
+    );
+    assert!(
+        from_env(&[("GPUMEM_MAP_AHEAD_WHEN_GROWING", "true")])
+            .unwrap()
+            .map_ahead_when_growing
+    );
+    let err = from_env(&[("GPUMEM_MAP_AHEAD_WHEN_GROWING", "ahead")]).unwrap_err();
+    assert!(
+        err.to_string().contains("GPUMEM_MAP_AHEAD_WHEN_GROWING"),
+        "{err}"
+    );
+}
