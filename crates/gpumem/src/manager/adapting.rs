@@ -27,6 +27,7 @@ struct Window {
     ops_at_start: u64,
     misses: u64,
     miss_ns: u64,
+    mapped_bytes: u64,
     /// The most the device has held at a miss so far.
     held_high: u64,
     /// The setting in force.
@@ -64,6 +65,7 @@ pub(crate) fn starting(config: &MemoryConfig, page_size: u64) -> (CacheSetting, 
                 ops_at_start: 0,
                 misses: 0,
                 miss_ns: 0,
+                mapped_bytes: 0,
                 held_high: 0,
                 setting,
                 large_blocks: false,
@@ -138,6 +140,7 @@ impl MemoryManager {
         }
         window.misses += 1;
         window.miss_ns += ns;
+        window.mapped_bytes += mapped_bytes;
         if window.misses < WINDOW_MISSES {
             return;
         }
@@ -146,6 +149,7 @@ impl MemoryManager {
             ops: ops.saturating_sub(window.ops_at_start),
             misses: window.misses,
             miss_ns: window.miss_ns,
+            mapped_bytes: window.mapped_bytes,
             pressure: managed.pressure.level(),
             live_peak_bytes: live_peak_pages(managed) * managed.page_size,
             room_bytes: managed.pool_cap().saturating_sub(held),
@@ -156,12 +160,14 @@ impl MemoryManager {
             device = managed.index,
             level = tuning.level,
             cost_ns_per_op = seen.cost_ns_per_op(),
+            mapped_bytes_per_miss = seen.mapped_bytes_per_miss(),
             "adaptive window"
         );
         self.apply(managed, adapting, &mut window, tuning);
         window.ops_at_start = ops;
         window.misses = 0;
         window.miss_ns = 0;
+        window.mapped_bytes = 0;
     }
 
     /// Puts `tuning` in force on `managed`: its setting at the live peak now, stored into the
@@ -212,6 +218,7 @@ impl MemoryManager {
                 ops: 0,
                 misses: 0,
                 miss_ns: 0,
+                mapped_bytes: 0,
                 pressure: level,
                 live_peak_bytes: 0,
                 room_bytes: 0,

@@ -117,6 +117,18 @@ pub const SETTLING_CLIMB_NS_PER_OP: u64 = 16 * GROW_NS_PER_OP;
 /// without costs): it does not count as a cost. The cheapest miss on an H100 maps a chunk and
 /// grants access to it, 45 µs or more.
 pub const COSTLY_MISS_NS: u64 = 20_000;
+/// A settling window whose misses mapped this much on average (twice level 3's chunk) climbs on
+/// at any cost above [`GROW_NS_PER_OP`]: the driver charges creating, mapping, granting and
+/// unmapping per chunk, so misses that large gain from the larger chunks and the idle pages of
+/// the levels above. graph_message_passing's window settling level 3 mapped about 85 MiB a miss
+/// at 1.8 µs per operation; stopped there it took 1.01x the driver pool's time on an H200
+/// (median of fifteen runs) and 1.12x on an H100, and on the simulated H100 level 4 took 4 %
+/// less time at 1.0377 of its peak instead of 1.0414. Small misses keep the cost rule alone:
+/// convnext_multires, climbing on at 1.9 µs, held more and took longer. At 16, 32 or 64 MiB the
+/// corpus and the recorded sets change in the same two traces (graph_message_passing and
+/// fft_longconv_train, which climbs earlier: 7 % less time at 1.0613 of its peak, the pool
+/// 1.0947).
+pub const LARGE_MISS_BYTES: u64 = 64 * MIB;
 /// Costly misses per decision: enough that one slow call does not move the setting, few enough
 /// that a trace of a few hundred misses climbs within its first rounds.
 pub const WINDOW_MISSES: u64 = 8;
@@ -180,6 +192,8 @@ pub struct Observation {
     pub misses: u64,
     /// Their time, in nanoseconds.
     pub miss_ns: u64,
+    /// The bytes they mapped, together.
+    pub mapped_bytes: u64,
     pub pressure: PressureLevel,
     /// The most bytes under live blocks lately.
     pub live_peak_bytes: u64,
@@ -193,6 +207,11 @@ impl Observation {
     /// Nanoseconds of avoidable misses per operation served.
     pub fn cost_ns_per_op(&self) -> u64 {
         self.miss_ns / self.ops.max(1)
+    }
+
+    /// Bytes the avoidable misses mapped, on average.
+    pub fn mapped_bytes_per_miss(&self) -> u64 {
+        self.mapped_bytes / self.misses.max(1)
     }
 }
 
@@ -231,7 +250,8 @@ impl Tuning {
 /// The next tuning after a window observed as `seen`. High pressure (and above) drops to
 /// memory-first at once and holds off climbing for [`HOLD_WINDOWS`]; medium caps at the
 /// configured setting; otherwise the window after a climb settles it (or, above
-/// [`SETTLING_CLIMB_NS_PER_OP`], climbs on), and a cost above [`GROW_NS_PER_OP`] climbs one
+/// [`SETTLING_CLIMB_NS_PER_OP`] or with misses of [`LARGE_MISS_BYTES`], climbs on), and a cost
+/// above [`GROW_NS_PER_OP`] climbs one
 /// level where the device has room for the next level's slack twice over.
 ///
 /// A climb is never undone for its cost. Judged against the window before it (undone where
@@ -269,8 +289,10 @@ pub fn decide(now: Tuning, seen: &Observation) -> Tuning {
         settling: false,
     };
     if now.settling && level == now.level {
-        // Too dear to wait a window: the next level, which the window after settles.
-        return if climbs && cost > SETTLING_CLIMB_NS_PER_OP {
+        // Too dear to wait a window, or misses too large for this level's chunks: the next
+        // level, which the window after settles.
+        let large_misses = seen.mapped_bytes_per_miss() >= LARGE_MISS_BYTES;
+        return if climbs && (cost > SETTLING_CLIMB_NS_PER_OP || large_misses) {
             climb_to(next)
         } else {
             stays
@@ -405,6 +427,7 @@ mod tests {
             ops,
             misses: 8,
             miss_ns,
+            mapped_bytes: 8 * 2 * MIB,
             pressure: PressureLevel::Low,
             live_peak_bytes: GIB,
             room_bytes: 40 * GIB,
@@ -457,6 +480,28 @@ mod tests {
             ..seen(1_000, dear)
         };
         assert_eq!(decide(climbed, &tight).level, BASE_LEVEL + 1);
+    }
+
+    /// A settling window whose misses mapped [`LARGE_MISS_BYTES`] each on average climbs on at
+    /// a cost that small misses would only settle at; not at a cost no window climbs for.
+    #[test]
+    fn a_settling_window_of_large_misses_climbs_on() {
+        let climbed = decide(Tuning::default(), &seen(1_000, 1_000_000));
+        let large = |miss_ns| Observation {
+            mapped_bytes: 8 * LARGE_MISS_BYTES,
+            ..seen(1_000, miss_ns)
+        };
+        let small = |miss_ns| Observation {
+            mapped_bytes: 8 * LARGE_MISS_BYTES - 1,
+            ..seen(1_000, miss_ns)
+        };
+        let cost = 1_800 * 1_000;
+        let on = decide(climbed, &large(cost));
+        assert_eq!((on.level, on.settling), (BASE_LEVEL + 2, true), "{on:?}");
+        let settled = decide(climbed, &small(cost));
+        assert_eq!((settled.level, settled.settling), (BASE_LEVEL + 1, false));
+        let cheap = decide(climbed, &large(GROW_NS_PER_OP * 1_000));
+        assert_eq!((cheap.level, cheap.settling), (BASE_LEVEL + 1, false));
     }
 
     #[test]
