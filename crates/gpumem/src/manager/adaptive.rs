@@ -122,8 +122,9 @@ pub const COSTLY_MISS_NS: u64 = 20_000;
 /// unmapping per chunk, so misses that large gain from the larger chunks and the idle pages of
 /// the levels above. graph_message_passing's window settling level 3 mapped about 85 MiB a miss
 /// at 1.8 µs per operation; stopped there it took 1.01x the driver pool's time on an H200
-/// (median of fifteen runs) and 1.12x on an H100, and on the simulated H100 level 4 took 4 %
-/// less time at 1.0377 of its peak instead of 1.0414. Small misses keep the cost rule alone:
+/// (median of fifteen runs) and 1.12x on an H100. At level 4 it took 0.96x on an H200 (median
+/// of ten more runs 0.985x) at 1.0377 of its peak instead of 1.0414, and 4 % less time than at
+/// level 3 on the simulated H100. Small misses keep the cost rule alone:
 /// convnext_multires, climbing on at 1.9 µs, held more and took longer. At 16, 32 or 64 MiB the
 /// corpus and the recorded sets change in the same two traces (graph_message_passing and
 /// fft_longconv_train, which climbs earlier: 7 % less time at 1.0613 of its peak, the pool
