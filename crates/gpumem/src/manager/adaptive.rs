@@ -252,8 +252,8 @@ impl Tuning {
 /// memory-first at once and holds off climbing for [`HOLD_WINDOWS`]; medium caps at the
 /// configured setting; otherwise the window after a climb settles it (or, above
 /// [`SETTLING_CLIMB_NS_PER_OP`] or with misses of [`LARGE_MISS_BYTES`], climbs on), and a cost
-/// above [`GROW_NS_PER_OP`] climbs one
-/// level where the device has room for the next level's slack twice over.
+/// above [`GROW_NS_PER_OP`] climbs one level where the device has room for the next level's
+/// slack twice over.
 ///
 /// A climb is never undone for its cost. Judged against the window before it (undone where
 /// the cost more than doubled), climbs were undone where the workload's own cost rose: on an
