@@ -10,7 +10,9 @@
 #                                   # (the noise floor), expandable segments and gpumem in turn,
 #                                   # three rounds, every process on the same cores (CPUS, 2-9):
 #                                   # gpt2_train and cnn_serve by default, about 6 minutes;
-#                                   # WORKLOADS=hf_generate on its own (about 7: 30 s a process)
+#                                   # WORKLOADS=hf_generate on its own (about 7: 30 s a process);
+#                                   # WORKLOADS may name the recorded sets' workloads too
+#                                   # (unseen_workloads.py), ROUNDS their timed rounds a process
 #
 # Needs a stripped release libgpumem.so at .gpu/libgpumem.so (cargo build --release -p
 # gpumem-cdylib) and $OUT, where the results go. The layer is compiled first (about 20 s).
@@ -39,7 +41,7 @@ case "$part" in
     # Unpinned, one allocator's processes spread as far as any gap between allocators
     # (gpt2_train 168-242 ms a round under the default, H200, 2026-11-27); pinned, much less.
     python "$repository/benches/gpu/torch_workloads.py" --repeat "${REPEAT:-3}" --cpus "${CPUS:-2-9}" \
-      --workloads "${WORKLOADS:-gpt2_train,cnn_serve}" \
+      --workloads "${WORKLOADS:-gpt2_train,cnn_serve}" ${ROUNDS:+--rounds "$ROUNDS"} --timeout "${TIMEOUT:-240}" \
       --modes default,default_again,expandable,gpumem 2>&1 | tee "$OUT/e2e.md"
     ;;
 esac
