@@ -231,8 +231,8 @@ impl Arena {
     /// `may_map(ask, pages)` is asked before any page is mapped, to enforce the pool's cap and
     /// the cache budget (and whether pages ahead of a growing arena may be mapped too); `pages`
     /// are this arena's pages as they stand then, which this call may already have changed (a
-    /// parked block's free completed). `may_unmap` is false in a CUDA
-    /// graph's pool, all of whose pages a captured graph may use (see `pinning.rs`).
+    /// parked block's free completed). `may_unmap` is false in a CUDA graph's pool, all of whose
+    /// pages a captured graph may use (see `pinning.rs`).
     #[inline(always)]
     pub(crate) fn alloc(
         &mut self,
