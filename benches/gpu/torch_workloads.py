@@ -553,7 +553,8 @@ def child(args):
                       peak_requested_bytes=stats["requested_bytes.all.peak"],
                       peak_reserved_bytes=stats["reserved_bytes.all.peak"],
                       pool_hits=stats["pool_hits"], pool_requests=stats["pool_requests"],
-                      driver_maps=stats["num_device_alloc"])
+                      driver_maps=stats["num_device_alloc"],
+                      adaptive_level=stats.get("cache_adaptive_level"))
     print(MARK + json.dumps(result), flush=True)
 
 

@@ -4,7 +4,7 @@
 
 use crate::support::{sim_backend, tight_manager};
 use gpumem::backend::sim::SimBackend;
-use gpumem::units::MIB;
+use gpumem::units::{GIB, MIB};
 use gpumem::{AllocOptions, MemoryManager, StreamId};
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,11 +132,19 @@ fn make_room_while_the_gpu_lags(
     sim.set_used_by_others(0, (total as f64 * others_use) as u64)
         .unwrap();
     m.update_pressure();
+    miss_past_the_budget_while_the_gpu_lags(&sim, &m)
+}
+
+/// The miss of [`make_room_while_the_gpu_lags`] on `m`, whose cache may keep no idle page.
+fn miss_past_the_budget_while_the_gpu_lags(
+    sim: &SimBackend,
+    m: &MemoryManager,
+) -> ((u64, u64), u64) {
     sim.hold_fences(true);
     let freed = m.alloc(0, 8 * MIB, &on_stream()).unwrap();
     let kept = m.alloc(0, 2 * MIB, &on_stream()).unwrap();
     drop(freed); // parked: the next request of another size completes its free
-    let before = waits(&sim);
+    let before = waits(sim);
     // Too large for the 8 MiB hole: five pages beyond the live block, against a budget of
     // six pages in all, so the four idle ones must go first.
     let grown = m.alloc(0, 10 * MIB, &on_stream()).unwrap();
@@ -196,4 +204,32 @@ fn making_room_waits_again_at_high_pressure_whatever_the_setting() {
     let ((syncs, fence_waits), reserved) = make_room_while_the_gpu_lags(true, 256 * MIB, 0.85);
     assert_eq!(syncs + fence_waits, 1);
     assert_eq!(reserved, 12 * MIB);
+}
+
+/// The adaptive default keeps the room past the budget until the device maps a gigabyte block:
+/// from then on a miss that must make room waits for the GPU, as with no room at all.
+#[test]
+fn beside_a_gigabyte_block_the_adaptive_default_waits_to_make_room() {
+    for large_block in [false, true] {
+        let sim = sim_backend();
+        let config = gpumem::ManagerConfig {
+            cache_mode: gpumem::manager::CacheMode::Adaptive,
+            // No idle page kept at any rung: the budget is the live peak.
+            max_cached_bytes: Some(0),
+            trim_on_high_pressure: false,
+            ..crate::support::tight_config(0)
+        };
+        let m = MemoryManager::new(sim.clone(), config).unwrap();
+        let gigabyte = large_block.then(|| m.alloc(0, GIB, &on_stream()).unwrap());
+        let held_for_it = if large_block { GIB } else { 0 };
+        let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
+        if large_block {
+            assert_eq!(syncs + fence_waits, 1, "it waited, for the fence behind the idle pages");
+            assert_eq!(reserved - held_for_it, 12 * MIB, "the idle pages were mapped again");
+        } else {
+            assert_eq!((syncs, fence_waits), (0, 0), "within the default room: no wait");
+            assert_eq!(reserved, 20 * MIB, "the idle pages stay, and five are created");
+        }
+        drop(gigabyte);
+    }
 }

@@ -202,6 +202,10 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     put("pool_hits", c.hits);
     put("pool_misses", stats.misses);
     put("pool_miss_ns_total", stats.miss_ns_total);
+    // Where the adaptive default stands (docs/configuration.md): absent with a fixed setting.
+    if let Some((_, Some(level))) = runtime.manager.cache_setting(device) {
+        put("cache_adaptive_level", u64::from(level));
+    }
     put("ffi_live_allocations", runtime.live.len() as u64);
     put(
         "ffi_frees_waiting_for_streams",

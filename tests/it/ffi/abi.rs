@@ -185,6 +185,17 @@ fn empty_cache_and_peaks() {
 }
 
 #[test]
+fn the_statistics_say_where_the_adaptive_default_stands() {
+    let _turn = abi();
+    // The default configuration adapts; no window of costly misses has closed on the costless
+    // simulated device, so it stands where a device starts.
+    assert_eq!(
+        stat("cache_adaptive_level"),
+        u64::from(gpumem::manager::adaptive::START_LEVEL)
+    );
+}
+
+#[test]
 fn a_capture_allocates_from_a_graph_pool_that_other_allocations_never_reach() {
     let _turn = abi();
     let sim = &installed().0;

@@ -12,13 +12,16 @@ use super::config::{CacheMode, MemoryConfig};
 use super::{ManagedDevice, MemoryManager, PressureLevel};
 use crate::pool::{CacheKnobs, KnobValues, Placed};
 use parking_lot::Mutex;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// One device's adaptive state.
 pub(crate) struct Adapting {
     /// The configured setting: level 1 of the ladder.
     base: CacheSetting,
     window: Mutex<Window>,
+    /// Whether a miss has mapped a gigabyte block (`maps_a_large_block`): read by the ladder
+    /// and, without the window's lock, by a miss deciding whether to wait to make room.
+    large_blocks: AtomicBool,
 }
 
 struct Window {
@@ -32,8 +35,6 @@ struct Window {
     held_high: u64,
     /// The setting in force.
     setting: CacheSetting,
-    /// Whether a miss has mapped a gigabyte block (`maps_a_large_block`).
-    large_blocks: bool,
 }
 
 /// The configured cache setting, as the ladder's base.
@@ -68,11 +69,11 @@ pub(crate) fn starting(config: &MemoryConfig, page_size: u64) -> (CacheSetting, 
                 mapped_bytes: 0,
                 held_high: 0,
                 setting,
-                large_blocks: false,
             };
             let adapting = Adapting {
                 base,
                 window: Mutex::new(window),
+                large_blocks: AtomicBool::new(false),
             };
             (setting, Some(adapting))
         }
@@ -88,6 +89,13 @@ fn while_running(setting: &CacheSetting, base: &CacheSetting) -> CacheSetting {
     CacheSetting {
         whole_chunks_when_growing: base.whole_chunks_when_growing,
         ..*setting
+    }
+}
+
+impl Adapting {
+    /// Whether the device has mapped a gigabyte block (`maps_a_large_block`).
+    pub(crate) fn large_blocks(&self) -> bool {
+        self.large_blocks.load(Relaxed)
     }
 }
 
@@ -124,8 +132,7 @@ impl MemoryManager {
         };
         // The first gigabyte block lowers the setting at once: the climbs before it were made at
         // a smaller peak, and no window may come before its freed pages are placed on.
-        if maps_a_large_block(mapped_bytes) && !window.large_blocks {
-            window.large_blocks = true;
+        if maps_a_large_block(mapped_bytes) && !adapting.large_blocks.swap(true, Relaxed) {
             let tuning = with_large_blocks(window.tuning);
             self.apply(managed, adapting, &mut window, tuning);
         }
@@ -153,7 +160,7 @@ impl MemoryManager {
             pressure: managed.pressure.level(),
             live_peak_bytes: live_peak_pages(managed) * managed.page_size,
             room_bytes: managed.pool_cap().saturating_sub(held),
-            large_blocks: window.large_blocks,
+            large_blocks: adapting.large_blocks(),
         };
         let tuning = decide(window.tuning, &seen);
         tracing::debug!(
@@ -185,7 +192,7 @@ impl MemoryManager {
                 &adapting.base,
                 live_peak_pages(managed) * managed.page_size,
                 managed.page_size,
-                window.large_blocks,
+                adapting.large_blocks(),
             ),
             &adapting.base,
         );
@@ -222,7 +229,7 @@ impl MemoryManager {
                 pressure: level,
                 live_peak_bytes: 0,
                 room_bytes: 0,
-                large_blocks: window.large_blocks,
+                large_blocks: adapting.large_blocks(),
             },
         );
         debug_assert_eq!(tuning.level, MEMORY_FIRST_LEVEL);

@@ -74,10 +74,33 @@ impl MemoryManager {
         // unmapped is one page fewer to create.
         let excess_pages = (held + creating - budget).min(idle).min(creating);
         // `make_room_without_waiting` is a room without end.
-        let room_without_waiting = config.room_without_waiting_bytes / page;
+        let room_without_waiting = self.room_without_waiting_bytes(managed) / page;
         let within_room = config.make_room_without_waiting
             || held + creating <= budget.saturating_add(room_without_waiting);
         MapDecision::NeedsRoom(excess_pages * page, self.making_room(managed, within_room))
+    }
+
+    /// How far past the cache budget a miss may take the device rather than wait for the GPU
+    /// to finish with the idle pages it would unmap: `room_without_waiting_bytes`, or none once
+    /// the adaptive default has seen the device map a gigabyte block. The room is for short
+    /// steps that the host paces, where a wait empties the GPU's queue and the step then runs
+    /// at the host's speed: a ResNet-50 server's batch-128 step took 17–23 ms waiting against
+    /// 11.3 without (docs/performance.md, "The wait at a miss"). A process whose blocks are
+    /// gigabytes runs steps the GPU paces, where the room holds memory and buys little: under
+    /// PyTorch on an H200 a point-cloud network (pairwise distances of 1 GiB, 550 ms steps)
+    /// held 3,632 MiB at its peak with the room, over expandable segments' 3,592, and 3,588
+    /// waiting, its round 551 ms with the room and 549 waiting (docs/gpu-results.md). At the
+    /// large sizes of ResNet-50 and GPT-2 medium the room had held what waiting held.
+    fn room_without_waiting_bytes(&self, managed: &ManagedDevice) -> u64 {
+        let beside_large_blocks = managed
+            .adapting
+            .as_ref()
+            .is_some_and(|adapting| adapting.large_blocks());
+        if beside_large_blocks {
+            0
+        } else {
+            self.config().room_without_waiting_bytes
+        }
     }
 
     /// What making room within the cache budget does about a stream whose queued work may still
