@@ -224,11 +224,27 @@ fn beside_a_gigabyte_block_the_adaptive_default_waits_to_make_room() {
         let held_for_it = if large_block { GIB } else { 0 };
         let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
         if large_block {
-            assert_eq!(syncs + fence_waits, 1, "it waited, for the fence behind the idle pages");
-            assert_eq!(reserved - held_for_it, 12 * MIB, "the idle pages were mapped again");
+            assert_eq!(
+                syncs + fence_waits,
+                1,
+                "it waited, for the fence behind the idle pages"
+            );
+            assert_eq!(
+                reserved - held_for_it,
+                12 * MIB,
+                "the idle pages were mapped again"
+            );
         } else {
-            assert_eq!((syncs, fence_waits), (0, 0), "within the default room: no wait");
-            assert_eq!(reserved, 20 * MIB, "the idle pages stay, and five are created");
+            assert_eq!(
+                (syncs, fence_waits),
+                (0, 0),
+                "within the default room: no wait"
+            );
+            assert_eq!(
+                reserved,
+                20 * MIB,
+                "the idle pages stay, and five are created"
+            );
         }
         drop(gigabyte);
     }
