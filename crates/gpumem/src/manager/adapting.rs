@@ -126,16 +126,18 @@ impl MemoryManager {
 
     #[cold]
     fn adapt(&self, managed: &ManagedDevice, adapting: &Adapting, ns: u64, mapped_bytes: u64) {
+        // The first gigabyte block lowers the setting at once: the climbs before it were made at
+        // a smaller peak, and no window may come before its freed pages are placed on. Once a
+        // device, so it waits for the window's lock where other misses would not.
+        if maps_a_large_block(mapped_bytes) && !adapting.large_blocks.swap(true, Relaxed) {
+            let mut window = adapting.window.lock();
+            let tuning = with_large_blocks(window.tuning);
+            self.apply(managed, adapting, &mut window, tuning);
+        }
         // Another miss deciding right now has this window; one miss less in it changes nothing.
         let Some(mut window) = adapting.window.try_lock() else {
             return;
         };
-        // The first gigabyte block lowers the setting at once: the climbs before it were made at
-        // a smaller peak, and no window may come before its freed pages are placed on.
-        if maps_a_large_block(mapped_bytes) && !adapting.large_blocks.swap(true, Relaxed) {
-            let tuning = with_large_blocks(window.tuning);
-            self.apply(managed, adapting, &mut window, tuning);
-        }
         let held = managed.reserve.reserved_bytes.load(Relaxed);
         let growth = held > window.held_high;
         window.held_high = window.held_high.max(held);
