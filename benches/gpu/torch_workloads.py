@@ -149,6 +149,7 @@ class StepClock:
         self.misses = misses
         self.allocations = allocations
         self.wall, self.host, self.device, self.miss_counts, self.miss_ms = [], [], [], [], []
+        self.wait_ms = []
         self.allocs = []
 
     @contextlib.contextmanager
@@ -171,9 +172,10 @@ class StepClock:
             if allocs_before is not None:
                 self.allocs.append(self.allocations() - allocs_before)
             if misses_before:
-                count, ns = self.misses()
+                count, ns, waited_ns = self.misses()
                 self.miss_counts.append(count - misses_before[0])
                 self.miss_ms.append((ns - misses_before[1]) / 1e6)
+                self.wait_ms.append((waited_ns - misses_before[2]) / 1e6)
 
     def profiled(self, run_round):
         """Runs `run_round()` under torch.profiler; the busiest operators, per step."""
@@ -204,7 +206,8 @@ class StepClock:
                 "device_seconds": statistics.median(self.device),
                 "step_ms": ms(self.wall), "host_ms": ms(self.host), "device_ms": ms(self.device),
                 **({"allocations_per_step": statistics.median(self.allocs)} if self.allocs else {}),
-                **({"step_misses": self.miss_counts, "step_miss_ms": [round(t, 3) for t in self.miss_ms]}
+                **({"step_misses": self.miss_counts, "step_miss_ms": [round(t, 3) for t in self.miss_ms],
+                    "step_gpu_wait_ms": [round(t, 3) for t in self.wait_ms]}
                    if self.misses else {})}
 
 
@@ -524,7 +527,7 @@ def child(args):
     if gpumem_torch is not None:
         def misses():
             stats = gpumem_torch.memory_stats(0)
-            return stats["pool_misses"], stats["pool_miss_ns_total"]
+            return stats["pool_misses"], stats["pool_miss_ns_total"], stats.get("pool_gpu_wait_ns_total", 0)
     if gpumem_torch is not None:
         def allocations():
             return gpumem_torch.memory_stats(0)["allocation.all.allocated"]
@@ -788,7 +791,9 @@ def main():
             except subprocess.TimeoutExpired:
                 result = {"workload": workload, "mode": mode, "error": f"timed out after {args.timeout} s"}
             result["process_seconds"] = round(time.time() - started, 1)
-            print(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "step_ms", "host_ms", "device_ms", "profile", "step_misses", "step_miss_ms")}), flush=True)
+            per_step = ("outputs", "step_ms", "host_ms", "device_ms", "profile", "step_misses", "step_miss_ms",
+                        "step_gpu_wait_ms")
+            print(json.dumps({k: v for k, v in result.items() if k not in per_step}), flush=True)
             results.append(result)
             if os.environ.get("OUT"):  # everything, outputs included, in case the run is cut short
                 with open(os.path.join(os.environ["OUT"], "results.jsonl"), "a") as f:

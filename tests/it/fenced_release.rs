@@ -145,10 +145,16 @@ fn miss_past_the_budget_while_the_gpu_lags(
     let kept = m.alloc(0, 2 * MIB, &on_stream()).unwrap();
     drop(freed); // parked: the next request of another size completes its free
     let before = waits(sim);
+    let counted_before = m.device_stats(0).unwrap().gpu_waits;
     // Too large for the 8 MiB hole: five pages beyond the live block, against a budget of
     // six pages in all, so the four idle ones must go first.
     let grown = m.alloc(0, 10 * MIB, &on_stream()).unwrap();
     let waited = (sim.syncs() - before.0, sim.fence_waits() - before.1);
+    assert_eq!(
+        m.device_stats(0).unwrap().gpu_waits - counted_before,
+        waited.0 + waited.1,
+        "the statistics count every wait for the GPU"
+    );
     let reserved = m.reserved_bytes();
     sim.hold_fences(false);
     drop((kept, grown));

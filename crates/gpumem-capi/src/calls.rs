@@ -202,6 +202,8 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     put("pool_hits", c.hits);
     put("pool_misses", stats.misses);
     put("pool_miss_ns_total", stats.miss_ns_total);
+    put("pool_gpu_waits", stats.gpu_waits);
+    put("pool_gpu_wait_ns_total", stats.gpu_wait_ns_total);
     // Where the adaptive default stands (docs/configuration.md): absent with a fixed setting.
     if let Some((_, Some(level))) = runtime.manager.cache_setting(device) {
         put("cache_adaptive_level", u64::from(level));

@@ -193,6 +193,9 @@ fn the_statistics_say_where_the_adaptive_default_stands() {
         stat("cache_adaptive_level"),
         u64::from(gpumem::manager::adaptive::START_LEVEL)
     );
+    // And what its misses waited for the GPU (counted in `fenced_release`).
+    let (waits, waited_ns) = (stat("pool_gpu_waits"), stat("pool_gpu_wait_ns_total"));
+    assert!(waits > 0 || waited_ns == 0, "{waits} waits, {waited_ns} ns");
 }
 
 #[test]

@@ -51,6 +51,10 @@ pub struct DeviceStats {
     pub miss_ns_total: u64,
     pub miss_p50_ns: u64,
     pub miss_p99_ns: u64,
+    /// Waits for the GPU's queued work before idle pages were unmapped (most of them inside
+    /// misses making room), and their time in all.
+    pub gpu_waits: u64,
+    pub gpu_wait_ns_total: u64,
 }
 
 /// A live allocation, for the leak tracker.
@@ -110,6 +114,8 @@ impl MemoryManager {
             miss_ns_total: managed.pages.miss_ns.total(),
             miss_p50_ns: managed.pages.miss_ns.quantile(0.5),
             miss_p99_ns: managed.pages.miss_ns.quantile(0.99),
+            gpu_waits: managed.pages.gpu_waits.load(Relaxed),
+            gpu_wait_ns_total: managed.pages.gpu_wait_ns.load(Relaxed),
         })
     }
 

@@ -95,7 +95,14 @@ impl Unmapping {
         let backend = reserve.backend();
         let pages: Vec<PageRun> = self.chunks.iter().map(|&(run, _, _)| run).collect();
         let mut released = Released::default();
-        let outcome = match self.wait.wait(backend, self.device, self.stream) {
+        let wait_started = (self.wait != WaitFor::Nothing).then(std::time::Instant::now);
+        let waited = self.wait.wait(backend, self.device, self.stream);
+        if let Some(started) = wait_started {
+            let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            reserve.gpu_waits.fetch_add(1, Ordering::Relaxed);
+            reserve.gpu_wait_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        let outcome = match waited {
             Err(error) => Err((0, error)),
             Ok(cleared) => {
                 let mut failed = None;
