@@ -114,8 +114,8 @@ impl MemoryManager {
             miss_ns_total: managed.pages.miss_ns.total(),
             miss_p50_ns: managed.pages.miss_ns.quantile(0.5),
             miss_p99_ns: managed.pages.miss_ns.quantile(0.99),
-            gpu_waits: managed.pages.gpu_waits.load(Relaxed),
-            gpu_wait_ns_total: managed.pages.gpu_wait_ns.load(Relaxed),
+            gpu_waits: managed.pages.gpu_wait_ns.count(),
+            gpu_wait_ns_total: managed.pages.gpu_wait_ns.total(),
         })
     }
 

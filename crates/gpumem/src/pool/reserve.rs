@@ -41,11 +41,10 @@ pub struct PageReserve {
     pub pages_released: AtomicU64,
     /// How long allocations that called the driver took, in nanoseconds.
     pub miss_ns: LatencyHistogram,
-    /// Waits for the GPU to finish the work queued on idle pages before they were unmapped (a
-    /// miss making room, a trim, emptying the cache), and their time in nanoseconds: the part
+    /// How long each wait for the GPU to finish the work queued on idle pages took before they
+    /// were unmapped (a miss making room, a trim, emptying the cache), in nanoseconds: the part
     /// of a miss's time that is the GPU's, not the driver's.
-    pub gpu_waits: AtomicU64,
-    pub gpu_wait_ns: AtomicU64,
+    pub gpu_wait_ns: LatencyHistogram,
 }
 
 /// How a miss cuts the pages it creates into physical chunks (`max_chunk_bytes` and
@@ -161,8 +160,7 @@ impl PageReserve {
             pages_reused: AtomicU64::new(0),
             pages_released: AtomicU64::new(0),
             miss_ns: LatencyHistogram::default(),
-            gpu_waits: AtomicU64::new(0),
-            gpu_wait_ns: AtomicU64::new(0),
+            gpu_wait_ns: LatencyHistogram::default(),
         })
     }
 

@@ -99,8 +99,7 @@ impl Unmapping {
         let waited = self.wait.wait(backend, self.device, self.stream);
         if let Some(started) = wait_started {
             let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            reserve.gpu_waits.fetch_add(1, Ordering::Relaxed);
-            reserve.gpu_wait_ns.fetch_add(ns, Ordering::Relaxed);
+            reserve.gpu_wait_ns.record(ns);
         }
         let outcome = match waited {
             Err(error) => Err((0, error)),
