@@ -557,7 +557,9 @@ def child(args):
                       peak_reserved_bytes=stats["reserved_bytes.all.peak"],
                       pool_hits=stats["pool_hits"], pool_requests=stats["pool_requests"],
                       driver_maps=stats["num_device_alloc"],
-                      adaptive_level=stats.get("cache_adaptive_level"))
+                      adaptive_level=stats.get("cache_adaptive_level"),
+                      room_without_waiting_bytes=stats.get("cache_room_without_waiting_bytes"),
+                      longest_gpu_wait_ms=stats.get("pool_gpu_wait_ns_longest", 0) / 1e6)
     print(MARK + json.dumps(result), flush=True)
 
 

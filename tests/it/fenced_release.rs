@@ -212,20 +212,24 @@ fn making_room_waits_again_at_high_pressure_whatever_the_setting() {
     assert_eq!(reserved, 12 * MIB);
 }
 
+/// The adaptive default on `sim`, with no idle page kept at any rung: the budget is the live peak.
+fn adaptive_manager(sim: &Arc<SimBackend>) -> MemoryManager {
+    let config = gpumem::ManagerConfig {
+        cache_mode: gpumem::manager::CacheMode::Adaptive,
+        max_cached_bytes: Some(0),
+        trim_on_high_pressure: false,
+        ..crate::support::tight_config(0)
+    };
+    MemoryManager::new(sim.clone(), config).unwrap()
+}
+
 /// The adaptive default keeps the room past the budget until the device maps a gigabyte block:
 /// from then on a miss that must make room waits for the GPU, as with no room at all.
 #[test]
 fn beside_a_gigabyte_block_the_adaptive_default_waits_to_make_room() {
     for large_block in [false, true] {
         let sim = sim_backend();
-        let config = gpumem::ManagerConfig {
-            cache_mode: gpumem::manager::CacheMode::Adaptive,
-            // No idle page kept at any rung: the budget is the live peak.
-            max_cached_bytes: Some(0),
-            trim_on_high_pressure: false,
-            ..crate::support::tight_config(0)
-        };
-        let m = MemoryManager::new(sim.clone(), config).unwrap();
+        let m = adaptive_manager(&sim);
         let gigabyte = large_block.then(|| m.alloc(0, GIB, &on_stream()).unwrap());
         let held_for_it = if large_block { GIB } else { 0 };
         let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
@@ -253,5 +257,39 @@ fn beside_a_gigabyte_block_the_adaptive_default_waits_to_make_room() {
             );
         }
         drop(gigabyte);
+    }
+}
+
+/// It gives the room up too once a wait for the GPU has lasted `LONG_GPU_WAIT_NS`: a host that
+/// far ahead of its GPU loses little by waiting, and the room only holds memory.
+#[test]
+fn after_a_long_wait_for_the_gpu_the_adaptive_default_waits_to_make_room() {
+    let long = Duration::from_nanos(gpumem::manager::adaptive::LONG_GPU_WAIT_NS);
+    for backlog in [Duration::ZERO, long + NEXT_TICK] {
+        let sim = sim_backend();
+        let m = adaptive_manager(&sim);
+        let (first, _) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
+        assert_eq!(first, (0, 0), "within the default room: no wait");
+        // The cache emptied while the GPU is `backlog` behind: one wait of that long.
+        sim.set_gpu_backlog(backlog);
+        sim.hold_fences(true);
+        m.empty_cache();
+        sim.hold_fences(false);
+        let stats = m.device_stats(0).unwrap();
+        assert!(stats.gpu_waits > 0, "emptying the cache waited for the GPU");
+        assert!(stats.gpu_wait_ns_longest >= backlog.as_nanos() as u64);
+        let far_ahead = backlog > long;
+        let room = m.room_without_waiting(0).unwrap();
+        let default_room = gpumem::ManagerConfig::default().room_without_waiting_bytes;
+        assert_eq!(room, Some(if far_ahead { 0 } else { default_room }));
+        // The same miss again: the live peak, and so the budget, are the first one's.
+        let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
+        if far_ahead {
+            assert_eq!(syncs + fence_waits, 1, "it waited, after {backlog:?}");
+            assert_eq!(reserved, 12 * MIB, "the idle pages were mapped again");
+        } else {
+            assert_eq!((syncs, fence_waits), (0, 0), "a short wait keeps the room");
+            assert_eq!(reserved, 20 * MIB);
+        }
     }
 }

@@ -204,9 +204,18 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     put("pool_miss_ns_total", stats.miss_ns_total);
     put("pool_gpu_waits", stats.gpu_waits);
     put("pool_gpu_wait_ns_total", stats.gpu_wait_ns_total);
+    put("pool_gpu_wait_ns_longest", stats.gpu_wait_ns_longest);
     // Where the adaptive default stands (docs/configuration.md): absent with a fixed setting.
     if let Some((_, Some(level))) = runtime.manager.cache_setting(device) {
         put("cache_adaptive_level", u64::from(level));
+    }
+    // How far past its budget a miss may go without waiting: absent where it has no end.
+    let room = runtime
+        .manager
+        .room_without_waiting(device)
+        .map_err(|e| e.to_string())?;
+    if let Some(room) = room {
+        put("cache_room_without_waiting_bytes", room);
     }
     put("ffi_live_allocations", runtime.live.len() as u64);
     put(

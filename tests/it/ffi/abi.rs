@@ -196,6 +196,12 @@ fn the_statistics_say_where_the_adaptive_default_stands() {
     // And what its misses waited for the GPU (counted in `fenced_release`).
     let (waits, waited_ns) = (stat("pool_gpu_waits"), stat("pool_gpu_wait_ns_total"));
     assert!(waits > 0 || waited_ns == 0, "{waits} waits, {waited_ns} ns");
+    assert!(stat("pool_gpu_wait_ns_longest") <= waited_ns);
+    // No gigabyte block and no wait for the simulated GPU: the configured room stands.
+    assert_eq!(
+        stat("cache_room_without_waiting_bytes"),
+        gpumem::ManagerConfig::default().room_without_waiting_bytes
+    );
 }
 
 #[test]

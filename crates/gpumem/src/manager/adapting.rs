@@ -6,7 +6,7 @@
 
 use super::adaptive::{
     counts_as_cost, decide, maps_a_large_block, setting_at, with_large_blocks, CacheSetting,
-    Observation, Tuning, MEMORY_FIRST_LEVEL, WINDOW_MISSES,
+    Observation, Tuning, LONG_GPU_WAIT_NS, MEMORY_FIRST_LEVEL, WINDOW_MISSES,
 };
 use super::config::{CacheMode, MemoryConfig};
 use super::{ManagedDevice, MemoryManager, PressureLevel};
@@ -22,6 +22,8 @@ pub(crate) struct Adapting {
     /// Whether a miss has mapped a gigabyte block (`maps_a_large_block`): read by the ladder
     /// and, without the window's lock, by a miss deciding whether to wait to make room.
     large_blocks: AtomicBool,
+    /// Whether a wait for the GPU has lasted [`LONG_GPU_WAIT_NS`]: the host runs far ahead.
+    host_far_ahead: AtomicBool,
 }
 
 struct Window {
@@ -74,6 +76,7 @@ pub(crate) fn starting(config: &MemoryConfig, page_size: u64) -> (CacheSetting, 
                 base,
                 window: Mutex::new(window),
                 large_blocks: AtomicBool::new(false),
+                host_far_ahead: AtomicBool::new(false),
             };
             (setting, Some(adapting))
         }
@@ -96,6 +99,18 @@ impl Adapting {
     /// Whether the device has mapped a gigabyte block (`maps_a_large_block`).
     pub(crate) fn large_blocks(&self) -> bool {
         self.large_blocks.load(Relaxed)
+    }
+
+    /// Whether the GPU paces this device's process, so that a miss making room waits for it
+    /// rather than take room past the cache budget: a gigabyte block was mapped, or a wait for
+    /// the GPU lasted [`LONG_GPU_WAIT_NS`] (`longest_wait_ns`, the longest so far, is noted
+    /// here: a reset of the statistics forgets it, the process does not). Once true, true for
+    /// the process's life.
+    pub(crate) fn gpu_paces(&self, longest_wait_ns: u64) -> bool {
+        if longest_wait_ns >= LONG_GPU_WAIT_NS {
+            self.host_far_ahead.store(true, Relaxed);
+        }
+        self.large_blocks() || self.host_far_ahead.load(Relaxed)
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::adaptive::inside_chunk_cap_bytes;
 use super::{ManagedDevice, MemoryManager, PressureLevel};
+use crate::error::BackendError;
 use crate::pool::reserve::INSIDE_CHUNK_SLACKS;
 use crate::pool::{BusyStreams, MapAsk, MapDecision};
 use std::sync::atomic::Ordering::Relaxed;
@@ -82,25 +83,38 @@ impl MemoryManager {
 
     /// How far past the cache budget a miss may take the device rather than wait for the GPU
     /// to finish with the idle pages it would unmap: `room_without_waiting_bytes`, or none once
-    /// the adaptive default has seen the device map a gigabyte block. The room is for short
+    /// the adaptive default has seen that the GPU paces the process (`Adapting::gpu_paces`: a
+    /// gigabyte block, or a wait for the GPU of
+    /// [`LONG_GPU_WAIT_NS`](super::adaptive::LONG_GPU_WAIT_NS)). The room is for short
     /// steps that the host paces, where a wait empties the GPU's queue and the step then runs
     /// at the host's speed: a ResNet-50 server's batch-128 step took 17–23 ms waiting against
-    /// 11.3 without (docs/performance.md, "The wait at a miss"). A process whose blocks are
-    /// gigabytes runs steps the GPU paces, where the room holds memory and buys little: under
-    /// PyTorch on an H200 a point-cloud network (pairwise distances of 1 GiB, 550 ms steps)
-    /// held 3,632 MiB at its peak with the room, over expandable segments' 3,592, and 3,588
-    /// waiting, its round 551 ms with the room and 549 waiting (docs/gpu-results.md). At the
-    /// large sizes of ResNet-50 and GPT-2 medium the room had held what waiting held.
+    /// 11.3 without (docs/performance.md, "The wait at a miss"). Where the GPU paces the steps
+    /// the room holds memory and buys little: under PyTorch on an H200 a point-cloud network
+    /// (pairwise distances of 1 GiB, 550 ms steps) held 3,632 MiB at its peak with the room,
+    /// over expandable segments' 3,592, and 3,588 waiting, its round 551 ms with the room and
+    /// 549 waiting (docs/gpu-results.md); a long-convolution trainer's misses, on the H100,
+    /// waited 25 to 55 ms each with the room or without, and it held 110 to 170 MiB more with
+    /// it. At the large sizes of ResNet-50 and GPT-2 medium the room had held what waiting held.
     fn room_without_waiting_bytes(&self, managed: &ManagedDevice) -> u64 {
-        let beside_large_blocks = managed
+        let longest_wait_ns = managed.pages.gpu_wait_ns.longest();
+        let gpu_paces = managed
             .adapting
             .as_ref()
-            .is_some_and(|adapting| adapting.large_blocks());
-        if beside_large_blocks {
+            .is_some_and(|adapting| adapting.gpu_paces(longest_wait_ns));
+        if gpu_paces {
             0
         } else {
             self.config().room_without_waiting_bytes
         }
+    }
+
+    /// How far past its cache budget a miss on `device` may go now rather than wait for the
+    /// GPU (`room_without_waiting_bytes`, 0 once the adaptive default saw the GPU pace the
+    /// process), or `None` where it may go any distance (`make_room_without_waiting`).
+    pub fn room_without_waiting(&self, device: usize) -> Result<Option<u64>, BackendError> {
+        let managed = self.device(device)?;
+        Ok((!self.config().make_room_without_waiting)
+            .then(|| self.room_without_waiting_bytes(managed)))
     }
 
     /// What making room within the cache budget does about a stream whose queued work may still

@@ -52,9 +52,10 @@ pub struct DeviceStats {
     pub miss_p50_ns: u64,
     pub miss_p99_ns: u64,
     /// Waits for the GPU's queued work before idle pages were unmapped (most of them inside
-    /// misses making room), and their time in all.
+    /// misses making room), their time in all, and the longest of them.
     pub gpu_waits: u64,
     pub gpu_wait_ns_total: u64,
+    pub gpu_wait_ns_longest: u64,
 }
 
 /// A live allocation, for the leak tracker.
@@ -116,6 +117,7 @@ impl MemoryManager {
             miss_p99_ns: managed.pages.miss_ns.quantile(0.99),
             gpu_waits: managed.pages.gpu_wait_ns.count(),
             gpu_wait_ns_total: managed.pages.gpu_wait_ns.total(),
+            gpu_wait_ns_longest: managed.pages.gpu_wait_ns.longest(),
         })
     }
 

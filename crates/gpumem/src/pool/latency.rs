@@ -14,6 +14,8 @@ pub struct LatencyHistogram {
     buckets: Box<[AtomicU64; BUCKETS]>,
     /// Every value recorded, added up: how long misses took in all.
     total: AtomicU64,
+    /// The largest value recorded, exact (a bucket only bounds it within an eighth).
+    longest: AtomicU64,
 }
 
 impl Default for LatencyHistogram {
@@ -21,6 +23,7 @@ impl Default for LatencyHistogram {
         LatencyHistogram {
             buckets: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
             total: AtomicU64::new(0),
+            longest: AtomicU64::new(0),
         }
     }
 }
@@ -60,6 +63,12 @@ impl LatencyHistogram {
         self.buckets[bucket_of(value)].fetch_add(1, Relaxed);
         // A sum past u64::MAX nanoseconds (584 years) wraps; nobody will see it.
         self.total.fetch_add(value, Relaxed);
+        self.longest.fetch_max(value, Relaxed);
+    }
+
+    /// The largest value recorded, or 0 when nothing was.
+    pub fn longest(&self) -> u64 {
+        self.longest.load(Relaxed)
     }
 
     pub fn total(&self) -> u64 {
@@ -93,6 +102,7 @@ impl LatencyHistogram {
             bucket.store(0, Relaxed);
         }
         self.total.store(0, Relaxed);
+        self.longest.store(0, Relaxed);
     }
 }
 
@@ -116,7 +126,9 @@ mod tests {
         }
         assert_eq!(histogram.count(), 10_000);
         assert_eq!(histogram.total(), 100 * 10_000 * 10_001 / 2);
+        assert_eq!(histogram.longest(), 1_000_000);
         histogram.clear();
+        assert_eq!(histogram.longest(), 0);
         histogram.record(u64::MAX);
         histogram.record(3);
         assert_eq!(histogram.quantile(0.0), 3);

@@ -30,6 +30,8 @@ pub(super) struct SimFences {
     outstanding: Mutex<HashSet<(usize, u64)>>,
     next: AtomicU64,
     held: AtomicBool,
+    /// How long a wait for held work takes, in nanoseconds ([`SimBackend::set_gpu_backlog`]).
+    backlog_ns: AtomicU64,
     /// Fences waited for (`wait_fence`).
     waits: AtomicU64,
 }
@@ -45,6 +47,21 @@ impl SimBackend {
     /// kernel.
     pub fn hold_fences(&self, held: bool) {
         self.fences.held.store(held, Ordering::Relaxed);
+    }
+
+    /// How long a wait for held work takes (none by default): how far the GPU lags behind a
+    /// host that ran ahead of it, as a deep queue of long kernels does.
+    pub fn set_gpu_backlog(&self, backlog: std::time::Duration) {
+        let ns = u64::try_from(backlog.as_nanos()).unwrap_or(u64::MAX);
+        self.fences.backlog_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Waits out the backlog if work is held: the held work finishes during the wait.
+    fn wait_out_backlog(&self) {
+        if self.fences.held.load(Ordering::Relaxed) {
+            let ns = self.fences.backlog_ns.load(Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_nanos(ns));
+        }
     }
 
     /// Fences waited for so far.
@@ -111,6 +128,7 @@ impl StreamOrder for SimBackend {
             });
         }
         self.captures.syncs.fetch_add(1, Ordering::Relaxed);
+        self.wait_out_backlog();
         spend(self.costs.sync());
         Ok(())
     }
@@ -162,6 +180,7 @@ impl StreamOrder for SimBackend {
             });
         }
         self.fences.waits.fetch_add(1, Ordering::Relaxed);
+        self.wait_out_backlog();
         spend(self.costs.sync());
         Ok(())
     }
