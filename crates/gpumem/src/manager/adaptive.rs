@@ -104,11 +104,12 @@ pub const LARGE_BLOCK_BYTES: u64 = 2 * MAX_SLACK_BYTES;
 /// work was queued. The GPU paces such a process, and a wait costs it only the moment the host
 /// takes to queue work again, so the room past the cache budget buys it little time and holds
 /// memory. Under PyTorch on an H100 a long-convolution trainer (steps of 1.9 s, no block over
-/// 512 MiB) made 13 to 43 misses a round, each waiting 25 to 55 ms even with the room: with it
+/// 512 MiB) made 13 to 43 misses a round, waiting 30 to 60 ms a miss even with the room: with it
 /// the process held 12,164-12,264 MiB at 1.012 of the default allocator's round, waiting
 /// always 11,994-12,156 MiB at 1.000 (docs/gpu-results.md). The room is for host-paced steps,
 /// where a wait drains a queue of a few milliseconds (a small CNN server's batch-128 step is
-/// 11 ms of GPU work in all).
+/// 11 ms of GPU work in all; of ten more workloads on an H200, only that trainer and one with
+/// gigabyte blocks waited longer than GPT-2 training's 1.2 ms).
 pub const LONG_GPU_WAIT_NS: u64 = 20_000_000;
 
 /// Misses costing more than this per operation served (in the window) are worth memory: the

@@ -93,7 +93,7 @@ impl MemoryManager {
     /// (pairwise distances of 1 GiB, 550 ms steps) held 3,632 MiB at its peak with the room,
     /// over expandable segments' 3,592, and 3,588 waiting, its round 551 ms with the room and
     /// 549 waiting (docs/gpu-results.md); a long-convolution trainer's misses, on the H100,
-    /// waited 25 to 55 ms each with the room or without, and it held 110 to 170 MiB more with
+    /// waited 30 to 60 ms a miss with the room or without, and it held up to 200 MiB more with
     /// it. At the large sizes of ResNet-50 and GPT-2 medium the room had held what waiting held.
     fn room_without_waiting_bytes(&self, managed: &ManagedDevice) -> u64 {
         let longest_wait_ns = managed.pages.gpu_wait_ns.longest();
