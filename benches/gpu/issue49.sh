@@ -169,6 +169,32 @@ for name in [f"hit-{run}.jsonl" for run in range(1, 7)] + [f"cold-{run}.jsonl" f
         calls = " ".join(f"{c['call']}={c['calls_per_pair']:.0f}x{c['ns_per_call']:.0f}"
                          for c in r.get("driver_calls", []))
         print(name, " ".join(f"{k}={r.get(k)}" for k in keys if r.get(k) is not None), calls)
+
+# The targets' reading of those runs: each size's median over the runs' medians, gpumem against
+# the driver's pool, and every run's ratio (the cold miss target holds per run, not on average).
+def runs_by_size(prefix, count):
+    sizes = {}
+    for run in range(1, count + 1):
+        for r in rows(f"{prefix}-{run}.jsonl"):
+            sizes.setdefault(r["size_bytes"], {}).setdefault(r["allocator"], []).append(r["median_ns"])
+    return sorted(sizes.items())
+
+def median(values):
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+for size, runs in runs_by_size("cold", 3):
+    ours, pool = runs.get("pool-miss-cold", []), runs.get("driver-async-miss", [])
+    if ours and pool:
+        each = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, pool))
+        print(f"cold miss {size} B: {median(ours) / 1e3:.1f} us against the pool's {median(pool) / 1e3:.1f}"
+              f" ({median(ours) / median(pool):.2f}x; each run {each})")
+for size, runs in runs_by_size("hit", 6):
+    ours, pool = runs.get("pool-hit", []), runs.get("driver-async", [])
+    if ours:
+        against = f"; the pool's {median(pool):.0f} ns" if pool else ""
+        print(f"hit {size} B: {median(ours):.1f} ns (runs {min(ours):.1f}-{max(ours):.1f}){against}")
 PY
 echo "failed steps: $failed" | tee -a "$out/steps.txt"
 exit 0
