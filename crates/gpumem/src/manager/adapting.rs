@@ -22,8 +22,6 @@ pub(crate) struct Adapting {
     /// Whether a miss has mapped a gigabyte block (`maps_a_large_block`): read by the ladder
     /// and, without the window's lock, by a miss deciding whether to wait to make room.
     large_blocks: AtomicBool,
-    /// Whether a wait for the GPU has lasted [`LONG_GPU_WAIT_NS`]: the host runs far ahead.
-    host_far_ahead: AtomicBool,
 }
 
 struct Window {
@@ -76,7 +74,6 @@ pub(crate) fn starting(config: &MemoryConfig, page_size: u64) -> (CacheSetting, 
                 base,
                 window: Mutex::new(window),
                 large_blocks: AtomicBool::new(false),
-                host_far_ahead: AtomicBool::new(false),
             };
             (setting, Some(adapting))
         }
@@ -102,15 +99,12 @@ impl Adapting {
     }
 
     /// Whether the GPU paces this device's process, so that a miss making room waits for it
-    /// rather than take room past the cache budget: a gigabyte block was mapped, or a wait for
-    /// the GPU lasted [`LONG_GPU_WAIT_NS`] (`longest_wait_ns`, the longest so far, is noted
-    /// here: a reset of the statistics forgets it, the process does not). Once true, true for
-    /// the process's life.
+    /// rather than take room past the cache budget: a gigabyte block was mapped, or the
+    /// device's longest wait for the GPU so far (`longest_wait_ns`) lasted
+    /// [`LONG_GPU_WAIT_NS`]. Neither is ever undone (nothing clears a device's wait
+    /// histogram), so once true, true for the process's life.
     pub(crate) fn gpu_paces(&self, longest_wait_ns: u64) -> bool {
-        if longest_wait_ns >= LONG_GPU_WAIT_NS {
-            self.host_far_ahead.store(true, Relaxed);
-        }
-        self.large_blocks() || self.host_far_ahead.load(Relaxed)
+        self.large_blocks() || longest_wait_ns >= LONG_GPU_WAIT_NS
     }
 }
 
