@@ -14,7 +14,9 @@
 #                                   # WORKLOADS may name the recorded sets' workloads too
 #                                   # (unseen_workloads.py), ROUNDS their timed rounds a process,
 #                                   # MODES the allocators (torch_workloads.py --modes), SIZE
-#                                   # the models' size (--size large: processes of 33 to 57 GB)
+#                                   # the models' size (--size large: processes of 33 to 57 GB);
+#                                   # OTHER_LIBRARY and/or OTHER_CONFIG give mode gpumem_other
+#                                   # (a second build or setting, interleaved with the rest)
 #
 # Needs a stripped release libgpumem.so at .gpu/libgpumem.so (cargo build --release -p
 # gpumem-cdylib) and $OUT, where the results go. The layer is compiled first (about 20 s).
@@ -44,7 +46,8 @@ case "$part" in
     # (gpt2_train 168-242 ms a round under the default, H200, 2026-11-27); pinned, much less.
     python "$repository/benches/gpu/torch_workloads.py" --repeat "${REPEAT:-3}" --cpus "${CPUS:-2-9}" \
       --workloads "${WORKLOADS:-gpt2_train,cnn_serve}" ${ROUNDS:+--rounds "$ROUNDS"} ${SIZE:+--size "$SIZE"} \
-      --timeout "${TIMEOUT:-240}" \
+      --timeout "${TIMEOUT:-240}" ${OTHER_LIBRARY:+--other-library "$OTHER_LIBRARY"} \
+      ${OTHER_CONFIG:+--other-config "$OTHER_CONFIG"} \
       --modes "${MODES:-default,default_again,expandable,gpumem}" 2>&1 | tee "$OUT/e2e.md"
     ;;
 esac

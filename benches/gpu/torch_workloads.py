@@ -13,6 +13,7 @@
 #                                               [--workloads gpt2_train,hf_generate,cnn_serve]
 #                                               [--workloads ppo_rollout_train,gan_train_multires,...]
 #                                               [--modes default,gpumem] [--repeat N] [--rounds N] [--profile]
+#                                               [--other-library PATH] [--other-config FILE]  (mode gpumem_other)
 # Prints one JSON line per run, then a short table. --repeat N runs the modes N times in turn
 # (default, gpumem, default, gpumem, ...): step times drift between processes on these hosts by
 # more than the allocators differ, and interleaving spreads the drift over both; the table then
@@ -46,10 +47,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # "gpumem_nowait" is gpumem with make_room_without_waiting: no miss waits, however far past the
 # budget that takes the process.
 # "gpumem_placed" is gpumem with place_on_mapped_pages: blocks go to free mapped pages first.
+# "gpumem_other" is a second gpumem beside the first, run in the same interleaved turns: another
+# build's library (--other-library) and/or a configuration file (--other-config, GPUMEM_CONFIG),
+# so that two builds or two settings are compared process by process on one host.
 # "floor" is the cheapest allocator PyTorch's pluggable interface can call (floor_allocator.c,
 # built with nvcc on first use): what the interface costs by itself, apart from gpumem's share.
 MODES = ("default", "default_again", "expandable", "gpumem", "gpumem_unserved", "gpumem_wait", "gpumem_nowait",
-         "gpumem_placed",
+         "gpumem_placed", "gpumem_other",
          "floor")
 # "alloc_loop" times tensor creation alone (a window of live tensors, the oldest dropped as each
 # new one is made) at three sizes: the per-allocation cost of each allocator as PyTorch sees it.
@@ -599,6 +603,11 @@ def run_child(workload, mode, args):
         env["GPUMEM_PLACE_ON_MAPPED_PAGES"] = "true"
     if args.library:
         env["GPUMEM_LIBRARY"] = os.path.abspath(args.library)
+    if mode == "gpumem_other":
+        if args.other_library:
+            env["GPUMEM_LIBRARY"] = os.path.abspath(args.other_library)
+        if args.other_config:
+            env["GPUMEM_CONFIG"] = os.path.abspath(args.other_config)
     # --python-dir installed: the gpumem package installed in this interpreter (a wheel), not
     # the repository's source tree.
     source = None if args.python_dir == "installed" else os.path.abspath(args.python_dir)
@@ -616,7 +625,10 @@ def run_child(workload, mode, args):
                           preexec_fn=pin)
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
+            result = json.loads(line[len(MARK):])
+            if mode == "gpumem_other":  # which second gpumem this was, for the record
+                result["other"] = {"library": env.get("GPUMEM_LIBRARY"), "config": env.get("GPUMEM_CONFIG")}
+            return result
     tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
     return {"workload": workload, "mode": mode, "error": f"exit {done.returncode}: " + " | ".join(tail)}
 
@@ -748,8 +760,13 @@ def main():
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS + EXTRA_WORKLOADS)}, "
                              "or any of the recorded sets (unseen_workloads.py)")
-    parser.add_argument("--modes", default=",".join(m for m in MODES if m != "floor"),
-                        help=f"comma-separated, of {', '.join(MODES)} (floor needs nvcc)")
+    parser.add_argument("--modes", default=",".join(m for m in MODES if m not in ("floor", "gpumem_other")),
+                        help=f"comma-separated, of {', '.join(MODES)} (floor needs nvcc; gpumem_other, a second library "
+                             "or configuration file)")
+    parser.add_argument("--other-library", metavar="PATH",
+                        help="libgpumem.so of the second gpumem (mode gpumem_other), e.g. another build's")
+    parser.add_argument("--other-config", metavar="FILE",
+                        help="configuration file of the second gpumem (mode gpumem_other), given as GPUMEM_CONFIG")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
     parser.add_argument("--profile", action="store_true",
                         help="after the timed rounds, run one more under torch.profiler and report its busiest operators")
@@ -780,6 +797,13 @@ def main():
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
         parser.error(f"--modes: unknown {', '.join(unknown)} (give {', '.join(MODES)})")
+    if "gpumem_other" in args.modes.split(","):
+        if not (args.other_library or args.other_config):
+            parser.error("--modes gpumem_other: give --other-library PATH and/or --other-config FILE "
+                         "(what the second gpumem differs in)")
+        for flag, path in (("--other-library", args.other_library), ("--other-config", args.other_config)):
+            if path and not os.path.isfile(path):
+                parser.error(f"{flag} {path}: no such file")
     known = WORKLOADS + EXTRA_WORKLOADS + recorded_names()
     unknown = [w for w in args.workloads.split(",") if w not in known]
     if unknown:
