@@ -155,6 +155,73 @@ fn chunks_are_unmapped_whole_and_mapped_again_elsewhere() {
 }
 
 #[test]
+fn detached_chunks_map_again_elsewhere_while_their_old_address_stays_mapped() {
+    each_backend(|b| {
+        let page = b.granularity(0).unwrap();
+        let base = b.reserve_address_range(0, 8 * page).unwrap();
+        let before = b.mem_info(0).unwrap().free;
+        let mut lent = Vec::new();
+        b.map_reusing(0, base, 2 * page, &mut lent, &[2]).unwrap();
+        let err = b.detach_keeping(0, base, page, &mut lent).unwrap_err();
+        assert!(
+            matches!(err, BackendError::InvalidArgument { .. }),
+            "part of a chunk cannot be detached: {err:?}"
+        );
+        assert!(lent.is_empty(), "a refused detach lends nothing");
+        b.detach_keeping(0, base, 2 * page, &mut lent).unwrap();
+        assert_eq!(lent.len(), 1);
+        // The same chunk under a second address, while the first stays mapped.
+        b.map_reusing(0, base + 4 * page, 2 * page, &mut lent, &[])
+            .unwrap();
+        assert!(lent.is_empty());
+        assert_eq!(
+            b.mem_info(0).unwrap().free,
+            before - 2 * page,
+            "one chunk under two addresses holds its pages once"
+        );
+        let mut none = Vec::new();
+        assert!(
+            b.map_reusing(0, base, 2 * page, &mut none, &[2]).is_err(),
+            "the old address is still mapped"
+        );
+        assert_eq!(b.mem_info(0).unwrap().free, before - 2 * page);
+        b.unmap_detached(0, base, 2 * page).unwrap();
+        assert!(
+            b.unmap_detached(0, base, 2 * page).is_err(),
+            "a detached range is unmapped once"
+        );
+        b.unmap(0, base + 4 * page, 2 * page).unwrap();
+        assert_eq!(b.mem_info(0).unwrap().free, before);
+        b.release_address_range(0, base, 8 * page).unwrap();
+    });
+}
+
+#[test]
+fn sim_keeps_a_chunk_mapped_at_a_detached_address_from_the_driver() {
+    let sim = sim_backend();
+    let b: &dyn DeviceBackend = &*sim;
+    let page = b.granularity(0).unwrap();
+    let base = b.reserve_address_range(0, 4 * page).unwrap();
+    let mut lent = Vec::new();
+    b.map_reusing(0, base, page, &mut lent, &[1]).unwrap();
+    b.detach_keeping(0, base, page, &mut lent).unwrap();
+    assert_eq!(sim.detached_mappings(0), 1);
+    assert!(
+        b.release_chunks(0, &mut lent.clone()).is_err(),
+        "released while still mapped at its old address"
+    );
+    assert!(
+        b.unmap_keeping(0, base, page, &mut Vec::new()).is_err(),
+        "a detached address is unmapped as such"
+    );
+    assert!(b.release_address_range(0, base, 4 * page).is_err());
+    b.unmap_detached(0, base, page).unwrap();
+    assert_eq!(sim.detached_mappings(0), 0);
+    b.release_chunks(0, &mut lent).unwrap();
+    b.release_address_range(0, base, 4 * page).unwrap();
+}
+
+#[test]
 fn sim_counts_memory_of_other_processes() {
     let sim = SimBackend::new(SimConfig {
         devices: vec![SimDeviceSpec {

@@ -9,7 +9,7 @@ use gpumem::{AllocOptions, MemoryManager, StreamId};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn on_stream() -> AllocOptions {
+pub(crate) fn on_stream() -> AllocOptions {
     AllocOptions {
         stream: StreamId(0x5100),
         ..AllocOptions::default()
@@ -136,7 +136,7 @@ fn make_room_while_the_gpu_lags(
 }
 
 /// The miss of [`make_room_while_the_gpu_lags`] on `m`, whose cache may keep no idle page.
-fn miss_past_the_budget_while_the_gpu_lags(
+pub(crate) fn miss_past_the_budget_while_the_gpu_lags(
     sim: &SimBackend,
     m: &MemoryManager,
 ) -> ((u64, u64), u64) {

@@ -20,6 +20,7 @@ mod many_streams;
 mod page_reserve;
 mod reliability;
 mod sidecar;
+mod stream_ordered_reuse;
 mod support;
 mod traces;
 mod web;

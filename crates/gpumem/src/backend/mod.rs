@@ -2,8 +2,11 @@
 //! and the choice between the CUDA driver and the simulated device.
 
 pub mod cuda;
+mod detaching;
 pub mod sim;
 pub mod timed;
+
+pub use detaching::Detaching;
 
 use crate::error::BackendError;
 use serde::Serialize;
@@ -218,6 +221,11 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Mapping chunks at a second address while the first stays mapped, when it can.
+    fn detaching(&self) -> Option<&dyn Detaching> {
+        None
+    }
+
     /// The driver's own stream-ordered pool, when it has one: the baseline `replay` and
     /// `bench` measure gpumem against.
     fn driver_pool(&self) -> Option<&dyn DriverPool> {
@@ -370,6 +378,32 @@ impl dyn DeviceBackend + '_ {
     fn direct_memory(&self, call: &'static str) -> Result<&dyn DirectMemory, BackendError> {
         self.direct()
             .ok_or_else(|| missing(call, self.kind(), "memory of its own"))
+    }
+
+    fn detached_mapping(&self, call: &'static str) -> Result<&dyn Detaching, BackendError> {
+        self.detaching()
+            .ok_or_else(|| missing(call, self.kind(), "detached mappings"))
+    }
+
+    pub fn detach_keeping(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        into: &mut Vec<PhysicalChunk>,
+    ) -> Result<(), BackendError> {
+        self.detached_mapping("detach_keeping")?
+            .detach_keeping(device, addr, size, into)
+    }
+
+    pub fn unmap_detached(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+    ) -> Result<(), BackendError> {
+        self.detached_mapping("unmap_detached")?
+            .unmap_detached(device, addr, size)
     }
 
     pub fn synchronize_stream(&self, device: usize, stream: StreamId) -> Result<(), BackendError> {

@@ -3,8 +3,8 @@
 //! of a replay's time per operation, was spent inside the driver and how much in the allocator.
 
 use super::{
-    BackendKind, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool, Fence,
-    HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
+    BackendKind, Detaching, DeviceBackend, DeviceProperties, DevicePtr, DirectMemory, DriverPool,
+    Fence, HostContext, MemInfo, PhysicalChunk, ShareableMemory, StreamId, StreamOrder,
 };
 use crate::error::BackendError;
 use std::fmt;
@@ -198,6 +198,10 @@ impl DeviceBackend for TimedBackend {
         self.inner.direct().map(|_| self as &dyn DirectMemory)
     }
 
+    fn detaching(&self) -> Option<&dyn Detaching> {
+        self.inner.detaching().map(|_| self as &dyn Detaching)
+    }
+
     /// The inner backend's, untimed: the baseline is not what this backend measures.
     fn driver_pool(&self) -> Option<&dyn DriverPool> {
         self.inner.driver_pool()
@@ -257,6 +261,30 @@ impl DirectMemory for TimedBackend {
 
     fn free_pinned_host(&self, device: usize, ptr: u64) -> Result<(), BackendError> {
         self.time(CallKind::Other, |b| b.free_pinned_host(device, ptr))
+    }
+}
+
+impl Detaching for TimedBackend {
+    fn detach_keeping(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+        into: &mut Vec<PhysicalChunk>,
+    ) -> Result<(), BackendError> {
+        // No driver call: the backend's own table changes.
+        self.time(CallKind::Other, |b| {
+            b.detach_keeping(device, addr, size, into)
+        })
+    }
+
+    fn unmap_detached(
+        &self,
+        device: usize,
+        addr: DevicePtr,
+        size: u64,
+    ) -> Result<(), BackendError> {
+        self.time(CallKind::Unmap, |b| b.unmap_detached(device, addr, size))
     }
 }
 

@@ -10,6 +10,7 @@ pub(crate) mod direct;
 mod fences;
 pub(crate) mod knobs;
 pub(crate) mod latency;
+mod lending;
 mod lock;
 pub(crate) mod miss_clock;
 pub(crate) mod pages;
@@ -146,7 +147,7 @@ impl SlotState {
         }
         if let (Some(arena), Some(reserve)) = (self.arena.as_mut(), self.reserve.as_deref()) {
             // Pages another thread is unmapping must have left (or come back) first.
-            arena.wait_for_all_unmaps();
+            arena.wait_for_all_unmaps(reserve);
             let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
             counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             if let Err(error) = account_release(counters, released) {

@@ -8,11 +8,12 @@
 
 use super::knobs::{CacheKnobs, KnobValues};
 use super::latency::LatencyHistogram;
+use super::lending::Lendings;
 use super::DeviceReserve;
 use crate::backend::{DeviceBackend, DevicePtr, PhysicalChunk};
 use crate::error::BackendError;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 pub struct PageReserve {
@@ -33,8 +34,14 @@ pub struct PageReserve {
     /// ...and those a mapping has taken out of it and not yet mapped or put back...
     in_flight_pages: AtomicU64,
     /// ...and idle pages an arena has let go of that the driver is unmapping into it now
-    /// (`arena/unmapping.rs`).
+    /// (`arena/unmapping.rs`), or that a miss detached and has not mapped again
+    /// (`lending.rs`).
     unmapping_pages: AtomicU64,
+    /// Whether a miss making room from its own stream's idle pages detaches them instead of
+    /// waiting for the GPU (`stream_ordered_reuse`, where the backend can).
+    stream_ordered_reuse: AtomicBool,
+    /// Chunks detached by misses whose old addresses are still mapped.
+    pub(crate) lendings: Lendings,
     pub pages_created: AtomicU64,
     /// Pages mapped again from the reserve instead of created.
     pub pages_reused: AtomicU64,
@@ -156,6 +163,8 @@ impl PageReserve {
             spare_pages: AtomicU64::new(0),
             in_flight_pages: AtomicU64::new(0),
             unmapping_pages: AtomicU64::new(0),
+            stream_ordered_reuse: AtomicBool::new(false),
+            lendings: Lendings::default(),
             pages_created: AtomicU64::new(0),
             pages_reused: AtomicU64::new(0),
             pages_released: AtomicU64::new(0),
@@ -217,9 +226,33 @@ impl PageReserve {
     }
 
     /// Waits until no arena has pages on their way here, so that a trim after it reaches them
-    /// (`empty_cache` returns everything cached, whichever thread was unmapping it).
+    /// (`empty_cache` returns everything cached, whichever thread was unmapping it): detached
+    /// chunks too, once the GPU has passed their old addresses.
     pub fn wait_for_unmapping(&self) {
+        self.lendings.settle_all(self);
         super::short_wait::until(|| self.unmapping_pages.load(Relaxed) == 0);
+    }
+
+    /// Sets `stream_ordered_reuse` (see [`lends_in_stream_order`](Self::lends_in_stream_order)).
+    pub fn set_stream_ordered_reuse(&self, on: bool) {
+        self.stream_ordered_reuse.store(on, Relaxed);
+    }
+
+    /// Whether a miss making room from its own stream's idle pages, where the GPU may still be
+    /// using them, detaches them and maps them at its block's address at once
+    /// (`lending.rs`), instead of waiting: `stream_ordered_reuse` is on and the backend can.
+    pub(crate) fn lends_in_stream_order(&self) -> bool {
+        self.stream_ordered_reuse.load(Relaxed) && self.backend.detaching().is_some()
+    }
+
+    /// Puts chunks unmapped elsewhere into the reserve (still held).
+    pub(crate) fn keep(&self, chunks: Vec<PhysicalChunk>) {
+        if chunks.is_empty() {
+            return;
+        }
+        let mut spare = self.spare.lock();
+        spare.extend(chunks);
+        self.store_spare(&spare);
     }
 
     /// The most pages a chunk inside a long miss may hold from now on, as the cache budget
@@ -238,15 +271,47 @@ impl PageReserve {
     /// a miss cheap; the cap keeps a chunk from pinning much more than the block that made it,
     /// since only a chunk with no live block on any of its pages can be unmapped.
     pub fn map(&self, addr: DevicePtr, size: u64, cut: Cut) -> Result<Mapped, BackendError> {
+        self.map_lending(addr, size, cut, &mut Vec::new())
+    }
+
+    /// [`map`](Self::map), taking chunks from `lent` before the reserve's: chunks a miss
+    /// detached from its own stream's idle pages, still mapped at their old address
+    /// (`pool/lending.rs`). They count as on their way into the reserve until mapped here;
+    /// those that do not fit stay in `lent`.
+    pub(crate) fn map_lending(
+        &self,
+        addr: DevicePtr,
+        size: u64,
+        cut: Cut,
+        lent: &mut Vec<PhysicalChunk>,
+    ) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
+        let from_lent = take_fitting(lent, pages, 1);
+        let (lent_count, lent_pages) = (from_lent.len(), sum_pages(&from_lent));
         // What this run takes from the reserve is taken under its lock; the driver is called
         // without it, so that misses on other threads wait for the driver (which serialises
         // them itself) and not also for each other here. Until they are back or mapped, the
         // chunks taken still count as kept (`in_flight_pages`), so the cache budget never
         // sees less held than there is.
+        self.in_flight_pages.fetch_add(lent_pages, Relaxed);
+        self.end_unmapping(lent_pages);
         let (mut reuse, mut going) = {
             let mut spare = self.spare.lock();
-            let reuse = take_fitting(&mut spare, pages, self.smallest_worth_reusing(pages));
+            let wanted = pages - lent_pages;
+            let mut reuse = from_lent;
+            // A chunk still lent by a miss (its old address mapped, maybe still in use) goes
+            // nowhere else until that lending ends.
+            let smallest = self.smallest_worth_reusing(pages);
+            if self.lendings.any() {
+                let (mut free, held): (Vec<_>, Vec<_>) = std::mem::take(&mut *spare)
+                    .into_iter()
+                    .partition(|c| !self.lendings.holds(c.handle));
+                reuse.extend(take_fitting(&mut free, wanted, smallest));
+                *spare = free;
+                spare.extend(held);
+            } else {
+                reuse.extend(take_fitting(&mut spare, wanted, smallest));
+            }
             let reused: u64 = reuse.iter().map(|c| c.pages as u64).sum();
             // Kept chunks too large for this run would hold memory beside the new pages: as
             // many pages of them as are about to be created go back to the driver, so what the
@@ -259,7 +324,7 @@ impl PageReserve {
                 Vec::new()
             };
             let taken: u64 = reuse.iter().chain(&going).map(|c| c.pages as u64).sum();
-            self.in_flight_pages.fetch_add(taken, Relaxed);
+            self.in_flight_pages.fetch_add(taken - lent_pages, Relaxed);
             self.store_spare(&spare);
             (reuse, going)
         };
@@ -289,8 +354,14 @@ impl PageReserve {
         let result = self
             .backend
             .map_reusing(self.device, addr, size, &mut reuse, &new_chunks);
-        // On an error the lent chunks are still ours, unmapped; chunks the driver would not
-        // take back are kept.
+        // On an error the chunks taken are still ours, unmapped (those from `lent` still
+        // mapped at their old address: back to it); chunks the driver would not take back are
+        // kept.
+        if result.is_err() {
+            let back: Vec<PhysicalChunk> = reuse.drain(..lent_count).collect();
+            self.begin_unmapping(sum_pages(&back));
+            lent.extend(back);
+        }
         {
             let mut spare = self.spare.lock();
             spare.append(&mut reuse);
@@ -343,7 +414,10 @@ impl PageReserve {
     /// budget allowed, so the arena leaves the pages unmapped.
     pub fn release_one_kept(&self, pages: u32) -> Result<bool, BackendError> {
         let mut spare = self.spare.lock();
-        let Some(at) = spare.iter().position(|c| c.pages == pages) else {
+        let Some(at) = spare
+            .iter()
+            .position(|c| c.pages == pages && !self.lendings.holds(c.handle))
+        else {
             return Ok(false);
         };
         let going = vec![spare.swap_remove(at)];
@@ -439,9 +513,22 @@ impl PageReserve {
     /// Returns `going` to the driver and counts what went, leaving in `going` what the driver
     /// refused. Returns the bytes released, or the driver's error.
     fn release_unlocked(&self, going: &mut Vec<PhysicalChunk>) -> Result<u64, BackendError> {
-        let before: u64 = going.iter().map(|c| c.pages as u64).sum();
+        // A chunk a miss detached may be back here while its old address is still mapped (the
+        // GPU has passed it; nobody has unmapped it yet): it stays, for a later release.
+        let mut still_lent = Vec::new();
+        if self.lendings.any() {
+            going.retain(|c| {
+                let lent = self.lendings.holds(c.handle);
+                if lent {
+                    still_lent.push(*c);
+                }
+                !lent
+            });
+        }
+        let before = sum_pages(going);
         let result = self.backend.release_chunks(self.device, going);
-        let released = before - going.iter().map(|c| c.pages as u64).sum::<u64>();
+        let released = before - sum_pages(going);
+        going.extend(still_lent);
         if released > 0 {
             self.held.shrink(released * self.page_size);
             self.pages_released.fetch_add(released, Relaxed);
@@ -489,6 +576,10 @@ impl PageReserve {
     }
 }
 
+fn sum_pages(chunks: &[PhysicalChunk]) -> u64 {
+    chunks.iter().map(|c| c.pages as u64).sum()
+}
+
 /// Pops chunks off the end of `spare` until they hold at least `pages` pages (or none is left).
 fn pop_pages(spare: &mut Vec<PhysicalChunk>, pages: u64) -> Vec<PhysicalChunk> {
     let mut popped = Vec::new();
@@ -525,6 +616,7 @@ fn take_fitting(spare: &mut Vec<PhysicalChunk>, pages: u64, smallest: u32) -> Ve
 
 impl Drop for PageReserve {
     fn drop(&mut self) {
+        self.lendings.settle_all(self);
         if let Err(error) = self.trim(0) {
             tracing::warn!(device = self.device, %error, "could not release kept pages at shutdown");
         }

@@ -14,6 +14,7 @@
 
 #![allow(unsafe_code)]
 
+mod detaching;
 mod events;
 mod export;
 mod graph_capture;
@@ -49,6 +50,9 @@ pub struct CudaBackend {
     /// Chunks mapped by `map`, by (device index, address their mapping starts at), so `unmap`
     /// can find, check and release them.
     chunks: Mutex<BTreeMap<(usize, u64), PhysicalChunk>>,
+    /// Chunks still mapped at addresses they were detached from (`detaching.rs`), by device
+    /// and address, until those are unmapped.
+    detached: Mutex<BTreeMap<(usize, u64), PhysicalChunk>>,
     /// The file descriptors chunks were exported as (`export.rs`), by chunk handle: open until
     /// the chunk is released, as another process may import them until then.
     exported: Mutex<HashMap<u64, std::os::fd::OwnedFd>>,
@@ -104,6 +108,7 @@ impl CudaBackend {
             driver_version: driver.driver_version,
             devices,
             chunks: Mutex::new(BTreeMap::new()),
+            detached: Mutex::new(BTreeMap::new()),
             exported: Mutex::new(HashMap::new()),
             library_handle: driver.library,
         })
@@ -259,6 +264,10 @@ impl DeviceBackend for CudaBackend {
     }
 
     fn streams(&self) -> Option<&dyn StreamOrder> {
+        Some(self)
+    }
+
+    fn detaching(&self) -> Option<&dyn crate::backend::Detaching> {
         Some(self)
     }
 

@@ -39,11 +39,15 @@ impl CudaBackend {
             size,
             dev.properties.allocation_granularity_bytes,
         )?;
-        let still_mapped = self
-            .chunks
-            .lock()
-            .range((device, base)..(device, base + size))
-            .count();
+        let still_mapped = [&self.chunks, &self.detached]
+            .iter()
+            .map(|table| {
+                table
+                    .lock()
+                    .range((device, base)..(device, base + size))
+                    .count()
+            })
+            .sum::<usize>();
         if still_mapped > 0 {
             return Err(BackendError::InvalidArgument {
                 call: "release_address_range",
@@ -159,34 +163,7 @@ impl CudaBackend {
         let dev = self.make_current(device)?;
         let granularity = dev.properties.allocation_granularity_bytes;
         check_pages("unmap", addr, size, granularity)?;
-        // Take every chunk of the range at once, or none: a range that is partly unknown, or
-        // cuts a chunk (the driver cannot unmap part of one), changes nothing.
-        let taken: Vec<(u64, PhysicalChunk)> = {
-            let mut chunks = self.chunks.lock();
-            let end = addr + size;
-            let mut found = Vec::new();
-            let mut at = addr;
-            while at < end {
-                let Some(&chunk) = chunks.get(&(device, at)) else {
-                    return Err(
-                        match overlapping(&chunks, device, at, at + 1, granularity) {
-                            Some(base) => cut_chunk(addr, size, base),
-                            None => BackendError::InvalidAddress { device, ptr: at },
-                        },
-                    );
-                };
-                let next = at + chunk.pages as u64 * granularity;
-                if next > end {
-                    return Err(cut_chunk(addr, size, at));
-                }
-                found.push((at, chunk));
-                at = next;
-            }
-            for (at, _) in &found {
-                chunks.remove(&(device, *at));
-            }
-            found
-        };
+        let taken = take_whole_chunks(&mut self.chunks.lock(), device, addr, size, granularity)?;
         for (i, &(at, chunk)) in taken.iter().enumerate() {
             if let Err(err) = unmap_range(at, chunk_bytes(chunk, granularity)?) {
                 // Map back what this call unmapped, so that the range is as it was.
@@ -337,6 +314,39 @@ pub(super) fn create_chunk(
     Ok(handle)
 }
 
+/// Takes every chunk of `[addr, addr + size)` out of `table`, with where each starts, or none:
+/// a range that is partly unknown, or cuts a chunk (the driver cannot unmap part of one),
+/// changes nothing.
+pub(super) fn take_whole_chunks(
+    table: &mut BTreeMap<(usize, u64), PhysicalChunk>,
+    device: usize,
+    addr: u64,
+    size: u64,
+    granularity: u64,
+) -> Result<Vec<(u64, PhysicalChunk)>, BackendError> {
+    let end = addr + size;
+    let mut found = Vec::new();
+    let mut at = addr;
+    while at < end {
+        let Some(&chunk) = table.get(&(device, at)) else {
+            return Err(match overlapping(table, device, at, at + 1, granularity) {
+                Some(base) => cut_chunk(addr, size, base),
+                None => BackendError::InvalidAddress { device, ptr: at },
+            });
+        };
+        let next = at + chunk.pages as u64 * granularity;
+        if next > end {
+            return Err(cut_chunk(addr, size, at));
+        }
+        found.push((at, chunk));
+        at = next;
+    }
+    for (at, _) in &found {
+        table.remove(&(device, *at));
+    }
+    Ok(found)
+}
+
 /// The chunk mapped over `[start, end)` on `device`, if any: its mapping's start address.
 fn overlapping(
     chunks: &BTreeMap<(usize, u64), PhysicalChunk>,
@@ -355,7 +365,7 @@ fn overlapping(
     before.or(inside).map(|(&(_, base), _)| base)
 }
 
-fn chunk_bytes(chunk: PhysicalChunk, granularity: u64) -> Result<usize, BackendError> {
+pub(super) fn chunk_bytes(chunk: PhysicalChunk, granularity: u64) -> Result<usize, BackendError> {
     to_usize("map", chunk.pages as u64 * granularity)
 }
 

@@ -5,6 +5,7 @@
 
 mod address_space;
 mod costs;
+mod detaching;
 mod faults;
 mod sim_streams;
 
@@ -80,8 +81,12 @@ struct SimDevice {
     reserved: BTreeMap<DevicePtr, u64>,
     /// The chunks mapped, by where each mapping starts.
     mapped: Mappings,
-    /// Chunks created and not mapped anywhere (handle -> pages): their owner holds them.
+    /// Chunks created and not mapped anywhere (handle -> pages): their owner holds them. A
+    /// detached chunk is here too: its owner may map it elsewhere.
     unmapped: HashMap<u64, u32>,
+    /// Mappings detached (`detaching.rs`), by where each starts: still in `mapped`, their
+    /// addresses taken, until unmapped.
+    detached: HashMap<DevicePtr, PhysicalChunk>,
     next_chunk: u64,
     addresses: AddressSpace,
 }
@@ -141,6 +146,7 @@ impl SimBackend {
                     reserved: BTreeMap::new(),
                     mapped: Mappings::default(),
                     unmapped: HashMap::new(),
+                    detached: HashMap::new(),
                     next_chunk: 1,
                     addresses: AddressSpace::new(base, ADDRESS_SPACE_PER_DEVICE),
                 })
@@ -337,40 +343,14 @@ impl DeviceBackend for SimBackend {
     ) -> Result<(), BackendError> {
         self.faults.wait_while_unmaps_held();
         let mut state = self.device(device)?.lock();
-        self.check_pages("unmap", addr, size)?;
-        // Like the driver, unmap only whole mappings: every chunk met must start and end inside.
-        let end = addr + size;
-        let mut chunks = Vec::new();
-        let mut at = addr;
-        while at < end {
-            let (base, chunk) = state
-                .mapped
-                .covering(at, self.granularity)
-                .ok_or(BackendError::InvalidAddress { device, ptr: at })?;
-            let chunk_end = base + chunk.pages as u64 * self.granularity;
-            if base != at || chunk_end > end {
-                return Err(BackendError::InvalidArgument {
-                    call: "unmap",
-                    reason: format!(
-                        "{addr:#x}+{size} cuts the chunk mapped at {base:#x} ({} pages); unmap whole chunks",
-                        chunk.pages
-                    ),
-                });
-            }
-            chunks.push(chunk);
-            at = chunk_end;
-        }
+        let found = self.whole_mappings(&state, device, "unmap", addr, size, false)?;
         self.faults.on_free_call()?;
-        let mut start = addr;
-        for chunk in &chunks {
-            state.mapped.remove(start);
-            start += chunk.pages as u64 * self.granularity;
-        }
-        for chunk in &chunks {
+        for &(at, chunk) in &found {
+            state.mapped.remove(at);
             state.unmapped.insert(chunk.handle, chunk.pages);
         }
-        spend(self.costs.unmap(chunks.len() as u64));
-        into.extend(chunks);
+        spend(self.costs.unmap(found.len() as u64));
+        into.extend(found.into_iter().map(|(_, chunk)| chunk));
         Ok(())
     }
 
@@ -384,11 +364,13 @@ impl DeviceBackend for SimBackend {
             return Err(BackendError::Injected("release failed"));
         }
         while let Some(&chunk) = chunks.last() {
-            if state.unmapped.get(&chunk.handle) != Some(&chunk.pages) {
+            if state.unmapped.get(&chunk.handle) != Some(&chunk.pages)
+                || Self::still_detached(&state, chunk.handle)
+            {
                 return Err(BackendError::InvalidArgument {
                     call: "release_chunks",
                     reason: format!(
-                        "chunk {} of {} pages is not an unmapped chunk of device {device}",
+                        "chunk {} of {} pages is not an unmapped chunk of device {device} (or is still mapped at a detached address)",
                         chunk.handle, chunk.pages
                     ),
                 });
@@ -402,6 +384,10 @@ impl DeviceBackend for SimBackend {
     }
 
     fn streams(&self) -> Option<&dyn StreamOrder> {
+        Some(self)
+    }
+
+    fn detaching(&self) -> Option<&dyn crate::backend::Detaching> {
         Some(self)
     }
 

@@ -246,6 +246,9 @@ const SETTERS: &[(&str, Setter)] = &[
     ("room_without_waiting", |c, raw, key| {
         raw.bytes(key).map(|v| c.room_without_waiting_bytes = v)
     }),
+    ("stream_ordered_reuse", |c, raw, key| {
+        raw.boolean(key).map(|v| c.stream_ordered_reuse = v)
+    }),
     ("place_on_mapped_pages", |c, raw, key| {
         raw.boolean(key).map(|v| c.place_on_mapped_pages = v)
     }),

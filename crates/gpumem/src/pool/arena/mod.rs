@@ -12,7 +12,7 @@ use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
 use pinning::{BlockCut, Recut};
 use std::sync::Arc;
-use unmapping::UnmapsInFlight;
+pub(crate) use unmapping::UnmapsInFlight;
 
 /// Why an arena could not place a block.
 #[derive(Debug)]
@@ -269,7 +269,7 @@ impl Arena {
         let (first, last) = self.page_span(offset, size);
         if !self.runs.is_empty() {
             // A miss: its pages may not be mapped again while another thread still unmaps them.
-            self.wait_for_unmaps_under(first, last);
+            self.wait_for_unmaps_under(reserve, first, last);
         }
         let (mut cut, mut recut) = (BlockCut::Ordinary, Recut::default());
         if may_unmap {
@@ -304,25 +304,45 @@ impl Arena {
                     if let Some(run) = self.runs.last_mut() {
                         run.count += ahead;
                     }
-                    self.map_runs(reserve, cut)
+                    self.map_runs(reserve, cut, &mut Vec::new())
                 }
-                MapDecision::AllowBlockOnly => self.map_runs(reserve, cut),
+                MapDecision::AllowBlockOnly => self.map_runs(reserve, cut, &mut Vec::new()),
                 MapDecision::OverLimit => Err(ArenaError::OverLimit),
                 MapDecision::BelowMinFree => Err(ArenaError::BelowMinFree),
                 MapDecision::NeedsRoom(excess, busy) => {
                     // Make room from this arena's own idle pages first, sparing those the new
                     // block is about to reuse: unmapped into the reserve, they are what the
                     // mapping below takes, so no page is created. The rest must come from
-                    // other pools.
+                    // other pools. With `stream_ordered_reuse`, pages the stream may still be
+                    // using are lent to this mapping instead of waited for.
                     let spare = |chunk: PageRun| chunk.overlaps(first, last);
-                    let released = self.release_idle_sparing(reserve, excess, spare, busy);
+                    let (released, lending) = if busy == BusyStreams::Wait && self.may_lend(reserve)
+                    {
+                        self.lend_idle_sparing(reserve, excess, spare)
+                    } else {
+                        (
+                            self.release_idle_sparing(reserve, excess, spare, busy),
+                            None,
+                        )
+                    };
                     let released = released.unwrap_or_else(|e| e.released);
                     self.count_released_while_allocating(released);
-                    if released.bytes >= excess {
-                        self.map_runs(reserve, cut)
+                    let mut lent = Vec::new();
+                    let mut lending = lending;
+                    if let Some(lending) = lending.as_mut() {
+                        lent = std::mem::take(&mut lending.chunks);
+                    }
+                    let outcome = if released.bytes >= excess {
+                        self.map_runs(reserve, cut, &mut lent)
                     } else {
                         Err(ArenaError::NeedsRoom(excess - released.bytes, busy))
+                    };
+                    if let Some(mut lending) = lending {
+                        // What the mapping did not take waits with the old addresses.
+                        lending.chunks = lent;
+                        reserve.lendings.park(lending);
                     }
+                    outcome
                 }
             };
             match outcome {
@@ -352,17 +372,30 @@ impl Arena {
         })
     }
 
-    /// Maps every run in `self.runs` (kept chunks first), cutting new pages as `cut` says for
-    /// the block's first and last pages (see [`Arena::growth_cut`]); on failure unmaps what this
-    /// call mapped, back into the reserve.
-    fn map_runs(&mut self, reserve: &PageReserve, cut: BlockCut) -> Result<Released, ArenaError> {
+    /// Whether a miss here may lend its own idle pages to itself instead of waiting for the GPU
+    /// (`stream_ordered_reuse`): only on a stream of its own, whose work runs in order.
+    fn may_lend(&self, reserve: &PageReserve) -> bool {
+        self.stream != StreamId::ANY
+            && self.stream != StreamId::SHARED
+            && reserve.lends_in_stream_order()
+    }
+
+    /// Maps every run in `self.runs` (chunks lent by this miss first, then kept ones), cutting
+    /// new pages as `cut` says for the block's first and last pages (see
+    /// [`Arena::growth_cut`]); on failure unmaps what this call mapped, back into the reserve.
+    fn map_runs(
+        &mut self,
+        reserve: &PageReserve,
+        cut: BlockCut,
+        lent: &mut Vec<crate::backend::PhysicalChunk>,
+    ) -> Result<Released, ArenaError> {
         let now = crate::clock::now();
         let mut done = Released::default();
         let mut layouts = Vec::with_capacity(self.runs.len());
         for index in 0..self.runs.len() {
             let run = self.runs[index];
             let (addr, bytes) = self.run_range(run);
-            match reserve.map(addr, bytes, cut.for_run(run)) {
+            match reserve.map_lending(addr, bytes, cut.for_run(run), lent) {
                 Ok(mapped) => layouts.push(mapped),
                 Err(error) => {
                     for (earlier, mapped) in self.runs[..index].iter().zip(&layouts) {
@@ -528,7 +561,7 @@ impl Arena {
 
     /// Gives the address range back, once no page of it is mapped.
     pub(crate) fn close(mut self, reserve: &PageReserve) -> Result<(), BackendError> {
-        self.wait_for_all_unmaps();
+        self.wait_for_all_unmaps(reserve);
         debug_assert_eq!(self.mapped_pages(), 0, "closing an arena with pages mapped");
         self.fences.drain(reserve.backend(), self.device);
         reserve

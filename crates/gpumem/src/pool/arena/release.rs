@@ -3,6 +3,7 @@
 
 use super::{Arena, ReleaseError, Released};
 use crate::backend::DeviceBackend;
+use crate::pool::lending::Lending;
 use crate::pool::pages::PageRun;
 use crate::pool::reserve::PageReserve;
 use crate::pool::BusyStreams;
@@ -41,6 +42,40 @@ impl Arena {
     ) -> Result<Released, ReleaseError> {
         let pages = bytes.div_ceil(self.page_size) as usize;
         self.release_pages(reserve, |taken, _| taken < pages, spare, busy)
+    }
+
+    /// Makes room for a miss as [`release_idle_sparing`](Self::release_idle_sparing) does,
+    /// waiting for nothing where the stream may still be using the pages: their chunks are
+    /// detached, still mapped at their old addresses, and lent to the miss's mapping
+    /// (`pool/lending.rs`), which then maps them at its block's address. Returns the room made
+    /// and the lending, if the pages had to be lent (else they were unmapped as usual).
+    pub(super) fn lend_idle_sparing(
+        &mut self,
+        reserve: &PageReserve,
+        bytes: u64,
+        spare: impl Fn(PageRun) -> bool,
+    ) -> (Result<Released, ReleaseError>, Option<Lending>) {
+        let pages = bytes.div_ceil(self.page_size) as usize;
+        let unmapping = self.take_for_unmapping(reserve, |taken, _| taken < pages, spare, true);
+        if unmapping.is_empty() {
+            return (Ok(Released::default()), None);
+        }
+        match unmapping.lend(reserve) {
+            Ok(lending) => {
+                // Out of the arena now, as if unmapped; the driver unmaps the old addresses
+                // once the GPU has passed them.
+                let room = Released {
+                    bytes: lending.bytes(),
+                    calls: lending.ranges.len() as u64,
+                };
+                (Ok(room), Some(lending))
+            }
+            Err(unmapping) => {
+                let (released, cleared) = unmapping.finish(reserve);
+                self.unmapped(reserve, cleared);
+                (released, None)
+            }
+        }
     }
 
     /// Unmaps idle pages, oldest first, while `keep_going(pages_taken, idle_since)` says so,

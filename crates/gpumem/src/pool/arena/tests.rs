@@ -502,3 +502,60 @@ fn a_block_cut_whole_when_growing_gets_nothing_ahead() {
     assert_eq!(asked.map(|ask| ask.ahead_bytes), Some(0));
     assert_eq!(arena.mapped_pages(), 2);
 }
+
+#[test]
+fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_one_else() {
+    let sim = Arc::new(SimBackend::new(SimConfig::default()));
+    let mut arena = Arena::new(&*sim, 0, StreamId(7), 64 * MIB).unwrap();
+    let chunks = crate::pool::ChunkSizes::new(2 * MIB, 0);
+    let reserve = PageReserve::new(sim.clone(), 0, Arc::new(DeviceReserve::default()), chunks);
+    let reserve = reserve.unwrap();
+    reserve.set_stream_ordered_reuse(true);
+    sim.hold_fences(true); // the GPU has passed no fence
+    let first = alloc(&reserve, &mut arena, 4 * MIB, 1);
+    let kept = alloc(&reserve, &mut arena, 2 * MIB, 2);
+    arena.free(first.block());
+    let waits = (sim.syncs(), sim.fence_waits());
+    // Too large for the hole `first` left: placed after `kept`, on four unmapped pages, with
+    // room to make for two: `first`'s, which the stream may still be using.
+    let make_room = |_, _| MapDecision::NeedsRoom(4 * MIB, BusyStreams::Wait);
+    let grown = arena.alloc(&reserve, 8 * MIB, 256, &live(3), true, make_room);
+    let grown = grown.unwrap();
+    assert_eq!((sim.syncs(), sim.fence_waits()), waits, "nothing waited");
+    assert_eq!(sim.detached_mappings(0), 2, "the old addresses stay mapped");
+    let reused = reserve
+        .pages_reused
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reused, 2, "the lent pages were mapped again");
+    // Freed and unmapped (waiting for the stream), the lent chunks reach the reserve while
+    // their old addresses are still mapped: no other mapping takes them, none goes back to
+    // the driver.
+    arena.free(grown.block());
+    arena.free(kept.block()); // completes the parked free of `grown`
+    arena
+        .release_idle(&reserve, |_, _| true, BusyStreams::Wait)
+        .unwrap();
+    let elsewhere = sim.reserve_address_range(0, 8 * MIB).unwrap();
+    let mapped = reserve.map(elsewhere, 8 * MIB, crate::pool::Cut::Ordinary);
+    let mapped = mapped.unwrap();
+    assert_eq!(
+        (mapped.reused_pages, mapped.created_pages),
+        (3, 1),
+        "the two pages created for `grown` and `kept`'s are reused, the two lent ones are not"
+    );
+    assert_eq!(reserve.spare_pages(), 2);
+    reserve.trim(0).unwrap();
+    assert_eq!(reserve.spare_pages(), 2, "still lent: not released");
+    sim.hold_fences(false);
+    reserve.lendings.settle_passed(&reserve);
+    assert_eq!(
+        sim.detached_mappings(0),
+        0,
+        "the GPU passed them: the old addresses went"
+    );
+    reserve.trim(0).unwrap();
+    assert_eq!(reserve.spare_pages(), 0);
+    reserve.unmap(elsewhere, 8 * MIB).unwrap();
+    reserve.trim(0).unwrap();
+    sim.release_address_range(0, elsewhere, 8 * MIB).unwrap();
+}

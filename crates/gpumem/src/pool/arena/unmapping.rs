@@ -7,6 +7,7 @@
 use super::{Arena, ReleaseError, Released};
 use crate::backend::{DevicePtr, StreamId};
 use crate::pool::fences::WaitFor;
+use crate::pool::lending::Lending;
 use crate::pool::pages::PageRun;
 use crate::pool::reserve::PageReserve;
 use parking_lot::Mutex;
@@ -50,7 +51,7 @@ impl UnmapsInFlight {
         meets(&self.chunks.lock()) || meets(&self.refused.lock())
     }
 
-    fn done(&self, chunks: &[PageRun], refused: &[PageRun]) {
+    pub(crate) fn done(&self, chunks: &[PageRun], refused: &[PageRun]) {
         if !refused.is_empty() {
             // Counted as refused before they stop counting as being unmapped: while they are out
             // of the page table, a miss always sees them counted as one or the other.
@@ -137,6 +138,59 @@ impl Unmapping {
     }
 }
 
+impl Unmapping {
+    /// Instead of waiting for the GPU and unmapping ([`finish`](Self::finish)): detaches the
+    /// chunks, still mapped at their old addresses, to lend them to the miss that took them
+    /// (`pool/lending.rs`). Returned unchanged where nothing had to be waited for (unmapping
+    /// then costs no wait) or no fence can be had; its wait is then the fence this call
+    /// recorded, if any. A chunk the backend would not detach (nothing the driver does: only
+    /// a table out of step) is waited for and unmapped here, with those after it.
+    pub(crate) fn lend(mut self, reserve: &PageReserve) -> Result<Lending, Unmapping> {
+        let backend = reserve.backend();
+        let fence = match self.wait {
+            WaitFor::Nothing => return Err(self),
+            WaitFor::Fence { fence, .. } => fence,
+            WaitFor::Stream { clears } => match backend.record_fence(self.device, self.stream) {
+                Ok(fence) => {
+                    self.wait = WaitFor::Fence { fence, clears };
+                    fence
+                }
+                Err(_) => return Err(self),
+            },
+        };
+        let mut chunks = Vec::new();
+        let mut detached = 0;
+        for &(_, addr, bytes) in &self.chunks {
+            if let Err(error) = backend.detach_keeping(self.device, addr, bytes, &mut chunks) {
+                tracing::warn!(device = self.device, %error, "could not detach idle pages; waiting for the GPU instead");
+                break;
+            }
+            detached += 1;
+        }
+        if detached == 0 {
+            return Err(self);
+        }
+        let rest = self.chunks.split_off(detached);
+        if !rest.is_empty() {
+            let unmapping = Unmapping {
+                device: self.device,
+                stream: self.stream,
+                chunks: rest,
+                wait: WaitFor::Stream { clears: 0 },
+                in_flight: Arc::clone(&self.in_flight),
+            };
+            let _ = unmapping.finish(reserve);
+        }
+        Ok(Lending {
+            ranges: self.chunks,
+            fence: Some(fence),
+            handles: chunks.iter().map(|c| c.handle).collect(),
+            chunks,
+            in_flight: self.in_flight,
+        })
+    }
+}
+
 impl Arena {
     /// Takes idle chunks, oldest first, while `keep_going(pages_taken, idle_since)` says so, and
     /// passing over those `spare` names: out of the page table, into the reserve's count of
@@ -150,6 +204,7 @@ impl Arena {
         wait: bool,
     ) -> Unmapping {
         let backend = reserve.backend();
+        reserve.lendings.settle_passed(reserve);
         self.settle_unmaps();
         let mut unmapping = Unmapping {
             device: self.device,
@@ -234,13 +289,20 @@ impl Arena {
     /// Before a miss maps the pages in `self.runs`: if any of them is still being unmapped
     /// (given back on another thread), waits for it, then puts back what the driver refused
     /// and looks again at which of the block's pages are unmapped.
-    pub(crate) fn wait_for_unmaps_under(&mut self, first: u32, last: u32) {
+    pub(crate) fn wait_for_unmaps_under(&mut self, reserve: &PageReserve, first: u32, last: u32) {
         if !self.unmaps.any() {
             return;
         }
+        reserve.lendings.settle_passed(reserve);
         if !self.unmaps.overlaps(&self.runs) {
             return;
         }
+        // Old addresses of chunks a miss lent are unmapped once the GPU has passed them: those
+        // under the block are waited for.
+        let runs = &self.runs;
+        reserve
+            .lendings
+            .settle_with(reserve, |lending| lending.blocks(&self.unmaps, runs));
         self.unmaps.wait_until_none();
         self.settle_unmaps();
         let mut runs = std::mem::take(&mut self.runs);
@@ -250,7 +312,11 @@ impl Arena {
     }
 
     /// Before the arena's address range goes back: nothing may be left being unmapped in it.
-    pub(crate) fn wait_for_all_unmaps(&mut self) {
+    pub(crate) fn wait_for_all_unmaps(&mut self, reserve: &PageReserve) {
+        let unmaps = &self.unmaps;
+        reserve
+            .lendings
+            .settle_with(reserve, |lending| lending.blocks_any(unmaps));
         self.unmaps.wait_until_none();
         self.settle_unmaps();
     }

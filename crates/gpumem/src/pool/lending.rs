@@ -1,0 +1,179 @@
+//! Idle chunks a miss maps at its block's address without waiting for the GPU
+//! (`stream_ordered_reuse`): the chunks of its own arena's idle pages are detached — taken out
+//! of the page table but left mapped at their old address, where work queued on the stream may
+//! still read and write them — and lent to the miss's mapping. Work on one stream runs in
+//! order, so the block's work, queued after, starts only once the old work has ended: the same
+//! reasoning that lets a caching allocator hand a freed block to its own stream at once. The
+//! old addresses are unmapped once the GPU has passed the fence behind them; chunks the miss
+//! did not map go into the device's reserve then, and no lent chunk goes back to the driver
+//! before. Until then the arena maps nothing at the old addresses (its unmaps in flight), and
+//! the reserve counts the unmapped leftovers as on their way to it, so the cache budget sees
+//! what the device holds: the same physical chunks, under two addresses for a while.
+
+use super::arena::UnmapsInFlight;
+use super::pages::PageRun;
+use super::reserve::PageReserve;
+use crate::backend::{DevicePtr, Fence, PhysicalChunk};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Chunks one miss detached: where they were mapped, what the GPU must pass before those
+/// addresses go, and the chunks not mapped again yet.
+#[derive(Debug)]
+pub(crate) struct Lending {
+    /// The old addresses: (pages in the arena, address, bytes), whole chunks.
+    pub(crate) ranges: Vec<(PageRun, DevicePtr, u64)>,
+    /// What the GPU must pass before the old addresses go; `None` once it has (the fence is
+    /// gone then: the driver may not be asked about it again).
+    pub(super) fence: Option<Fence>,
+    /// The chunks the miss has not mapped (yet): its mapping takes from here first.
+    pub(crate) chunks: Vec<PhysicalChunk>,
+    /// Every chunk lent: none may go back to the driver while the old addresses are mapped.
+    pub(super) handles: Vec<u64>,
+    pub(super) in_flight: Arc<UnmapsInFlight>,
+}
+
+impl Lending {
+    /// The bytes detached, the room the miss made.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.ranges.iter().map(|&(_, _, bytes)| bytes).sum()
+    }
+
+    /// Whether this lending's old addresses lie in `arena`'s (its unmaps in flight).
+    pub(crate) fn blocks_any(&self, arena: &Arc<UnmapsInFlight>) -> bool {
+        Arc::ptr_eq(&self.in_flight, arena)
+    }
+
+    /// Whether this lending's old addresses lie in `arena`'s (its unmaps in flight) and meet
+    /// `runs`.
+    pub(crate) fn blocks(&self, arena: &Arc<UnmapsInFlight>, runs: &[PageRun]) -> bool {
+        self.blocks_any(arena)
+            && self.ranges.iter().any(|(old, _, _)| {
+                runs.iter()
+                    .any(|run| old.overlaps(run.first, run.end() - 1))
+            })
+    }
+}
+
+/// A device's lendings whose old addresses are still mapped.
+#[derive(Debug, Default)]
+pub(crate) struct Lendings {
+    pending: Mutex<Vec<Lending>>,
+    /// `pending.len()`, so that the paths that ask find none without a lock.
+    count: AtomicUsize,
+}
+
+impl Lendings {
+    /// A miss has mapped what it could of `lending`'s chunks: the rest, and the old addresses,
+    /// wait here for the GPU.
+    pub(crate) fn park(&self, lending: Lending) {
+        let mut pending = self.pending.lock();
+        pending.push(lending);
+        self.count.store(pending.len(), Relaxed);
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        self.count.load(Relaxed) > 0
+    }
+
+    /// Whether any pending lending lent `handle`: the chunk must not be released yet.
+    pub(crate) fn holds(&self, handle: u64) -> bool {
+        self.any()
+            && self
+                .pending
+                .lock()
+                .iter()
+                .any(|l| l.handles.contains(&handle))
+    }
+
+    /// Ends the lendings whose fence the GPU has passed, and waits for the GPU to pass the
+    /// fences of those `must_end` names and ends them too: unmaps their old addresses, puts
+    /// their unmapped chunks into `reserve`, and lets their arena map those addresses again.
+    /// A lending whose old address the driver would not unmap stays, to be tried again.
+    pub(crate) fn settle_with(&self, reserve: &PageReserve, must_end: impl Fn(&Lending) -> bool) {
+        if !self.any() {
+            return;
+        }
+        let backend = reserve.backend();
+        let device = reserve.device();
+        let due: Vec<Lending> = {
+            let mut pending = self.pending.lock();
+            let mut due = Vec::new();
+            let mut index = 0;
+            while index < pending.len() {
+                let lending = &mut pending[index];
+                let passed = match lending.fence {
+                    None => true,
+                    Some(_) if must_end(lending) => true,
+                    // A fence seen passed (or whose query failed) is gone: its lending ends now.
+                    Some(fence) => {
+                        let passed = backend.fence_passed(device, fence).unwrap_or(true);
+                        if passed {
+                            lending.fence = None;
+                        }
+                        passed
+                    }
+                };
+                if passed {
+                    due.push(pending.swap_remove(index));
+                } else {
+                    index += 1;
+                }
+            }
+            self.count.store(pending.len(), Relaxed);
+            due
+        };
+        for mut lending in due {
+            if let Some(fence) = lending.fence.take() {
+                let started = std::time::Instant::now();
+                if let Err(error) = backend.wait_fence(device, fence) {
+                    tracing::debug!(device, %error, "fence wait failed; waiting for the device");
+                    let _ = backend.synchronize_stream(device, crate::backend::StreamId::ANY);
+                }
+                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                reserve.gpu_wait_ns.record(ns);
+            }
+            self.end(reserve, lending);
+        }
+    }
+
+    /// Ends every lending, waiting for the GPU where it has not passed their fences (the
+    /// cache is being emptied, or the device's pools are going away).
+    pub(crate) fn settle_all(&self, reserve: &PageReserve) {
+        self.settle_with(reserve, |_| true);
+    }
+
+    /// Ends the lendings whose fence the GPU has passed, without waiting.
+    pub(crate) fn settle_passed(&self, reserve: &PageReserve) {
+        self.settle_with(reserve, |_| false);
+    }
+
+    /// The GPU has passed `lending`'s fence: its old addresses go, its leftovers join the
+    /// reserve.
+    fn end(&self, reserve: &PageReserve, mut lending: Lending) {
+        let backend = reserve.backend();
+        let device = reserve.device();
+        let mut unmapped = Vec::with_capacity(lending.ranges.len());
+        let mut refused = Vec::new();
+        for &(run, addr, bytes) in &lending.ranges {
+            match backend.unmap_detached(device, addr, bytes) {
+                Ok(()) => unmapped.push(run),
+                Err(error) => {
+                    tracing::warn!(device, %error, "could not unmap a detached range; will try again");
+                    refused.push((run, addr, bytes));
+                }
+            }
+        }
+        lending.in_flight.done(&unmapped, &[]);
+        if !refused.is_empty() {
+            // Its fence has passed (`None`): the next settle tries these again.
+            lending.ranges = refused;
+            self.park(lending);
+            return;
+        }
+        let pages: u64 = lending.chunks.iter().map(|c| c.pages as u64).sum();
+        reserve.keep(std::mem::take(&mut lending.chunks));
+        reserve.end_unmapping(pages);
+    }
+}

@@ -1,0 +1,68 @@
+//! `stream_ordered_reuse`: a miss that must make room from its own stream's idle pages while
+//! the GPU has not reached them maps them at its block's address at once instead of waiting;
+//! their old address stays mapped until the GPU has passed it, and nothing else on the device
+//! gets those chunks, or gives them back to the driver, before.
+
+use crate::fenced_release::{miss_past_the_budget_while_the_gpu_lags, on_stream};
+use crate::support::{sim_backend, tight_config};
+use gpumem::backend::sim::SimBackend;
+use gpumem::units::MIB;
+use gpumem::MemoryManager;
+use std::sync::Arc;
+
+/// A manager that may keep no idle page and has no room past its budget (a miss making room
+/// would wait for the GPU), with `stream_ordered_reuse`.
+fn lending_manager(sim: &Arc<SimBackend>) -> MemoryManager {
+    let config = gpumem::ManagerConfig {
+        room_without_waiting_bytes: 0,
+        stream_ordered_reuse: true,
+        trim_on_high_pressure: false,
+        ..tight_config(0)
+    };
+    MemoryManager::new(sim.clone(), config).unwrap()
+}
+
+#[test]
+fn a_miss_maps_its_streams_busy_idle_pages_at_once_and_holds_no_more_than_waiting() {
+    let sim = sim_backend();
+    let m = lending_manager(&sim);
+    let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
+    assert_eq!((syncs, fence_waits), (0, 0), "nothing waited for the GPU");
+    assert_eq!(
+        reserved,
+        12 * MIB,
+        "the idle pages were mapped again under the new block, as when waiting: none created"
+    );
+    assert!(
+        sim.detached_mappings(0) > 0,
+        "their old address stays mapped until the GPU has passed it"
+    );
+    // The GPU has caught up (the helper let the fences pass): the next miss ends the lending.
+    let next = m.alloc(0, 14 * MIB, &on_stream()).unwrap();
+    assert_eq!(sim.detached_mappings(0), 0, "the old address went");
+    drop(next);
+    m.empty_cache();
+    assert_eq!(m.reserved_bytes(), 0);
+}
+
+#[test]
+fn emptying_the_cache_waits_for_the_gpu_to_pass_what_a_miss_lent_and_returns_everything() {
+    let sim = sim_backend();
+    let m = lending_manager(&sim);
+    sim.hold_fences(true);
+    let freed = m.alloc(0, 8 * MIB, &on_stream()).unwrap();
+    let kept = m.alloc(0, 2 * MIB, &on_stream()).unwrap();
+    drop(freed);
+    let grown = m.alloc(0, 10 * MIB, &on_stream()).unwrap();
+    assert!(sim.detached_mappings(0) > 0, "the miss lent the idle pages");
+    drop((kept, grown));
+    // The GPU still has not passed the old address: emptying the cache waits for it.
+    let before = sim.fence_waits() + sim.syncs();
+    m.empty_cache();
+    assert!(sim.fence_waits() + sim.syncs() > before, "it waited");
+    assert_eq!(sim.detached_mappings(0), 0);
+    assert_eq!(m.reserved_bytes(), 0, "everything went back to the driver");
+    sim.hold_fences(false);
+    drop(m);
+    assert_eq!(sim.outstanding_fences(), 0, "no fence outlives the manager");
+}
