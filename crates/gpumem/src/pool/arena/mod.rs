@@ -316,22 +316,21 @@ impl Arena {
                     // other pools. With `stream_ordered_reuse`, pages the stream may still be
                     // using are lent to this mapping instead of waited for.
                     let spare = |chunk: PageRun| chunk.overlaps(first, last);
-                    let (released, lending) = if busy == BusyStreams::Wait && self.may_lend(reserve)
-                    {
-                        self.lend_idle_sparing(reserve, excess, spare)
-                    } else {
-                        (
-                            self.release_idle_sparing(reserve, excess, spare, busy),
-                            None,
-                        )
-                    };
+                    let (released, mut lending) =
+                        if busy == BusyStreams::Wait && self.may_lend(reserve) {
+                            self.lend_idle_sparing(reserve, excess, spare)
+                        } else {
+                            (
+                                self.release_idle_sparing(reserve, excess, spare, busy),
+                                None,
+                            )
+                        };
                     let released = released.unwrap_or_else(|e| e.released);
                     self.count_released_while_allocating(released);
-                    let mut lent = Vec::new();
-                    let mut lending = lending;
-                    if let Some(lending) = lending.as_mut() {
-                        lent = std::mem::take(&mut lending.chunks);
-                    }
+                    let mut lent = lending
+                        .as_mut()
+                        .map(|lending| std::mem::take(&mut lending.chunks))
+                        .unwrap_or_default();
                     let outcome = if released.bytes >= excess {
                         self.map_runs(reserve, cut, &mut lent)
                     } else {

@@ -136,9 +136,7 @@ impl Unmapping {
             }
         }
     }
-}
 
-impl Unmapping {
     /// Instead of waiting for the GPU and unmapping ([`finish`](Self::finish)): detaches the
     /// chunks, still mapped at their old addresses, to lend them to the miss that took them
     /// (`pool/lending.rs`). Returned unchanged where nothing had to be waited for (unmapping
