@@ -233,7 +233,8 @@ impl PageReserve {
         super::short_wait::until(|| self.unmapping_pages.load(Relaxed) == 0);
     }
 
-    /// Sets `stream_ordered_reuse` (see [`lends_in_stream_order`](Self::lends_in_stream_order)).
+    /// Sets `stream_ordered_reuse`: whether a miss making room from its own stream's busy idle
+    /// pages lends them to itself instead of waiting for the GPU (`lending.rs`).
     pub fn set_stream_ordered_reuse(&self, on: bool) {
         self.stream_ordered_reuse.store(on, Relaxed);
     }
