@@ -149,6 +149,12 @@ pub(crate) struct CommonArgs {
         global = true
     )]
     pub sim_driver_costs: sim::DriverCosts,
+
+    /// Make the simulated GPU never catch up by itself: no work it was given counts as done
+    /// until something waits for it, as for a host far ahead of its GPU. Every wait a miss
+    /// makes for the GPU then shows (`replay` reports them as `gpu_waits`).
+    #[arg(long, env = "GPUMEM_SIM_GPU_BEHIND", global = true)]
+    pub sim_gpu_behind: bool,
 }
 
 impl CommonArgs {
@@ -157,7 +163,10 @@ impl CommonArgs {
             .map_err(|e| CliError::usage(format!("--sim-memory: {e}")))?;
         let count = settings::check_sim_devices(self.sim_devices)
             .map_err(|e| CliError::usage(format!("--sim-devices: {e}")))?;
-        Ok(settings::sim_config(total, count, self.sim_driver_costs))
+        Ok(sim::SimConfig {
+            gpu_behind: self.sim_gpu_behind,
+            ..settings::sim_config(total, count, self.sim_driver_costs)
+        })
     }
 
     /// Opens the backend without a word: callers check what depends on it, then

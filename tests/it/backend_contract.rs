@@ -222,6 +222,30 @@ fn sim_keeps_a_chunk_mapped_at_a_detached_address_from_the_driver() {
 }
 
 #[test]
+fn sim_waits_finish_what_their_stream_queued_before_even_while_work_is_held() {
+    let sim = sim_backend();
+    let b: &dyn DeviceBackend = &*sim;
+    sim.hold_fences(true);
+    let (stream, another) = (StreamId(0x10), StreamId(0x20));
+    let first = b.record_fence(0, stream).unwrap();
+    let elsewhere = b.record_fence(0, another).unwrap();
+    let last = b.record_fence(0, stream).unwrap();
+    assert!(!b.fence_passed(0, first).unwrap(), "held");
+    b.wait_fence(0, last).unwrap();
+    assert!(
+        b.fence_passed(0, first).unwrap(),
+        "the wait finished what its stream queued before"
+    );
+    assert!(
+        !b.fence_passed(0, elsewhere).unwrap(),
+        "not another stream's"
+    );
+    b.synchronize_stream(0, another).unwrap();
+    assert!(b.fence_passed(0, elsewhere).unwrap());
+    sim.hold_fences(false);
+}
+
+#[test]
 fn sim_counts_memory_of_other_processes() {
     let sim = SimBackend::new(SimConfig {
         devices: vec![SimDeviceSpec {

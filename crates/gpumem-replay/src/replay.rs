@@ -70,6 +70,11 @@ pub struct ReplayReport {
     pub pages_created: u64,
     pub pages_reused: u64,
     pub pages_released: u64,
+    /// Waits for the GPU to finish work queued on idle pages before they could be mapped
+    /// again: each would stall a host running ahead of its GPU. A replay queues no kernels, so
+    /// on a GPU they end at once; the simulated GPU kept behind (`--sim-gpu-behind`) passes no
+    /// fence by itself, which shows every wait such a host would make.
+    pub gpu_waits: u64,
     /// With `replay --repeat N`, every replay's ns/op in the order run; `ns_per_op` and every
     /// other figure then come from the replay with the median ns/op.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -398,6 +403,7 @@ fn replay_through<'a, R: Replayed + AsRef<Managed<'a>>>(
         pages_created: after.as_ref().map_or(0, |s| s.pages_created),
         pages_reused: after.as_ref().map_or(0, |s| s.pages_reused),
         pages_released: after.as_ref().map_or(0, |s| s.pages_released),
+        gpu_waits: at_end.as_ref().map_or(0, |s| s.gpu_waits),
         ns_per_op_runs: Vec::new(),
     };
     Ok((report, played.timeline))

@@ -33,6 +33,7 @@ fn replay_reports_the_promised_json_fields() {
         "pages_created",
         "pages_reused",
         "pages_released",
+        "gpu_waits",
         "idle_pages_kept",
         "idle_per_mille",
     ] {
@@ -259,4 +260,39 @@ fn placing_on_mapped_pages_turns_misses_into_hits_and_is_reported() {
         misses(&placed)
     );
     assert_eq!(placed["ooms"], 0);
+}
+
+#[test]
+fn a_gpu_kept_behind_shows_the_waits_and_lending_in_stream_order_cuts_them() {
+    let trace =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/traces/vae_decode.trace.gz");
+    let replay = |behind: bool, reuse: &str| {
+        let mut args = vec![
+            "replay",
+            "--backend",
+            "sim",
+            "--json",
+            trace.to_str().unwrap(),
+        ];
+        if behind {
+            args.push("--sim-gpu-behind");
+        }
+        let out = crate::support::gpumem(&args)
+            .env("GPUMEM_STREAM_ORDERED_REUSE", reuse)
+            .output()
+            .expect("gpumem runs");
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let waits = |v: &serde_json::Value| v["gpu_waits"].as_u64().unwrap();
+    // A GPU that keeps up passes a fence at once, so fewer pages need a wait at all.
+    let keeps_up = replay(false, "false");
+    let (waiting, lending) = (replay(true, "false"), replay(true, "true"));
+    assert!(waits(&keeps_up) < waits(&waiting), "{keeps_up} {waiting}");
+    assert!(
+        waits(&lending) * 4 < waits(&waiting) * 3,
+        "lending its own stream's busy pages waits less: {} -> {}",
+        waits(&waiting),
+        waits(&lending)
+    );
 }

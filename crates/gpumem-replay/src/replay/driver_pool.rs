@@ -130,6 +130,7 @@ pub fn replay_driver_pool(
         pages_created: 0,
         pages_reused: 0,
         pages_released: 0,
+        gpu_waits: 0,
         ns_per_op_runs: Vec::new(),
     };
     Ok((report, played.timeline))

@@ -229,8 +229,11 @@ impl PageReserve {
     /// (`empty_cache` returns everything cached, whichever thread was unmapping it): detached
     /// chunks too, once the GPU has passed their old addresses.
     pub fn wait_for_unmapping(&self) {
-        self.lendings.settle_all(self);
-        super::short_wait::until(|| self.unmapping_pages.load(Relaxed) == 0);
+        // A miss on another thread may lend more meanwhile: each look ends what is lent.
+        super::short_wait::until(|| {
+            self.lendings.settle_all(self);
+            self.unmapping_pages.load(Relaxed) == 0
+        });
     }
 
     /// Sets `stream_ordered_reuse`: whether a miss making room from its own stream's busy idle

@@ -59,6 +59,10 @@ pub struct SimConfig {
     pub devices: Vec<SimDeviceSpec>,
     pub granularity: u64,
     pub driver_costs: DriverCosts,
+    /// A GPU that never catches up by itself: no fence passes and no stream is idle until
+    /// waited for ([`SimBackend::hold_fences`] from the start), so every wait a host running
+    /// ahead of its GPU would make shows.
+    pub gpu_behind: bool,
 }
 
 impl Default for SimConfig {
@@ -67,6 +71,7 @@ impl Default for SimConfig {
             devices: vec![SimDeviceSpec::default()],
             granularity: 2 * MIB,
             driver_costs: DriverCosts::Free,
+            gpu_behind: false,
         }
     }
 }
@@ -152,14 +157,16 @@ impl SimBackend {
                 })
             })
             .collect();
-        SimBackend {
+        let sim = SimBackend {
             granularity: config.granularity,
             costs: config.driver_costs,
             devices,
             faults: Arc::new(SimFaults::default()),
             captures: SimCaptures::default(),
             fences: SimFences::default(),
-        }
+        };
+        sim.hold_fences(config.gpu_behind);
+        sim
     }
 
     /// The fault switches, for tests and the demo.

@@ -6,7 +6,7 @@ use super::SimBackend;
 use super::{Fence, StreamId, StreamOrder};
 use crate::error::BackendError;
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Streams capturing a CUDA graph, as a test sets them up with
@@ -22,12 +22,14 @@ pub(super) struct SimCaptures {
     syncs: AtomicU64,
 }
 
-/// Fences recorded and not yet passed. Simulated work finishes as it is queued, so a fence
-/// passes at once, unless a test holds them ([`SimBackend::hold_fences`]) to play a stream
-/// still busy.
+/// Fences recorded and not yet seen passed. Simulated work finishes as it is queued, so a
+/// fence passes at once, unless a test holds them ([`SimBackend::hold_fences`]) to play a
+/// stream still busy. Held work still runs in stream order: waiting for a fence, or for a
+/// stream, finishes everything queued on that stream before it, as on a GPU.
 #[derive(Debug, Default)]
 pub(super) struct SimFences {
-    outstanding: Mutex<HashSet<(usize, u64)>>,
+    /// (device, fence) -> (its stream, whether a wait has finished the work before it).
+    outstanding: Mutex<HashMap<(usize, u64), (StreamId, bool)>>,
     next: AtomicU64,
     held: AtomicBool,
     /// How long a wait for held work takes, in nanoseconds ([`SimBackend::set_gpu_backlog`]).
@@ -54,6 +56,16 @@ impl SimBackend {
     pub fn set_gpu_backlog(&self, backlog: std::time::Duration) {
         let ns = u64::try_from(backlog.as_nanos()).unwrap_or(u64::MAX);
         self.fences.backlog_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// A wait has finished the work queued on `stream` (every stream: [`StreamId::ANY`]) up to
+    /// fence `upto`: the fences before it have passed, whatever is held.
+    fn finish_queued(&self, device: usize, stream: StreamId, upto: u64) {
+        for (&(d, fence), (on, finished)) in self.fences.outstanding.lock().iter_mut() {
+            if d == device && fence <= upto && (*on == stream || stream == StreamId::ANY) {
+                *finished = true;
+            }
+        }
     }
 
     /// Waits out the backlog if work is held: the held work finishes during the wait.
@@ -128,6 +140,7 @@ impl StreamOrder for SimBackend {
             });
         }
         self.captures.syncs.fetch_add(1, Ordering::Relaxed);
+        self.finish_queued(device, stream, u64::MAX);
         self.wait_out_backlog();
         spend(self.costs.sync());
         Ok(())
@@ -148,7 +161,10 @@ impl StreamOrder for SimBackend {
             });
         }
         let fence = self.fences.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.fences.outstanding.lock().insert((device, fence));
+        self.fences
+            .outstanding
+            .lock()
+            .insert((device, fence), (stream, false));
         spend(self.costs.fence());
         Ok(Fence(fence))
     }
@@ -156,13 +172,13 @@ impl StreamOrder for SimBackend {
     fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
         self.device(device)?;
         let mut outstanding = self.fences.outstanding.lock();
-        if !outstanding.contains(&(device, fence.0)) {
+        let Some(&(_, finished)) = outstanding.get(&(device, fence.0)) else {
             return Err(BackendError::InvalidArgument {
                 call: "fence_passed",
                 reason: format!("fence {} of device {device} is unknown or passed", fence.0),
             });
-        }
-        if self.fences.held.load(Ordering::Relaxed) {
+        };
+        if !finished && self.fences.held.load(Ordering::Relaxed) {
             return Ok(false);
         }
         outstanding.remove(&(device, fence.0));
@@ -173,12 +189,13 @@ impl StreamOrder for SimBackend {
         self.device(device)?;
         // Waiting makes held work finish, as `synchronize_stream` does: simulated work is
         // only ever held back from queries, never from a wait.
-        if !self.fences.outstanding.lock().remove(&(device, fence.0)) {
+        let Some((stream, _)) = self.fences.outstanding.lock().remove(&(device, fence.0)) else {
             return Err(BackendError::InvalidArgument {
                 call: "wait_fence",
                 reason: format!("fence {} of device {device} is unknown or passed", fence.0),
             });
-        }
+        };
+        self.finish_queued(device, stream, fence.0);
         self.fences.waits.fetch_add(1, Ordering::Relaxed);
         self.wait_out_backlog();
         spend(self.costs.sync());

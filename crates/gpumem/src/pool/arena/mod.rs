@@ -316,16 +316,21 @@ impl Arena {
                     // other pools. With `stream_ordered_reuse`, pages the stream may still be
                     // using are lent to this mapping instead of waited for.
                     let spare = |chunk: PageRun| chunk.overlaps(first, last);
-                    let (released, mut lending) =
-                        if busy == BusyStreams::Wait && self.may_lend(reserve) {
-                            self.lend_idle_sparing(reserve, excess, spare)
-                        } else {
-                            (
-                                self.release_idle_sparing(reserve, excess, spare, busy),
-                                None,
-                            )
-                        };
-                    let released = released.unwrap_or_else(|e| e.released);
+                    let mut released = Released::default();
+                    let mut lending = None;
+                    if busy == BusyStreams::Wait && self.may_lend(reserve) {
+                        let fits_in = self.runs.iter().map(|run| run.count).max().unwrap_or(0);
+                        let lent = self.lend_idle_sparing(reserve, excess, spare, fits_in);
+                        released = lent.0.unwrap_or_else(|e| e.released);
+                        lending = lent.1;
+                    }
+                    if released.bytes < excess {
+                        let left = excess - released.bytes;
+                        let more = self.release_idle_sparing(reserve, left, spare, busy);
+                        let more = more.unwrap_or_else(|e| e.released);
+                        released.bytes += more.bytes;
+                        released.calls += more.calls;
+                    }
                     self.count_released_while_allocating(released);
                     let mut lent = lending
                         .as_mut()

@@ -41,14 +41,7 @@ impl UnmapsInFlight {
     /// refused. A chunk moves from the first list to the second (pushed there before it leaves
     /// the first), so looking at them in this order never misses one in between.
     fn overlaps(&self, runs: &[PageRun]) -> bool {
-        let meets = |chunks: &[PageRun]| {
-            runs.iter().any(|run| {
-                chunks
-                    .iter()
-                    .any(|chunk| chunk.overlaps(run.first, run.end() - 1))
-            })
-        };
-        meets(&self.chunks.lock()) || meets(&self.refused.lock())
+        meets(&self.chunks.lock(), runs) || meets(&self.refused.lock(), runs)
     }
 
     pub(crate) fn done(&self, chunks: &[PageRun], refused: &[PageRun]) {
@@ -69,6 +62,23 @@ impl UnmapsInFlight {
     fn wait_until_none(&self) {
         crate::pool::short_wait::until(|| self.unmapping.load(Ordering::Acquire) == 0);
     }
+
+    /// Waits until none of `runs` is being unmapped (refused chunks aside: the arena puts
+    /// those back itself). Chunks a miss lent count as being unmapped until the GPU has passed
+    /// their old address, which may be long after: a miss waits only for those under its block
+    /// (ended first by whoever calls this), not for every one of the arena.
+    fn wait_until_none_under(&self, runs: &[PageRun]) {
+        crate::pool::short_wait::until(|| !meets(&self.chunks.lock(), runs));
+    }
+}
+
+/// Whether any of `chunks` shares a page with any of `runs`.
+fn meets(chunks: &[PageRun], runs: &[PageRun]) -> bool {
+    runs.iter().any(|run| {
+        chunks
+            .iter()
+            .any(|chunk| chunk.overlaps(run.first, run.end() - 1))
+    })
 }
 
 /// Idle chunks taken out of an arena, to be unmapped by [`Unmapping::finish`] with or without
@@ -301,7 +311,7 @@ impl Arena {
         reserve
             .lendings
             .settle_with(reserve, |lending| lending.blocks(&self.unmaps, runs));
-        self.unmaps.wait_until_none();
+        self.unmaps.wait_until_none_under(runs);
         self.settle_unmaps();
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
