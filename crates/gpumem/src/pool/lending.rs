@@ -24,9 +24,8 @@ use std::sync::Arc;
 pub(crate) struct Lending {
     /// The old addresses: (pages in the arena, address, bytes), whole chunks.
     pub(crate) ranges: Vec<(PageRun, DevicePtr, u64)>,
-    /// What the GPU must pass before the old addresses go; `None` once it has (the fence is
-    /// gone then: the driver may not be asked about it again).
-    pub(super) fence: Option<Fence>,
+    /// What the GPU must pass before the old addresses go.
+    pub(super) fence: Fence,
     /// The chunks the miss has not mapped (yet): its mapping takes from here first.
     pub(crate) chunks: Vec<PhysicalChunk>,
     /// Every chunk lent: none may go back to the driver while the old addresses are mapped.
@@ -90,33 +89,23 @@ impl Lendings {
     /// Ends the lendings whose fence the GPU has passed, and waits for the GPU to pass the
     /// fences of those `must_end` names and ends them too: unmaps their old addresses, puts
     /// their unmapped chunks into `reserve`, and lets their arena map those addresses again.
-    /// A lending whose old address the driver would not unmap stays, to be tried again.
     pub(crate) fn settle_with(&self, reserve: &PageReserve, must_end: impl Fn(&Lending) -> bool) {
         if !self.any() {
             return;
         }
         let backend = reserve.backend();
         let device = reserve.device();
-        let due: Vec<Lending> = {
+        // (lending, whether it must be waited for): a fence seen passed, or whose query
+        // failed, is gone, and its lending ends without a wait.
+        let due: Vec<(Lending, bool)> = {
             let mut pending = self.pending.lock();
             let mut due = Vec::new();
             let mut index = 0;
             while index < pending.len() {
-                let lending = &mut pending[index];
-                let passed = match lending.fence {
-                    None => true,
-                    Some(_) if must_end(lending) => true,
-                    // A fence seen passed (or whose query failed) is gone: its lending ends now.
-                    Some(fence) => {
-                        let passed = backend.fence_passed(device, fence).unwrap_or(true);
-                        if passed {
-                            lending.fence = None;
-                        }
-                        passed
-                    }
-                };
-                if passed {
-                    due.push(pending.swap_remove(index));
+                let lending = &pending[index];
+                let wait = must_end(lending);
+                if wait || backend.fence_passed(device, lending.fence).unwrap_or(true) {
+                    due.push((pending.swap_remove(index), wait));
                 } else {
                     index += 1;
                 }
@@ -124,10 +113,10 @@ impl Lendings {
             self.count.store(pending.len(), Relaxed);
             due
         };
-        for mut lending in due {
-            if let Some(fence) = lending.fence.take() {
+        for (lending, wait) in due {
+            if wait {
                 let started = std::time::Instant::now();
-                if let Err(error) = backend.wait_fence(device, fence) {
+                if let Err(error) = backend.wait_fence(device, lending.fence) {
                     tracing::debug!(device, %error, "fence wait failed; waiting for the device");
                     let _ = backend.synchronize_stream(device, crate::backend::StreamId::ANY);
                 }
@@ -150,28 +139,20 @@ impl Lendings {
     }
 
     /// The GPU has passed `lending`'s fence: its old addresses go, its leftovers join the
-    /// reserve.
+    /// reserve. An old address the driver will not unmap stays mapped, and its pages leave the
+    /// unmaps in flight all the same: the work on them is done, so the chunks serve elsewhere
+    /// unharmed, and a block placed there later fails to map with the driver's error instead of
+    /// waiting for an unmap that may never come.
     fn end(&self, reserve: &PageReserve, mut lending: Lending) {
         let backend = reserve.backend();
         let device = reserve.device();
-        let mut unmapped = Vec::with_capacity(lending.ranges.len());
-        let mut refused = Vec::new();
-        for &(run, addr, bytes) in &lending.ranges {
-            match backend.unmap_detached(device, addr, bytes) {
-                Ok(()) => unmapped.push(run),
-                Err(error) => {
-                    tracing::warn!(device, %error, "could not unmap a detached range; will try again");
-                    refused.push((run, addr, bytes));
-                }
+        for &(_, addr, bytes) in &lending.ranges {
+            if let Err(error) = backend.unmap_detached(device, addr, bytes) {
+                tracing::error!(device, %error, address = addr, bytes, "could not unmap an address whose pages a miss lent; it stays mapped");
             }
         }
-        lending.in_flight.done(&unmapped, &[]);
-        if !refused.is_empty() {
-            // Its fence has passed (`None`): the next settle tries these again.
-            lending.ranges = refused;
-            self.park(lending);
-            return;
-        }
+        let runs: Vec<PageRun> = lending.ranges.iter().map(|&(run, _, _)| run).collect();
+        lending.in_flight.done(&runs, &[]);
         let pages: u64 = lending.chunks.iter().map(|c| c.pages as u64).sum();
         reserve.keep(std::mem::take(&mut lending.chunks));
         reserve.end_unmapping(pages);

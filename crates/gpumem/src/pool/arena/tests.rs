@@ -559,3 +559,32 @@ fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_on
     reserve.trim(0).unwrap();
     sim.release_address_range(0, elsewhere, 8 * MIB).unwrap();
 }
+
+#[test]
+fn a_miss_over_an_old_address_the_driver_will_not_unmap_does_not_hang() {
+    let sim = Arc::new(SimBackend::new(SimConfig::default()));
+    let mut arena = Arena::new(&*sim, 0, StreamId(7), 64 * MIB).unwrap();
+    let chunks = crate::pool::ChunkSizes::new(2 * MIB, 0);
+    let reserve = PageReserve::new(sim.clone(), 0, Arc::new(DeviceReserve::default()), chunks);
+    let reserve = reserve.unwrap();
+    reserve.set_stream_ordered_reuse(true);
+    sim.hold_fences(true);
+    let first = alloc(&reserve, &mut arena, 4 * MIB, 1);
+    let _kept = alloc(&reserve, &mut arena, 2 * MIB, 2);
+    arena.free(first.block());
+    let make_room = |_, _| MapDecision::NeedsRoom(4 * MIB, BusyStreams::Wait);
+    let grown = arena.alloc(&reserve, 8 * MIB, 256, &live(3), true, make_room);
+    assert!(grown.is_ok() && sim.detached_mappings(0) == 2);
+    sim.faults().set_fail_frees(true);
+    // A block in the hole `first` left lands on its old address, which the driver now refuses
+    // to unmap: the miss fails or succeeds, but comes back.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let over = arena.alloc(&reserve, 4 * MIB, 256, &live(4), true, |_, _| {
+            MapDecision::Allow
+        });
+        let _ = done.send(over.is_ok());
+    });
+    let outcome = finished.recv_timeout(std::time::Duration::from_secs(20));
+    assert!(outcome.is_ok(), "stalled on an unmap the driver refuses");
+}

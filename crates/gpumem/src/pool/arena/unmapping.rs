@@ -191,7 +191,7 @@ impl Unmapping {
         }
         Ok(Lending {
             ranges: self.chunks,
-            fence: Some(fence),
+            fence,
             handles: chunks.iter().map(|c| c.handle).collect(),
             chunks,
             in_flight: self.in_flight,
