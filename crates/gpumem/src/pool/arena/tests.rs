@@ -503,8 +503,19 @@ fn a_block_cut_whole_when_growing_gets_nothing_ahead() {
     assert_eq!(arena.mapped_pages(), 2);
 }
 
-#[test]
-fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_one_else() {
+/// With `stream_ordered_reuse` on and the GPU behind every fence: a 4 MiB block freed, a 2 MiB
+/// one kept after it, then an 8 MiB miss that must make room for two pages — too large for the
+/// hole the first left, so it lands after the kept one and lends the first's pages (chunks of
+/// one page) to itself. Returns the device, the arena, its reserve, the kept block, the grown
+/// one, and the waits for the GPU made before the miss.
+fn lent_to_a_miss() -> (
+    Arc<SimBackend>,
+    Arena,
+    PageReserve,
+    Placed,
+    Placed,
+    (u64, u64),
+) {
     let sim = Arc::new(SimBackend::new(SimConfig::default()));
     let mut arena = Arena::new(&*sim, 0, StreamId(7), 64 * MIB).unwrap();
     let chunks = crate::pool::ChunkSizes::new(2 * MIB, 0);
@@ -516,11 +527,14 @@ fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_on
     let kept = alloc(&reserve, &mut arena, 2 * MIB, 2);
     arena.free(first.block());
     let waits = (sim.syncs(), sim.fence_waits());
-    // Too large for the hole `first` left: placed after `kept`, on four unmapped pages, with
-    // room to make for two: `first`'s, which the stream may still be using.
     let make_room = |_, _| MapDecision::NeedsRoom(4 * MIB, BusyStreams::Wait);
     let grown = arena.alloc(&reserve, 8 * MIB, 256, &live(3), true, make_room);
-    let grown = grown.unwrap();
+    (sim, arena, reserve, kept, grown.unwrap(), waits)
+}
+
+#[test]
+fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_one_else() {
+    let (sim, mut arena, reserve, kept, grown, waits) = lent_to_a_miss();
     assert_eq!((sim.syncs(), sim.fence_waits()), waits, "nothing waited");
     assert_eq!(sim.detached_mappings(0), 2, "the old addresses stay mapped");
     let reused = reserve
@@ -562,19 +576,8 @@ fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_on
 
 #[test]
 fn a_miss_over_an_old_address_the_driver_will_not_unmap_does_not_hang() {
-    let sim = Arc::new(SimBackend::new(SimConfig::default()));
-    let mut arena = Arena::new(&*sim, 0, StreamId(7), 64 * MIB).unwrap();
-    let chunks = crate::pool::ChunkSizes::new(2 * MIB, 0);
-    let reserve = PageReserve::new(sim.clone(), 0, Arc::new(DeviceReserve::default()), chunks);
-    let reserve = reserve.unwrap();
-    reserve.set_stream_ordered_reuse(true);
-    sim.hold_fences(true);
-    let first = alloc(&reserve, &mut arena, 4 * MIB, 1);
-    let _kept = alloc(&reserve, &mut arena, 2 * MIB, 2);
-    arena.free(first.block());
-    let make_room = |_, _| MapDecision::NeedsRoom(4 * MIB, BusyStreams::Wait);
-    let grown = arena.alloc(&reserve, 8 * MIB, 256, &live(3), true, make_room);
-    assert!(grown.is_ok() && sim.detached_mappings(0) == 2);
+    let (sim, mut arena, reserve, _kept, _grown, _) = lent_to_a_miss();
+    assert_eq!(sim.detached_mappings(0), 2);
     sim.faults().set_fail_frees(true);
     // A block in the hole `first` left lands on its old address, which the driver now refuses
     // to unmap: the miss fails or succeeds, but comes back.
