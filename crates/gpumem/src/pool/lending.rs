@@ -4,16 +4,17 @@
 //! still read and write them — and lent to the miss's mapping. Work on one stream runs in
 //! order, so the block's work, queued after, starts only once the old work has ended: the same
 //! reasoning that lets a caching allocator hand a freed block to its own stream at once. The
-//! old addresses are unmapped once the GPU has passed the fence behind them; chunks the miss
-//! did not map go into the device's reserve then, and no lent chunk goes back to the driver
-//! before. Until then the arena maps nothing at the old addresses (its unmaps in flight), and
-//! the reserve counts the unmapped leftovers as on their way to it, so the cache budget sees
-//! what the device holds: the same physical chunks, under two addresses for a while.
+//! old addresses are unmapped once the GPU has passed the fence behind them. Chunks the miss
+//! did not map go into the device's reserve at once, where only mappings for the same stream
+//! may take them (its work is queued after the old work, as the miss's own is), and no lent
+//! chunk goes back to the driver or to another stream's mapping before. Until then the arena
+//! maps nothing at the old addresses (its unmaps in flight); the cache budget sees what the
+//! device holds: the same physical chunks, under two addresses for a while.
 
 use super::arena::UnmapsInFlight;
 use super::pages::PageRun;
 use super::reserve::PageReserve;
-use crate::backend::{DevicePtr, Fence, PhysicalChunk};
+use crate::backend::{DevicePtr, Fence, PhysicalChunk, StreamId};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -26,10 +27,14 @@ pub(crate) struct Lending {
     pub(crate) ranges: Vec<(PageRun, DevicePtr, u64)>,
     /// What the GPU must pass before the old addresses go.
     pub(super) fence: Fence,
-    /// The chunks the miss has not mapped (yet): its mapping takes from here first.
+    /// The chunks the miss has not mapped yet: its mapping takes from here first, and
+    /// [`Lendings::park`] puts the rest into the reserve.
     pub(crate) chunks: Vec<PhysicalChunk>,
-    /// Every chunk lent: none may go back to the driver while the old addresses are mapped.
+    /// Every chunk lent: none may go back to the driver, or to another stream's mapping, while
+    /// the old addresses are mapped.
     pub(super) handles: Vec<u64>,
+    /// The stream whose work may still use the old addresses.
+    pub(super) stream: StreamId,
     pub(super) in_flight: Arc<UnmapsInFlight>,
 }
 
@@ -64,12 +69,20 @@ pub(crate) struct Lendings {
 }
 
 impl Lendings {
-    /// A miss has mapped what it could of `lending`'s chunks: the rest, and the old addresses,
-    /// wait here for the GPU.
-    pub(crate) fn park(&self, lending: Lending) {
-        let mut pending = self.pending.lock();
-        pending.push(lending);
-        self.count.store(pending.len(), Relaxed);
+    /// A miss has mapped what it could of `lending`'s chunks: the old addresses wait here for
+    /// the GPU, and the rest of the chunks go into `reserve`, for mappings on the same stream
+    /// only until the lending ends. Parked first, so that no other stream's miss can see them
+    /// in the reserve unheld.
+    pub(crate) fn park(&self, reserve: &PageReserve, mut lending: Lending) {
+        let leftovers = std::mem::take(&mut lending.chunks);
+        {
+            let mut pending = self.pending.lock();
+            pending.push(lending);
+            self.count.store(pending.len(), Relaxed);
+        }
+        let pages = leftovers.iter().map(|c| c.pages as u64).sum();
+        reserve.keep(leftovers);
+        reserve.end_unmapping(pages);
     }
 
     pub(crate) fn any(&self) -> bool {
@@ -78,12 +91,23 @@ impl Lendings {
 
     /// Whether any pending lending lent `handle`: the chunk must not be released yet.
     pub(crate) fn holds(&self, handle: u64) -> bool {
+        self.holds_from(handle, |_| true)
+    }
+
+    /// Whether a pending lending of a stream other than `stream` (or of any stream, if
+    /// `None`) lent `handle`: work there may still use the chunk, and a mapping for `stream`
+    /// would not be ordered after it.
+    pub(crate) fn holds_against(&self, handle: u64, stream: Option<StreamId>) -> bool {
+        self.holds_from(handle, |lending| Some(lending.stream) != stream)
+    }
+
+    fn holds_from(&self, handle: u64, counts: impl Fn(&Lending) -> bool) -> bool {
         self.any()
             && self
                 .pending
                 .lock()
                 .iter()
-                .any(|l| l.handles.contains(&handle))
+                .any(|l| counts(l) && l.handles.contains(&handle))
     }
 
     /// Ends the lendings whose fence the GPU has passed, and waits for the GPU to pass the
@@ -153,6 +177,7 @@ impl Lendings {
         }
         let runs: Vec<PageRun> = lending.ranges.iter().map(|&(run, _, _)| run).collect();
         lending.in_flight.done(&runs, &[]);
+        lending.in_flight.lending_ended();
         let pages: u64 = lending.chunks.iter().map(|c| c.pages as u64).sum();
         reserve.keep(std::mem::take(&mut lending.chunks));
         reserve.end_unmapping(pages);

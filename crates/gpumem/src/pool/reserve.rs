@@ -10,7 +10,7 @@ use super::knobs::{CacheKnobs, KnobValues};
 use super::latency::LatencyHistogram;
 use super::lending::Lendings;
 use super::DeviceReserve;
-use crate::backend::{DeviceBackend, DevicePtr, PhysicalChunk};
+use crate::backend::{DeviceBackend, DevicePtr, PhysicalChunk, StreamId};
 use crate::error::BackendError;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -275,19 +275,21 @@ impl PageReserve {
     /// a miss cheap; the cap keeps a chunk from pinning much more than the block that made it,
     /// since only a chunk with no live block on any of its pages can be unmapped.
     pub fn map(&self, addr: DevicePtr, size: u64, cut: Cut) -> Result<Mapped, BackendError> {
-        self.map_lending(addr, size, cut, &mut Vec::new())
+        self.map_lending(addr, size, cut, &mut Vec::new(), None)
     }
 
     /// [`map`](Self::map), taking chunks from `lent` before the reserve's: chunks a miss
     /// detached from its own stream's idle pages, still mapped at their old address
     /// (`pool/lending.rs`). They count as on their way into the reserve until mapped here;
-    /// those that do not fit stay in `lent`.
+    /// those that do not fit stay in `lent`. Kept chunks a lending still holds are taken only
+    /// for a mapping on the lending's own `stream`.
     pub(crate) fn map_lending(
         &self,
         addr: DevicePtr,
         size: u64,
         cut: Cut,
         lent: &mut Vec<PhysicalChunk>,
+        stream: Option<StreamId>,
     ) -> Result<Mapped, BackendError> {
         let pages = size / self.page_size;
         let from_lent = take_fitting(lent, pages, 1);
@@ -303,13 +305,13 @@ impl PageReserve {
             let mut spare = self.spare.lock();
             let wanted = pages - lent_pages;
             let mut reuse = from_lent;
-            // A chunk still lent by a miss (its old address mapped, maybe still in use) goes
-            // nowhere else until that lending ends.
+            // A chunk still lent by a miss (its old address mapped, maybe still in use) goes to
+            // no other stream until that lending ends.
             let smallest = self.smallest_worth_reusing(pages);
             if self.lendings.any() {
                 let (mut free, held): (Vec<_>, Vec<_>) = std::mem::take(&mut *spare)
                     .into_iter()
-                    .partition(|c| !self.lendings.holds(c.handle));
+                    .partition(|c| !self.lendings.holds_against(c.handle, stream));
                 reuse.extend(take_fitting(&mut free, wanted, smallest));
                 *spare = free;
                 spare.extend(held);

@@ -26,6 +26,7 @@ impl Arena {
         live: &LiveInfo,
         on_mapped_pages: impl FnOnce() -> bool,
     ) -> Result<u32, ArenaError> {
+        self.free_passed_old_addresses();
         let block = self
             .tlsf
             .alloc(size, align, live)

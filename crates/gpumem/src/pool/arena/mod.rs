@@ -10,6 +10,7 @@ use super::tlsf::{BlockState, LiveInfo, Tlsf};
 use super::BusyStreams;
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
 use crate::error::BackendError;
+use old_addresses::OldAddresses;
 use pinning::{BlockCut, Recut};
 use std::sync::Arc;
 pub(crate) use unmapping::UnmapsInFlight;
@@ -151,6 +152,9 @@ pub(crate) struct Arena {
     place_on_mapped_pages: bool,
     /// Idle chunks taken out to be unmapped after the lock is let go (`unmapping.rs`).
     unmaps: Arc<UnmapsInFlight>,
+    /// Old addresses of chunks a miss lent, held so that no block lands there before the GPU
+    /// has passed them (`old_addresses.rs`).
+    old_addresses: OldAddresses,
 }
 
 impl Arena {
@@ -187,6 +191,7 @@ impl Arena {
             fences: FenceTrail::default(),
             place_on_mapped_pages: false,
             unmaps: Arc::default(),
+            old_addresses: OldAddresses::default(),
         })
     }
 
@@ -323,6 +328,9 @@ impl Arena {
                         let lent = self.lend_idle_sparing(reserve, excess, spare, fits_in);
                         released = lent.0.unwrap_or_else(|e| e.released);
                         lending = lent.1;
+                        if let Some(lending) = &lending {
+                            self.hold_old_addresses(lending);
+                        }
                     }
                     if released.bytes < excess {
                         let left = excess - released.bytes;
@@ -344,7 +352,7 @@ impl Arena {
                     if let Some(mut lending) = lending {
                         // What the mapping did not take waits with the old addresses.
                         lending.chunks = lent;
-                        reserve.lendings.park(lending);
+                        reserve.lendings.park(reserve, lending);
                     }
                     outcome
                 }
@@ -399,7 +407,7 @@ impl Arena {
         for index in 0..self.runs.len() {
             let run = self.runs[index];
             let (addr, bytes) = self.run_range(run);
-            match reserve.map_lending(addr, bytes, cut.for_run(run), lent) {
+            match reserve.map_lending(addr, bytes, cut.for_run(run), lent, Some(self.stream)) {
                 Ok(mapped) => layouts.push(mapped),
                 Err(error) => {
                     for (earlier, mapped) in self.runs[..index].iter().zip(&layouts) {
@@ -513,6 +521,7 @@ impl Arena {
         self.tlsf
             .blocks()
             .filter(move |b| b.state == BlockState::Used && Some(b.offset) != parked)
+            .filter(|b| !self.old_addresses.holds(b.offset, self.page_shift))
             .map(|b| (self.base + b.offset, b.size, b.live))
     }
 
@@ -574,11 +583,12 @@ impl Arena {
     }
 
     pub(crate) fn live_block_count(&self) -> usize {
-        self.tlsf.used_blocks() - usize::from(self.parked.is_some())
+        self.tlsf.used_blocks() - usize::from(self.parked.is_some()) - self.old_addresses.count()
     }
 }
 
 mod block_placement;
+mod old_addresses;
 mod pinning;
 mod release;
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::backend::sim::{SimBackend, SimConfig};
-use crate::pool::{BusyStreams, DeviceReserve};
+use crate::pool::{BusyStreams, Cut, DeviceReserve};
 use crate::units::MIB;
 use std::sync::Arc;
 
@@ -550,7 +550,7 @@ fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_on
         .release_idle(&reserve, |_, _| true, BusyStreams::Wait)
         .unwrap();
     let elsewhere = sim.reserve_address_range(0, 8 * MIB).unwrap();
-    let mapped = reserve.map(elsewhere, 8 * MIB, crate::pool::Cut::Ordinary);
+    let mapped = reserve.map(elsewhere, 8 * MIB, Cut::Ordinary);
     let mapped = mapped.unwrap();
     assert_eq!(
         (mapped.reused_pages, mapped.created_pages),
@@ -575,18 +575,85 @@ fn with_stream_ordered_reuse_a_miss_lends_busy_idle_pages_to_itself_and_to_no_on
 }
 
 #[test]
+fn blocks_stay_off_old_addresses_until_the_gpu_has_passed_them() {
+    let (sim, mut arena, reserve, _kept, grown, waits) = lent_to_a_miss();
+    let (old_start, old_end) = (arena.base, arena.base + 4 * MIB);
+    // A block that fits the hole the lent pages left goes elsewhere, and waits for nothing.
+    let beside = alloc(&reserve, &mut arena, 4 * MIB, 4);
+    assert!(beside.ptr >= old_end || beside.ptr + 4 * MIB <= old_start);
+    assert_eq!((sim.syncs(), sim.fence_waits()), waits, "nothing waited");
+    assert_eq!(arena.live_block_count(), 3, "the holder is no one's block");
+    assert_eq!(arena.live_blocks().count(), 3);
+    // Once the GPU has passed them and they are unmapped, the old addresses serve again.
+    sim.hold_fences(false);
+    reserve.lendings.settle_passed(&reserve);
+    let again = alloc(&reserve, &mut arena, 4 * MIB, 5);
+    assert_eq!(again.ptr, old_start);
+    let _ = grown;
+}
+
+#[test]
+fn a_mapping_on_the_lenders_stream_takes_its_lent_chunks_and_another_streams_does_not() {
+    let (_sim, mut arena, reserve, kept, grown, _) = lent_to_a_miss();
+    arena.free(grown.block());
+    arena.free(kept.block());
+    arena
+        .release_idle(&reserve, |_, _| true, BusyStreams::Wait)
+        .unwrap();
+    assert_eq!(reserve.spare_pages(), 5, "three created, two lent");
+    let backend = reserve.backend();
+    let elsewhere = backend.reserve_address_range(0, 12 * MIB).unwrap();
+    let other = reserve.map_lending(
+        elsewhere,
+        8 * MIB,
+        Cut::Ordinary,
+        &mut Vec::new(),
+        Some(StreamId(8)),
+    );
+    let other = other.unwrap();
+    assert_eq!(
+        (other.reused_pages, other.created_pages),
+        (3, 1),
+        "the lent two are left"
+    );
+    let own_at = elsewhere + 8 * MIB;
+    let own = reserve.map_lending(
+        own_at,
+        4 * MIB,
+        Cut::Ordinary,
+        &mut Vec::new(),
+        Some(StreamId(7)),
+    );
+    let own = own.unwrap();
+    assert_eq!(
+        (own.reused_pages, own.created_pages),
+        (2, 0),
+        "its stream's work runs after"
+    );
+    reserve.unmap(elsewhere, 12 * MIB).unwrap();
+    backend
+        .release_address_range(0, elsewhere, 12 * MIB)
+        .unwrap();
+}
+
+#[test]
 fn a_miss_over_an_old_address_the_driver_will_not_unmap_does_not_hang() {
     let (sim, mut arena, reserve, _kept, _grown, _) = lent_to_a_miss();
     assert_eq!(sim.detached_mappings(0), 2);
+    // The GPU passes the old addresses, but the driver refuses to unmap them: the lending
+    // ends all the same, and they stay mapped.
     sim.faults().set_fail_frees(true);
-    // A block in the hole `first` left lands on its old address, which the driver now refuses
-    // to unmap: the miss fails or succeeds, but comes back.
+    sim.hold_fences(false);
+    reserve.lendings.settle_passed(&reserve);
+    assert_eq!(sim.detached_mappings(0), 2);
+    // A block in the hole `first` left lands on its old address: the miss fails or
+    // succeeds, but comes back.
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let over = arena.alloc(&reserve, 4 * MIB, 256, &live(4), true, |_, _| {
             MapDecision::Allow
         });
-        let _ = done.send(over.is_ok());
+        let _ = done.send(over.map(|placed| placed.ptr));
     });
     let outcome = finished.recv_timeout(std::time::Duration::from_secs(20));
     assert!(outcome.is_ok(), "stalled on an unmap the driver refuses");

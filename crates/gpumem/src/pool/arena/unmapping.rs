@@ -28,6 +28,9 @@ pub(crate) struct UnmapsInFlight {
     /// The chunks refused, to be marked idle again by the arena under its lock
     /// ([`Arena::settle_unmaps`]).
     refused: Mutex<Vec<PageRun>>,
+    /// How many lendings of the arena's pages have ended: the arena then frees what held
+    /// their old addresses (`old_addresses.rs`).
+    pub(super) lendings_ended: AtomicU64,
 }
 
 impl UnmapsInFlight {
@@ -56,6 +59,16 @@ impl UnmapsInFlight {
         taken.retain(|c| !chunks.contains(c));
         let pages: u64 = chunks.iter().map(|c| c.count as u64).sum();
         self.unmapping.fetch_sub(pages, Ordering::AcqRel);
+    }
+
+    /// Whether `run` is still being unmapped.
+    pub(super) fn is_in_flight(&self, run: PageRun) -> bool {
+        self.chunks.lock().contains(&run)
+    }
+
+    /// A lending of the arena's pages ended (after [`done`](Self::done) with its chunks).
+    pub(crate) fn lending_ended(&self) {
+        self.lendings_ended.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Waits until nothing is being unmapped.
@@ -194,6 +207,7 @@ impl Unmapping {
             fence,
             handles: chunks.iter().map(|c| c.handle).collect(),
             chunks,
+            stream: self.stream,
             in_flight: self.in_flight,
         })
     }
