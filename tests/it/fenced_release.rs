@@ -17,7 +17,7 @@ pub(crate) fn on_stream() -> AllocOptions {
 }
 
 /// Longer than a tick of the coarse clock, which paces the fences (one per tick at most).
-const NEXT_TICK: Duration = Duration::from_millis(25);
+pub(crate) const NEXT_TICK: Duration = Duration::from_millis(25);
 
 /// Waits for queued work so far: stream synchronisations and fence waits.
 fn waits(sim: &SimBackend) -> (u64, u64) {
@@ -213,14 +213,17 @@ fn making_room_waits_again_at_high_pressure_whatever_the_setting() {
 }
 
 /// The adaptive default on `sim`, with no idle page kept at any rung: the budget is the live peak.
-fn adaptive_manager(sim: &Arc<SimBackend>) -> MemoryManager {
-    let config = gpumem::ManagerConfig {
+pub(crate) fn adaptive_manager(sim: &Arc<SimBackend>) -> MemoryManager {
+    MemoryManager::new(sim.clone(), adaptive_config()).unwrap()
+}
+
+fn adaptive_config() -> gpumem::ManagerConfig {
+    gpumem::ManagerConfig {
         cache_mode: gpumem::manager::CacheMode::Adaptive,
         max_cached_bytes: Some(0),
         trim_on_high_pressure: false,
         ..crate::support::tight_config(0)
-    };
-    MemoryManager::new(sim.clone(), config).unwrap()
+    }
 }
 
 /// The adaptive default keeps the room past the budget until the device maps a gigabyte block:
@@ -261,13 +264,18 @@ fn beside_a_gigabyte_block_the_adaptive_default_waits_to_make_room() {
 }
 
 /// It gives the room up too once a wait for the GPU has lasted `LONG_GPU_WAIT_NS`: a host that
-/// far ahead of its GPU loses little by waiting, and the room only holds memory.
+/// far ahead of its GPU loses little by waiting, and the room only holds memory. (Left to the
+/// default, the miss then lends instead of waiting: `stream_ordered_reuse.rs`.)
 #[test]
 fn after_a_long_wait_for_the_gpu_the_adaptive_default_waits_to_make_room() {
     let long = Duration::from_nanos(gpumem::manager::adaptive::LONG_GPU_WAIT_NS);
     for backlog in [Duration::ZERO, long + NEXT_TICK] {
         let sim = sim_backend();
-        let m = adaptive_manager(&sim);
+        let config = gpumem::ManagerConfig {
+            stream_ordered_reuse: Some(false),
+            ..adaptive_config()
+        };
+        let m = MemoryManager::new(sim.clone(), config).unwrap();
         let (first, _) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
         assert_eq!(first, (0, 0), "within the default room: no wait");
         // The cache emptied while the GPU is `backlog` behind: one wait of that long.

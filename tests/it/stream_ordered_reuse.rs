@@ -3,19 +3,22 @@
 //! their old address stays mapped until the GPU has passed it, and nothing else on the device
 //! gets those chunks, or gives them back to the driver, before.
 
-use crate::fenced_release::{miss_past_the_budget_while_the_gpu_lags, on_stream};
+use crate::fenced_release::{
+    adaptive_manager, miss_past_the_budget_while_the_gpu_lags, on_stream, NEXT_TICK,
+};
 use crate::support::{sim_backend, tight_config};
 use gpumem::backend::sim::SimBackend;
 use gpumem::units::MIB;
 use gpumem::MemoryManager;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A manager that may keep no idle page and has no room past its budget (a miss making room
 /// would wait for the GPU), with `stream_ordered_reuse`.
 fn lending_manager(sim: &Arc<SimBackend>) -> MemoryManager {
     let config = gpumem::ManagerConfig {
         room_without_waiting_bytes: 0,
-        stream_ordered_reuse: true,
+        stream_ordered_reuse: Some(true),
         trim_on_high_pressure: false,
         ..tight_config(0)
     };
@@ -65,4 +68,48 @@ fn emptying_the_cache_waits_for_the_gpu_to_pass_what_a_miss_lent_and_returns_eve
     sim.hold_fences(false);
     drop(m);
     assert_eq!(sim.outstanding_fences(), 0, "no fence outlives the manager");
+}
+
+/// Left to the adaptive default (`stream_ordered_reuse = "auto"`), lending starts once a wait
+/// for the GPU has lasted `LEND_AFTER_GPU_WAIT_NS`: the miss that would then wait lends
+/// instead, holding what waiting holds. After short waits it keeps the room past the budget;
+/// after a wait long enough to lose the room but shorter than that, it waits.
+#[test]
+fn the_adaptive_default_lends_once_a_wait_for_the_gpu_was_long() {
+    use gpumem::manager::adaptive::{LEND_AFTER_GPU_WAIT_NS, LONG_GPU_WAIT_NS};
+    let (lose_room, lend) = (
+        Duration::from_nanos(LONG_GPU_WAIT_NS),
+        Duration::from_nanos(LEND_AFTER_GPU_WAIT_NS),
+    );
+    assert!(lose_room + NEXT_TICK < lend);
+    for backlog in [Duration::ZERO, lose_room + NEXT_TICK, lend + NEXT_TICK] {
+        let sim = sim_backend();
+        let m = adaptive_manager(&sim);
+        assert_eq!(m.config().stream_ordered_reuse, None, "auto by default");
+        let (first, _) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
+        assert_eq!(first, (0, 0), "within the default room: no wait");
+        sim.set_gpu_backlog(backlog);
+        sim.hold_fences(true);
+        m.empty_cache();
+        sim.hold_fences(false);
+        sim.set_gpu_backlog(Duration::ZERO);
+        let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
+        let lent = sim.detached_mappings(0) > 0;
+        let outcome = (syncs + fence_waits, reserved / MIB, lent);
+        if backlog > lend {
+            assert_eq!(
+                outcome,
+                (0, 12, true),
+                "lent, after {backlog:?}: none created"
+            );
+        } else if backlog > lose_room {
+            assert_eq!(outcome, (1, 12, false), "waited, after {backlog:?}");
+        } else {
+            assert_eq!(
+                outcome,
+                (0, 20, false),
+                "the room: pages created beside the idle ones"
+            );
+        }
+    }
 }

@@ -75,6 +75,7 @@ impl MemoryManager {
         // unmapped is one page fewer to create.
         let excess_pages = (held + creating - budget).min(idle).min(creating);
         // `make_room_without_waiting` is a room without end.
+        self.lend_once_a_wait_was_long(managed);
         let room_without_waiting = self.room_without_waiting_bytes(managed) / page;
         let within_room = config.make_room_without_waiting
             || held + creating <= budget.saturating_add(room_without_waiting);
@@ -105,6 +106,19 @@ impl MemoryManager {
             0
         } else {
             self.config().room_without_waiting_bytes
+        }
+    }
+
+    /// `stream_ordered_reuse` left to the adaptive default: once a wait for the GPU has lasted
+    /// [`LEND_AFTER_GPU_WAIT_NS`](super::adaptive::LEND_AFTER_GPU_WAIT_NS), a miss making
+    /// room lends its own stream's busy idle pages to itself instead of waiting
+    /// (`pool/lending.rs`), for the rest of the process.
+    fn lend_once_a_wait_was_long(&self, managed: &ManagedDevice) {
+        if self.config().stream_ordered_reuse.is_none()
+            && managed.adapting.is_some()
+            && managed.pages.gpu_wait_ns.longest() >= super::adaptive::LEND_AFTER_GPU_WAIT_NS
+        {
+            managed.pages.set_stream_ordered_reuse(true);
         }
     }
 

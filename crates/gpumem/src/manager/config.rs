@@ -144,15 +144,19 @@ pub struct MemoryConfig {
     /// whatever it is.
     pub room_without_waiting_bytes: u64,
     /// Whether a miss that must make room from its own stream's idle pages, while the GPU may
-    /// still be using them, maps them at its block's address at once instead of waiting (off
-    /// by default). The pages stay mapped at their old address too until the GPU has passed
-    /// it; work on one stream runs in order, so the block's work starts only after the old
-    /// work ends, as when a caching allocator hands a freed block to its own stream. The
-    /// process holds no more than waiting does, and a host running ahead of its GPU does not
-    /// stall. Under PyTorch, waiting cost a long-convolution trainer 0.6–1.3 % of its round,
-    /// and never waiting held more than expandable segments (docs/performance.md). Not yet
-    /// measured on a GPU; the CUDA backend does it, the simulated device too.
-    pub stream_ordered_reuse: bool,
+    /// still be using them, maps them at its block's address at once instead of waiting. The
+    /// pages stay mapped at their old address too until the GPU has passed it; work on one
+    /// stream runs in order, so the block's work starts only after the old work ends, as when
+    /// a caching allocator hands a freed block to its own stream. `Some(true)` always,
+    /// `Some(false)` never; `None` (the default, `"auto"` in a file) lets the adaptive default
+    /// start it once a wait for the GPU has lasted
+    /// [`LEND_AFTER_GPU_WAIT_NS`](super::adaptive::LEND_AFTER_GPU_WAIT_NS): a host that far
+    /// ahead of its GPU stalls at every such wait. Under PyTorch on an H200 a long-convolution trainer took
+    /// 0.994–1.001 of the default allocator's round with it and 1.007–1.014 waiting, at
+    /// process peaks under expandable segments' both ways; where the waits are short, lending
+    /// held up to 40 MiB more and bought nothing (docs/gpu-results.md). Replays run no kernels
+    /// and wait for nothing: the same whatever it is.
+    pub stream_ordered_reuse: Option<bool>,
     /// Whether a block the pool's index would place on unmapped pages goes instead to free
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by
     /// default). Misses that only moved idle pages from one place to another become hits: on
@@ -206,7 +210,7 @@ impl Default for MemoryConfig {
             whole_chunks_when_growing: false,
             make_room_without_waiting: false,
             room_without_waiting_bytes: 256 * MIB,
-            stream_ordered_reuse: false,
+            stream_ordered_reuse: None,
             place_on_mapped_pages: false,
             map_ahead_when_growing: false,
             cache_mode: CacheMode::Adaptive,

@@ -248,7 +248,7 @@ impl MemoryManager {
             ChunkSizes::new(config.max_chunk_bytes, config.inside_chunk_bytes)
                 .whole_when_growing(config.whole_chunks_when_growing),
         )?);
-        pages.set_stream_ordered_reuse(config.stream_ordered_reuse);
+        pages.set_stream_ordered_reuse(config.stream_ordered_reuse == Some(true));
         let (setting, adapting) = adapting::starting(config, page_size);
         adapting::store(pages.knobs(), &setting, page_size);
         let mut device = ManagedDevice {

@@ -84,11 +84,19 @@ impl Raw<'_> {
 
     fn boolean(&self, key: &str) -> Result<bool, ConfigError> {
         self.parse(key, "true or false", Why::Detail, |t| {
-            match t.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" | "on" => Ok(true),
-                "false" | "0" | "no" | "off" => Ok(false),
-                _ => Err("expected true or false".to_string()),
+            truth(t).ok_or_else(|| "expected true or false".to_string())
+        })
+    }
+
+    /// True, false, or `auto` (`None`): left to the adaptive default.
+    fn boolean_or_auto(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        self.parse(key, "true, false or auto", Why::Detail, |t| {
+            if t.eq_ignore_ascii_case("auto") {
+                return Ok(None);
             }
+            truth(t)
+                .map(Some)
+                .ok_or_else(|| "expected true, false or auto".to_string())
         })
     }
 
@@ -247,7 +255,7 @@ const SETTERS: &[(&str, Setter)] = &[
         raw.bytes(key).map(|v| c.room_without_waiting_bytes = v)
     }),
     ("stream_ordered_reuse", |c, raw, key| {
-        raw.boolean(key).map(|v| c.stream_ordered_reuse = v)
+        raw.boolean_or_auto(key).map(|v| c.stream_ordered_reuse = v)
     }),
     ("place_on_mapped_pages", |c, raw, key| {
         raw.boolean(key).map(|v| c.place_on_mapped_pages = v)
@@ -355,6 +363,15 @@ fn apply_toml(config: &mut MemoryConfig, shown: &str, text: &str) -> Result<(), 
             .map_err(|e| ConfigError::new(format!("{shown}: {}", e.key), e.message))?;
     }
     Ok(())
+}
+
+/// A boolean as a file or an environment variable spells it.
+fn truth(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 /// A configuration from the text of a TOML file alone (no environment), checked: what

@@ -189,3 +189,21 @@ fn mapping_ahead_is_a_key_of_the_file_and_the_environment() {
         "{err}"
     );
 }
+
+#[test]
+fn stream_ordered_reuse_is_true_false_or_left_to_the_adaptive_default() {
+    let set = |text: &str| from_file(text).map(|c| c.stream_ordered_reuse);
+    assert_eq!(set("").unwrap(), None);
+    assert_eq!(set("stream_ordered_reuse = \"auto\"\n").unwrap(), None);
+    assert_eq!(set("stream_ordered_reuse = true\n").unwrap(), Some(true));
+    assert_eq!(
+        set("stream_ordered_reuse = \"off\"\n").unwrap(),
+        Some(false)
+    );
+    let err = set("stream_ordered_reuse = \"sometimes\"\n").unwrap_err();
+    let err = err.to_string();
+    assert!(
+        err.contains("stream_ordered_reuse") && err.contains("true, false or auto"),
+        "{err}"
+    );
+}
