@@ -8,7 +8,7 @@ use crate::fenced_release::{
 };
 use crate::support::{sim_backend, tight_config};
 use gpumem::backend::sim::SimBackend;
-use gpumem::units::MIB;
+use gpumem::units::{GIB, MIB};
 use gpumem::MemoryManager;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,23 +71,24 @@ fn emptying_the_cache_waits_for_the_gpu_to_pass_what_a_miss_lent_and_returns_eve
 }
 
 /// Left to the adaptive default (`stream_ordered_reuse = "auto"`), lending starts once a wait
-/// for the GPU has lasted `LEND_AFTER_GPU_WAIT_NS`: the miss that would then wait lends
-/// instead, holding what waiting holds. After short waits it keeps the room past the budget;
-/// after a wait long enough to lose the room but shorter than that, it waits.
+/// for the GPU has lasted `LONG_GPU_WAIT_NS` (the room past the budget went with it): the miss
+/// that would then wait lends instead, holding what waiting holds. After short waits it keeps
+/// the room; beside a gigabyte block it waits.
 #[test]
-fn the_adaptive_default_lends_once_a_wait_for_the_gpu_was_long() {
-    use gpumem::manager::adaptive::{LEND_AFTER_GPU_WAIT_NS, LONG_GPU_WAIT_NS};
-    let (lose_room, lend) = (
-        Duration::from_nanos(LONG_GPU_WAIT_NS),
-        Duration::from_nanos(LEND_AFTER_GPU_WAIT_NS),
-    );
-    assert!(lose_room + NEXT_TICK < lend);
-    for backlog in [Duration::ZERO, lose_room + NEXT_TICK, lend + NEXT_TICK] {
+fn the_adaptive_default_lends_once_a_wait_for_the_gpu_was_long_unless_blocks_are_gigabytes() {
+    let long = Duration::from_nanos(gpumem::manager::adaptive::LONG_GPU_WAIT_NS);
+    for (backlog, gigabyte) in [
+        (Duration::ZERO, false),
+        (long + NEXT_TICK, false),
+        (long + NEXT_TICK, true),
+    ] {
         let sim = sim_backend();
         let m = adaptive_manager(&sim);
         assert_eq!(m.config().stream_ordered_reuse, None, "auto by default");
-        let (first, _) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
-        assert_eq!(first, (0, 0), "within the default room: no wait");
+        let large = gigabyte.then(|| m.alloc(0, GIB, &on_stream()).unwrap());
+        let held_for_it = if gigabyte { GIB } else { 0 };
+        // Something cached for emptying the cache to wait for.
+        miss_past_the_budget_while_the_gpu_lags(&sim, &m);
         sim.set_gpu_backlog(backlog);
         sim.hold_fences(true);
         m.empty_cache();
@@ -95,21 +96,15 @@ fn the_adaptive_default_lends_once_a_wait_for_the_gpu_was_long() {
         sim.set_gpu_backlog(Duration::ZERO);
         let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
         let lent = sim.detached_mappings(0) > 0;
-        let outcome = (syncs + fence_waits, reserved / MIB, lent);
-        if backlog > lend {
-            assert_eq!(
-                outcome,
-                (0, 12, true),
-                "lent, after {backlog:?}: none created"
-            );
-        } else if backlog > lose_room {
-            assert_eq!(outcome, (1, 12, false), "waited, after {backlog:?}");
+        let outcome = (syncs + fence_waits, (reserved - held_for_it) / MIB, lent);
+        let case = format!("after {backlog:?}, gigabyte block {gigabyte}");
+        if gigabyte {
+            assert_eq!(outcome, (1, 12, false), "waited, {case}");
+        } else if backlog > long {
+            assert_eq!(outcome, (0, 12, true), "lent, {case}: none created");
         } else {
-            assert_eq!(
-                outcome,
-                (0, 20, false),
-                "the room: pages created beside the idle ones"
-            );
+            assert_eq!(outcome, (0, 20, false), "the room, {case}: pages created");
         }
+        drop(large);
     }
 }

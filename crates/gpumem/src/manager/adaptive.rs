@@ -109,18 +109,9 @@ pub const LARGE_BLOCK_BYTES: u64 = 2 * MAX_SLACK_BYTES;
 /// always 11,994-12,156 MiB at 1.000 (docs/gpu-results.md). The room is for host-paced steps,
 /// where a wait drains a queue of a few milliseconds (a small CNN server's batch-128 step is
 /// 11 ms of GPU work in all; of ten more workloads on an H200, only that trainer and one with
-/// gigabyte blocks waited longer than GPT-2 training's 1.2 ms).
+/// gigabyte blocks waited longer than GPT-2 training's 1.2 ms). Such a wait also starts
+/// `stream_ordered_reuse` where it is left to the adaptive default (`cache.rs`).
 pub const LONG_GPU_WAIT_NS: u64 = 20_000_000;
-
-/// A wait for the GPU this long or longer starts `stream_ordered_reuse` where it is left to the
-/// adaptive default: from then on a miss that would wait for its own stream's idle pages maps
-/// them at once (`pool/lending.rs`). Lending holds a little more than waiting, so only a
-/// process that waits far longer than the room's threshold lends. Under PyTorch on an H200 a
-/// long-convolution trainer's longest wait was 119-128 ms in every process, and lending took
-/// its round from 1.007 to 0.994 of the default allocator's at a peak still under expandable
-/// segments'; a point-cloud network (gigabyte blocks, 550 ms steps) waited at most 16-18 ms, and
-/// lending there held 28 MiB more, over expandable segments' peak (docs/gpu-results.md).
-pub const LEND_AFTER_GPU_WAIT_NS: u64 = 50_000_000;
 
 /// Misses costing more than this per operation served (in the window) are worth memory: the
 /// driver's own pool answers an allocation and its free in about a microsecond.

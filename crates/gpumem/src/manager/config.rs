@@ -150,8 +150,8 @@ pub struct MemoryConfig {
     /// a caching allocator hands a freed block to its own stream. `Some(true)` always,
     /// `Some(false)` never; `None` (the default, `"auto"` in a file) lets the adaptive default
     /// start it once a wait for the GPU has lasted
-    /// [`LEND_AFTER_GPU_WAIT_NS`](super::adaptive::LEND_AFTER_GPU_WAIT_NS): a host that far
-    /// ahead of its GPU stalls at every such wait. Under PyTorch on an H200 a long-convolution trainer took
+    /// [`LONG_GPU_WAIT_NS`](super::adaptive::LONG_GPU_WAIT_NS), where no gigabyte block was
+    /// mapped: a host that far ahead of its GPU stalls at every such wait. Under PyTorch on an H200 a long-convolution trainer took
     /// 0.994–1.001 of the default allocator's round with it and 1.007–1.014 waiting, at
     /// process peaks under expandable segments' both ways; where the waits are short, lending
     /// held up to 40 MiB more and bought nothing (docs/gpu-results.md). Replays run no kernels
