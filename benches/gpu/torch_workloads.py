@@ -563,7 +563,9 @@ def child(args):
                       driver_maps=stats["num_device_alloc"],
                       adaptive_level=stats.get("cache_adaptive_level"),
                       room_without_waiting_bytes=stats.get("cache_room_without_waiting_bytes"),
-                      longest_gpu_wait_ms=stats.get("pool_gpu_wait_ns_longest", 0) / 1e6)
+                      longest_gpu_wait_ms=stats.get("pool_gpu_wait_ns_longest", 0) / 1e6,
+                      lending=stats.get("cache_stream_ordered_reuse"),
+                      lendings=stats.get("pool_lendings"))
     print(MARK + json.dumps(result), flush=True)
 
 

@@ -96,6 +96,12 @@ fn the_adaptive_default_lends_once_a_wait_for_the_gpu_was_long_unless_blocks_are
         sim.set_gpu_backlog(Duration::ZERO);
         let ((syncs, fence_waits), reserved) = miss_past_the_budget_while_the_gpu_lags(&sim, &m);
         let lent = sim.detached_mappings(0) > 0;
+        let (lending, lendings) = m.stream_ordered_reuse(0).unwrap();
+        assert_eq!(
+            (lending, lendings > 0),
+            (lent, lent),
+            "the statistics say so"
+        );
         let outcome = (syncs + fence_waits, (reserved - held_for_it) / MIB, lent);
         let case = format!("after {backlog:?}, gigabyte block {gigabyte}");
         if gigabyte {

@@ -217,6 +217,13 @@ pub(super) fn memory_stats(runtime: &Runtime, device: usize) -> Result<Value, St
     if let Some(room) = room {
         put("cache_room_without_waiting_bytes", room);
     }
+    // Whether a miss lends its stream's busy idle pages instead of waiting, and how often it did.
+    let (lending, lendings) = runtime
+        .manager
+        .stream_ordered_reuse(device)
+        .map_err(|e| e.to_string())?;
+    put("cache_stream_ordered_reuse", u64::from(lending));
+    put("pool_lendings", lendings);
     put("ffi_live_allocations", runtime.live.len() as u64);
     put(
         "ffi_frees_waiting_for_streams",

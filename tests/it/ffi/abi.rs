@@ -202,6 +202,11 @@ fn the_statistics_say_where_the_adaptive_default_stands() {
         stat("cache_room_without_waiting_bytes"),
         gpumem::ManagerConfig::default().room_without_waiting_bytes
     );
+    // Nor a miss that lent its stream's busy pages: no wait has lasted 20 ms.
+    assert_eq!(
+        (stat("cache_stream_ordered_reuse"), stat("pool_lendings")),
+        (0, 0)
+    );
 }
 
 #[test]

@@ -131,6 +131,14 @@ impl MemoryManager {
         }
     }
 
+    /// Whether a miss on `device` that must make room from its own stream's busy idle pages
+    /// lends them to itself now instead of waiting (`stream_ordered_reuse`, or the adaptive
+    /// default's decision), and how many misses have lent so far.
+    pub fn stream_ordered_reuse(&self, device: usize) -> Result<(bool, u64), BackendError> {
+        let pages = &self.device(device)?.pages;
+        Ok((pages.lends_in_stream_order(), pages.lendings.made()))
+    }
+
     /// How far past its cache budget a miss on `device` may go now rather than wait for the
     /// GPU (`room_without_waiting_bytes`, 0 once the adaptive default saw the GPU pace the
     /// process), or `None` where it may go any distance (`make_room_without_waiting`).

@@ -16,7 +16,7 @@ use super::pages::PageRun;
 use super::reserve::PageReserve;
 use crate::backend::{DevicePtr, Fence, PhysicalChunk, StreamId};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Chunks one miss detached: where they were mapped, what the GPU must pass before those
@@ -66,6 +66,8 @@ pub(crate) struct Lendings {
     pending: Mutex<Vec<Lending>>,
     /// `pending.len()`, so that the paths that ask find none without a lock.
     count: AtomicUsize,
+    /// Lendings made so far: misses that did not wait for the GPU because they lent.
+    made: AtomicU64,
 }
 
 impl Lendings {
@@ -80,9 +82,15 @@ impl Lendings {
             pending.push(lending);
             self.count.store(pending.len(), Relaxed);
         }
+        self.made.fetch_add(1, Relaxed);
         let pages = leftovers.iter().map(|c| c.pages as u64).sum();
         reserve.keep(leftovers);
         reserve.end_unmapping(pages);
+    }
+
+    /// How many lendings have been made: misses that lent instead of waiting for the GPU.
+    pub(crate) fn made(&self) -> u64 {
+        self.made.load(Relaxed)
     }
 
     pub(crate) fn any(&self) -> bool {
