@@ -603,33 +603,21 @@ fn a_mapping_on_the_lenders_stream_takes_its_lent_chunks_and_another_streams_doe
     assert_eq!(reserve.spare_pages(), 5, "three created, two lent");
     let backend = reserve.backend();
     let elsewhere = backend.reserve_address_range(0, 12 * MIB).unwrap();
-    let other = reserve.map_lending(
-        elsewhere,
-        8 * MIB,
-        Cut::Ordinary,
-        &mut Vec::new(),
-        Some(StreamId(8)),
-    );
-    let other = other.unwrap();
-    assert_eq!(
-        (other.reused_pages, other.created_pages),
-        (3, 1),
-        "the lent two are left"
-    );
-    let own_at = elsewhere + 8 * MIB;
-    let own = reserve.map_lending(
-        own_at,
-        4 * MIB,
-        Cut::Ordinary,
-        &mut Vec::new(),
-        Some(StreamId(7)),
-    );
-    let own = own.unwrap();
-    assert_eq!(
-        (own.reused_pages, own.created_pages),
-        (2, 0),
-        "its stream's work runs after"
-    );
+    // (pages reused, pages created) mapping `bytes` at `offset` for `stream`.
+    let map_for = |offset: u64, bytes: u64, stream: u64| {
+        let mapped = reserve.map_lending(
+            elsewhere + offset,
+            bytes,
+            Cut::Ordinary,
+            &mut Vec::new(),
+            Some(StreamId(stream)),
+        );
+        let mapped = mapped.unwrap();
+        (mapped.reused_pages, mapped.created_pages)
+    };
+    assert_eq!(map_for(0, 8 * MIB, 8), (3, 1), "the lent two are left");
+    let own = map_for(8 * MIB, 4 * MIB, 7);
+    assert_eq!(own, (2, 0), "its stream's work runs after");
     reserve.unmap(elsewhere, 12 * MIB).unwrap();
     backend
         .release_address_range(0, elsewhere, 12 * MIB)
