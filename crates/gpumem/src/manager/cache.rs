@@ -74,8 +74,8 @@ impl MemoryManager {
         // Idle pages unmapped into the reserve are what the mapping then takes: each one
         // unmapped is one page fewer to create.
         let excess_pages = (held + creating - budget).min(idle).min(creating);
-        // `make_room_without_waiting` is a room without end.
         self.lend_once_a_wait_was_long(managed);
+        // `make_room_without_waiting` is a room without end.
         let room_without_waiting = self.room_without_waiting_bytes(managed) / page;
         let within_room = config.make_room_without_waiting
             || held + creating <= budget.saturating_add(room_without_waiting);

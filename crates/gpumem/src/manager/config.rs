@@ -151,11 +151,12 @@ pub struct MemoryConfig {
     /// `Some(false)` never; `None` (the default, `"auto"` in a file) lets the adaptive default
     /// start it once a wait for the GPU has lasted
     /// [`LONG_GPU_WAIT_NS`](super::adaptive::LONG_GPU_WAIT_NS), where no gigabyte block was
-    /// mapped: a host that far ahead of its GPU stalls at every such wait. Under PyTorch on an H200 a long-convolution trainer took
-    /// 0.994–1.001 of the default allocator's round with it and 1.007–1.014 waiting, at
-    /// process peaks under expandable segments' both ways; where the waits are short, lending
-    /// held up to 40 MiB more and bought nothing (docs/gpu-results.md). Replays run no kernels
-    /// and wait for nothing: the same whatever it is.
+    /// mapped: a host that far ahead of its GPU stalls at every such wait. Under PyTorch on an
+    /// H200 a long-convolution trainer took 0.994–1.001 of the default allocator's round with
+    /// it and 1.007–1.014 waiting, at process peaks under expandable segments' both ways; where
+    /// the waits are short, lending held up to 40 MiB more and bought nothing
+    /// (docs/gpu-results.md). Replays run no kernels and wait for nothing: the same whatever
+    /// it is.
     pub stream_ordered_reuse: Option<bool>,
     /// Whether a block the pool's index would place on unmapped pages goes instead to free
     /// bytes whose pages are mapped already, where a stretch of them holds it (off by

@@ -20,7 +20,7 @@ pub(super) struct OldAddresses {
 }
 
 impl OldAddresses {
-    /// Whether `block` holds an old address (not a block anyone was handed).
+    /// Whether the block at `block_offset` holds an old address (no one was handed it).
     pub(super) fn holds(&self, block_offset: u64, page_shift: u32) -> bool {
         self.holders
             .iter()
