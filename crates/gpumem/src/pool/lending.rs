@@ -35,6 +35,9 @@ pub(crate) struct Lending {
     pub(super) handles: Vec<u64>,
     /// The stream whose work may still use the old addresses.
     pub(super) stream: StreamId,
+    /// Whether the old addresses left are ones the driver refused to unmap, held off in their
+    /// arena rather than being unmapped (tried again at each settle).
+    pub(super) held_off: bool,
     pub(super) in_flight: Arc<UnmapsInFlight>,
 }
 
@@ -171,23 +174,42 @@ impl Lendings {
     }
 
     /// The GPU has passed `lending`'s fence: its old addresses go, its leftovers join the
-    /// reserve. An old address the driver will not unmap stays mapped, and its pages leave the
-    /// unmaps in flight all the same: the work on them is done, so the chunks serve elsewhere
-    /// unharmed, and a block placed there later fails to map with the driver's error instead of
-    /// waiting for an unmap that may never come.
+    /// reserve. An old address the driver will not unmap stays mapped: its lending stays
+    /// pending with it alone, to be tried again at a later settle, and its pages stay held off
+    /// in the arena meanwhile — no block lands there, no miss waits for them, and the arena's
+    /// address range is not given back (`Pool::wind_down` keeps the pool for another try).
     fn end(&self, reserve: &PageReserve, mut lending: Lending) {
         let backend = reserve.backend();
         let device = reserve.device();
-        for &(_, addr, bytes) in &lending.ranges {
-            if let Err(error) = backend.unmap_detached(device, addr, bytes) {
-                tracing::error!(device, %error, address = addr, bytes, "could not unmap an address whose pages a miss lent; it stays mapped");
+        let (mut unmapped, mut kept) = (Vec::new(), Vec::new());
+        for &(run, addr, bytes) in &lending.ranges {
+            match backend.unmap_detached(device, addr, bytes) {
+                Ok(()) => unmapped.push(run),
+                Err(error) => {
+                    tracing::warn!(device, %error, address = addr, bytes, "could not unmap an address whose pages a miss lent; it stays mapped");
+                    kept.push((run, addr, bytes));
+                }
             }
         }
-        let runs: Vec<PageRun> = lending.ranges.iter().map(|&(run, _, _)| run).collect();
-        lending.in_flight.done(&runs, &[]);
-        lending.in_flight.lending_ended();
+        let kept_runs: Vec<PageRun> = kept.iter().map(|&(run, _, _)| run).collect();
+        if lending.held_off {
+            lending.in_flight.release_held_off(&unmapped);
+        } else {
+            lending.in_flight.done(&unmapped, &[]);
+            lending.in_flight.hold_off(&kept_runs);
+        }
         let pages: u64 = lending.chunks.iter().map(|c| c.pages as u64).sum();
         reserve.keep(std::mem::take(&mut lending.chunks));
         reserve.end_unmapping(pages);
+        // Its arena may free what held the unmapped addresses (`old_addresses.rs`).
+        let in_flight = Arc::clone(&lending.in_flight);
+        if !kept.is_empty() {
+            lending.ranges = kept;
+            lending.held_off = true;
+            let mut pending = self.pending.lock();
+            pending.push(lending);
+            self.count.store(pending.len(), Relaxed);
+        }
+        in_flight.lending_ended();
     }
 }

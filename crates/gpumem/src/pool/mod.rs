@@ -148,6 +148,10 @@ impl SlotState {
         if let (Some(arena), Some(reserve)) = (self.arena.as_mut(), self.reserve.as_deref()) {
             // Pages another thread is unmapping must have left (or come back) first.
             arena.wait_for_all_unmaps(reserve);
+            if arena.holds_off_old_addresses() {
+                tracing::warn!(device, "an address whose pages a miss lent is still mapped (the driver refused to unmap it); the pool keeps its range for another try");
+                return;
+            }
             let released = arena.release_idle(reserve, |_, _| true, BusyStreams::Wait);
             counters.set_pages(arena.mapped_pages() as u64, arena.live_pages() as u64);
             if let Err(error) = account_release(counters, released) {

@@ -28,8 +28,11 @@ pub(crate) struct UnmapsInFlight {
     /// The chunks refused, to be marked idle again by the arena under its lock
     /// ([`Arena::settle_unmaps`]).
     refused: Mutex<Vec<PageRun>>,
-    /// How many lendings of the arena's pages have ended: the arena then frees what held
-    /// their old addresses (`old_addresses.rs`).
+    /// Old addresses of lent chunks the driver refused to unmap, tried again later: no
+    /// longer waited for, still held off in the index (`old_addresses.rs`).
+    held_off: Mutex<Vec<PageRun>>,
+    /// How many lendings of the arena's pages have been settled: the arena then frees what
+    /// held their old addresses (`old_addresses.rs`).
     pub(super) lendings_ended: AtomicU64,
 }
 
@@ -61,9 +64,33 @@ impl UnmapsInFlight {
         self.unmapping.fetch_sub(pages, Ordering::AcqRel);
     }
 
-    /// Whether `run` is still being unmapped.
+    /// Whether `run` is still being unmapped, or held off after the driver refused to unmap
+    /// it: no block may be placed on it.
     pub(super) fn is_in_flight(&self, run: PageRun) -> bool {
-        self.chunks.lock().contains(&run)
+        self.chunks.lock().contains(&run) || self.held_off.lock().contains(&run)
+    }
+
+    /// Old addresses of lent chunks the driver would not unmap: no longer being unmapped (no
+    /// one waits for them), still out of reach of new blocks until
+    /// [`release_held_off`](Self::release_held_off).
+    pub(crate) fn hold_off(&self, runs: &[PageRun]) {
+        if runs.is_empty() {
+            return;
+        }
+        self.held_off.lock().extend_from_slice(runs);
+        self.done(runs, &[]);
+    }
+
+    /// `runs`, held off, are unmapped now.
+    pub(crate) fn release_held_off(&self, runs: &[PageRun]) {
+        if !runs.is_empty() {
+            self.held_off.lock().retain(|run| !runs.contains(run));
+        }
+    }
+
+    /// Whether an old address the driver refused to unmap is still mapped in the arena.
+    pub(super) fn any_held_off(&self) -> bool {
+        !self.held_off.lock().is_empty()
     }
 
     /// A lending of the arena's pages ended (after [`done`](Self::done) with its chunks).
@@ -208,6 +235,7 @@ impl Unmapping {
             handles: chunks.iter().map(|c| c.handle).collect(),
             chunks,
             stream: self.stream,
+            held_off: false,
             in_flight: self.in_flight,
         })
     }
@@ -333,7 +361,15 @@ impl Arena {
         self.runs = runs;
     }
 
-    /// Before the arena's address range goes back: nothing may be left being unmapped in it.
+    /// Whether an old address of chunks a miss lent is still mapped because the driver refused
+    /// to unmap it: the arena's address range must not go back yet.
+    pub(crate) fn holds_off_old_addresses(&self) -> bool {
+        self.unmaps.any_held_off()
+    }
+
+    /// Before the arena's address range goes back: nothing may be left being unmapped in it
+    /// (an old address the driver refused to unmap stays mapped:
+    /// [`holds_off_old_addresses`](Self::holds_off_old_addresses)).
     pub(crate) fn wait_for_all_unmaps(&mut self, reserve: &PageReserve) {
         let unmaps = &self.unmaps;
         reserve
