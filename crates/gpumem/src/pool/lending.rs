@@ -8,8 +8,8 @@
 //! did not map go into the device's reserve at once, where only mappings for the same stream
 //! may take them (its work is queued after the old work, as the miss's own is), and no lent
 //! chunk goes back to the driver or to another stream's mapping before. Until then the arena
-//! maps nothing at the old addresses (its unmaps in flight); the cache budget sees what the
-//! device holds: the same physical chunks, under two addresses for a while.
+//! places no block on the old addresses (`arena/old_addresses.rs`); the cache budget sees what
+//! the device holds: the same physical chunks, under two addresses for a while.
 
 use super::arena::UnmapsInFlight;
 use super::pages::PageRun;
@@ -186,7 +186,12 @@ impl Lendings {
             match backend.unmap_detached(device, addr, bytes) {
                 Ok(()) => unmapped.push(run),
                 Err(error) => {
-                    tracing::warn!(device, %error, address = addr, bytes, "could not unmap an address whose pages a miss lent; it stays mapped");
+                    // Said once; the tries after it (one per settle) only at debug level.
+                    if lending.held_off {
+                        tracing::debug!(device, %error, address = addr, bytes, "still cannot unmap an address whose pages a miss lent");
+                    } else {
+                        tracing::warn!(device, %error, address = addr, bytes, "could not unmap an address whose pages a miss lent; it stays mapped, to be tried again");
+                    }
                     kept.push((run, addr, bytes));
                 }
             }
