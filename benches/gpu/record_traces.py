@@ -61,7 +61,7 @@ UNSEEN = ("detect_multiscale", "segment_multiscale", "unet_diffusion", "moe_trai
           "audio_ctc_train", "beam_search_generate", "seq2seq_train_varlen",
           "continuous_batching_serve", "gan_train_multires", "pointcloud_dgcnn_train",
           "speculative_decode_generate", "fft_longconv_train", "mae_pretrain_varmask",
-          "ppo_rollout_train")
+          "ppo_rollout_train", "dit_sample_cfg", "lora_finetune_packed", "nerf_hierarchical_train")
 WORKLOADS = {**{name: getattr(corpus_workloads, name) for name in CORPUS},
              **{name: getattr(unseen_workloads, name) for name in UNSEEN}}
 

@@ -819,3 +819,185 @@ def ppo_rollout_train():
                 loss.backward()
                 optimizer.step()
         del buffer, states, taken, old_log_probs, values, rewards, flat
+
+
+# The eighth set, written on 2026-11-28 after lending busy pages in stream order was made part of
+# the adaptive default (from a 20 ms wait for the GPU, never beside gigabyte blocks), a rule
+# chosen on fft_longconv_train and pointcloud_dgcnn_train: the first workloads that rule meets
+# without having been chosen on them.
+
+
+def dit_sample_cfg():
+    """A DiT-B-style diffusion transformer (12 blocks, 768 wide, adaLN-zero conditioning on the
+    timestep and class) sampling with classifier-free guidance, fp16, no gradients: 8 requests,
+    each a batch of 4-16 latents (doubled for the guidance) of 32 or 64 px cut into 2 px patches
+    (256 or 1,024 tokens), denoised in 12-24 steps. Every step's activations are freed before the
+    next; the token count and batch change between requests."""
+    width, depth, heads, channels = 768, 12, 12, 4
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1 = torch.nn.LayerNorm(width, elementwise_affine=False)
+            self.qkv = torch.nn.Linear(width, 3 * width)
+            self.out = torch.nn.Linear(width, width)
+            self.norm2 = torch.nn.LayerNorm(width, elementwise_affine=False)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(approximate="tanh"),
+                                           torch.nn.Linear(4 * width, width))
+            self.modulation = torch.nn.Linear(width, 6 * width)
+
+        def forward(self, x, condition):
+            shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(condition)[:, None].chunk(6, dim=-1)
+            h = self.norm1(x) * (1 + scale1) + shift1
+            q, k, v = self.qkv(h).view(x.shape[0], x.shape[1], 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+            attended = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            x = x + gate1 * self.out(attended.transpose(1, 2).reshape(x.shape))
+            return x + gate2 * self.mlp(self.norm2(x) * (1 + scale2) + shift2)
+
+    patch = torch.nn.Conv2d(channels, width, 2, stride=2)
+    time_mlp = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.SiLU(), torch.nn.Linear(width, width))
+    classes = torch.nn.Embedding(1001, width)  # class 1000: no class, the guidance's other half
+    blocks = torch.nn.ModuleList([Block() for _ in range(depth)])
+    final = torch.nn.Linear(width, 2 * 2 * channels)
+    model = torch.nn.ModuleList([patch, time_mlp, classes, blocks, final]).to(DEV).half().eval()
+
+    def sinusoid(values, size):
+        frequencies = torch.exp(-torch.arange(size // 2, device=DEV) * (9.21 / (size // 2)))
+        angles = values.float()[:, None] * frequencies[None]
+        return torch.cat([angles.sin(), angles.cos()], dim=-1).half()
+
+    with torch.no_grad():
+        for _ in range(8):
+            batch, side, steps = random.choice([4, 8, 16]), random.choice([32, 64]), random.randint(12, 24)
+            grid = side // 2
+            positions = sinusoid(torch.arange(grid * grid, device=DEV), width)[None]
+            labels = torch.randint(0, 1000, (batch,), device=DEV)
+            labels = torch.cat([labels, torch.full_like(labels, 1000)])
+            x = torch.randn(batch, channels, side, side, device=DEV, dtype=torch.half)
+            for step in range(steps):
+                t = torch.full((2 * batch,), 999 - step * (1000 // steps), device=DEV)
+                condition = time_mlp(sinusoid(t, 256)) + classes(labels)
+                tokens = patch(torch.cat([x, x])).flatten(2).transpose(1, 2) + positions
+                for block in blocks:
+                    tokens = block(tokens, condition)
+                out = final(tokens).view(2 * batch, grid, grid, channels, 2, 2)
+                noise = out.permute(0, 3, 1, 4, 2, 5).reshape(2 * batch, channels, side, side)
+                guided, unguided = noise.chunk(2)
+                x = x - 0.05 * (unguided + 4.0 * (guided - unguided))
+
+
+def lora_finetune_packed():
+    """Low-rank adapters (rank 16 on the attention's query and value projections and the MLP's
+    up projection) trained with AdamW on a frozen 8-layer, 1,024-wide decoder held in bf16:
+    rows of 1,024-4,096 tokens (1-4 a step, drawn, up to 16k tokens) under causal attention.
+    The frozen layers' activations are kept for the backward pass, but only the adapters get
+    gradients and optimizer state."""
+    width, layers, heads, vocabulary, rank = 1024, 8, 16, 8192, 16
+
+    def frozen(inputs, outputs):
+        return torch.randn(outputs, inputs, device=DEV, dtype=torch.bfloat16) / inputs ** 0.5
+
+    def adapter(inputs, outputs):
+        down = torch.nn.Parameter(torch.randn(rank, inputs, device=DEV) / inputs ** 0.5)
+        return down, torch.nn.Parameter(torch.zeros(outputs, rank, device=DEV))
+    embedding = torch.randn(vocabulary, width, device=DEV, dtype=torch.bfloat16) * 0.02
+    base = [dict(qkv=frozen(width, 3 * width), out=frozen(width, width), up=frozen(width, 4 * width),
+                 down=frozen(4 * width, width)) for _ in range(layers)]
+    adapters = [dict(q=adapter(width, width), v=adapter(width, width), up=adapter(width, 4 * width))
+                for _ in range(layers)]
+    optimizer = torch.optim.AdamW([p for layer in adapters for pair in layer.values() for p in pair], lr=1e-4)
+
+    def adapted(x, pair):
+        down, up = pair
+        return (x.float() @ down.t() @ up.t() * 2.0).to(x.dtype)
+
+    for _ in range(12):
+        rows, length = random.choice([1, 2, 4]), random.choice([1024, 2048, 4096])
+        if rows * length > 16384:
+            rows = 16384 // length
+        tokens = torch.randint(0, vocabulary, (rows, length + 1), device=DEV)
+        x = embedding[tokens[:, :-1]]
+        for weights, lora in zip(base, adapters):
+            h = torch.nn.functional.layer_norm(x, (width,))
+            q, k, v = (h @ weights["qkv"].t()).split(width, dim=-1)
+            q, v = q + adapted(h, lora["q"]), v + adapted(h, lora["v"])
+            q, k, v = (t.view(rows, length, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+            attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + attended.transpose(1, 2).reshape(rows, length, width) @ weights["out"].t()
+            h = torch.nn.functional.layer_norm(x, (width,))
+            up = h @ weights["up"].t() + adapted(h, lora["up"])
+            x = x + torch.nn.functional.gelu(up) @ weights["down"].t()
+        logits = torch.nn.functional.layer_norm(x, (width,)) @ embedding.t()
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocabulary), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def nerf_hierarchical_train():
+    """A NeRF-style radiance field trained with Adam, fp32: 1,024-4,096 rays a step (drawn), 64
+    coarse samples a ray through an 8-layer, 256-wide MLP on positionally encoded points, then
+    32-128 fine samples a ray drawn by inverse-transform sampling of the coarse weights, sorted
+    in with the coarse ones and run through a second MLP: the sample count, and with it every
+    intermediate's size, changes each step."""
+    width = 256
+
+    def encode(points, frequencies):
+        scaled = points[..., None, :] * (2.0 ** torch.arange(frequencies, device=DEV))[:, None]
+        return torch.cat([points, scaled.sin().flatten(-2), scaled.cos().flatten(-2)], dim=-1)
+
+    class Field(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = torch.nn.ModuleList([torch.nn.Linear(63 if i == 0 else width, width) for i in range(4)])
+            self.second = torch.nn.ModuleList([torch.nn.Linear(width + 63 if i == 0 else width, width)
+                                               for i in range(4)])
+            self.density = torch.nn.Linear(width, 1)
+            self.colour = torch.nn.Sequential(torch.nn.Linear(width + 27, width // 2), torch.nn.ReLU(),
+                                              torch.nn.Linear(width // 2, 3))
+
+        def forward(self, points, directions):
+            encoded = encode(points, 10)
+            h = encoded
+            for layer in self.first:
+                h = torch.relu(layer(h))
+            h = torch.cat([h, encoded], dim=-1)
+            for layer in self.second:
+                h = torch.relu(layer(h))
+            view = encode(directions, 4)[:, None].expand(-1, points.shape[1], -1)
+            return torch.relu(self.density(h)).squeeze(-1), torch.sigmoid(self.colour(torch.cat([h, view], dim=-1)))
+
+    def render(field, origins, directions, depths):
+        density, colour = field(origins[:, None] + depths[..., None] * directions[:, None], directions)
+        gaps = torch.cat([depths[:, 1:] - depths[:, :-1], torch.full_like(depths[:, :1], 1e3)], dim=-1)
+        alpha = 1 - torch.exp(-density * gaps)
+        through = torch.cumprod(torch.cat([torch.ones_like(alpha[:, :1]), 1 - alpha + 1e-10], dim=-1), dim=-1)
+        weights = alpha * through[:, :-1]
+        return (weights[..., None] * colour).sum(dim=1), weights
+
+    coarse, fine = Field().to(DEV), Field().to(DEV)
+    optimizer = torch.optim.Adam([*coarse.parameters(), *fine.parameters()], lr=5e-4)
+    near, far = 2.0, 6.0
+    for _ in range(24):
+        rays, extra = random.choice([1024, 2048, 4096]), random.choice([32, 64, 128])
+        origins = torch.randn(rays, 3, device=DEV)
+        directions = torch.nn.functional.normalize(torch.randn(rays, 3, device=DEV), dim=-1)
+        target = torch.rand(rays, 3, device=DEV)
+        bins = torch.linspace(near, far, 65, device=DEV)
+        depths = bins[:-1] + torch.rand(rays, 64, device=DEV) * (bins[1] - bins[0])
+        colour_coarse, weights = render(coarse, origins, directions, depths)
+        with torch.no_grad():
+            pdf = (weights[:, 1:-1] + 1e-5) / (weights[:, 1:-1] + 1e-5).sum(dim=-1, keepdim=True)
+            cdf = torch.cat([torch.zeros_like(pdf[:, :1]), pdf.cumsum(dim=-1)], dim=-1)
+            middles = (depths[:, 1:] + depths[:, :-1]) / 2
+            drawn = torch.rand(rays, extra, device=DEV)
+            index = torch.searchsorted(cdf, drawn, right=True).clamp(1, cdf.shape[1] - 1)
+            low, high = cdf.gather(1, index - 1), cdf.gather(1, index)
+            share = (drawn - low) / (high - low).clamp(min=1e-5)
+            resampled = middles.gather(1, index - 1) + share * (middles.gather(1, index) - middles.gather(1, index - 1))
+            every_depth = torch.sort(torch.cat([depths, resampled], dim=-1), dim=-1).values
+        colour_fine, _ = render(fine, origins, directions, every_depth)
+        loss = ((colour_coarse - target) ** 2).mean() + ((colour_fine - target) ** 2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
