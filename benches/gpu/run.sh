@@ -27,15 +27,8 @@ nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv 
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   log "integration tests, GPU required"
-  # The tests find the binary and the repository's files at the paths cargo baked in at build
-  # time: make those paths lead to this checkout.
-  manifest=$(strings "$bin/it" | grep -m1 -o '/[^ ]*/target/release/gpumem' | sed 's#/target/release/gpumem$##')
-  if [ -n "$manifest" ] && [ ! -e "$manifest" ]; then
-    mkdir -p "$(dirname "$manifest")" && ln -s "$(cd "$here/../.." && pwd)" "$manifest"
-  fi
-  [ -n "$manifest" ] && mkdir -p "$manifest/target/release" && cp "$bin/gpumem" "$manifest/target/release/gpumem"
-  GPUMEM_REQUIRE_GPU=1 "$bin/it" --test-threads=1 ${IT_FILTER:-} > "$out/tests.log" 2>&1
-  echo "exit=$?"; grep -E "^test result|FAILED|panicked" "$out/tests.log"
+  # shellcheck disable=SC2086 # IT_FILTER is a list of filters
+  "$here/gpu_tests.sh" "$bin" "$out/tests.log" ${IT_FILTER:-}
 fi
 
 if [ "${SKIP_SPEED:-0}" != 1 ]; then
