@@ -155,6 +155,13 @@ pub(crate) struct CommonArgs {
     /// makes for the GPU then shows (`replay` reports them as `gpu_waits`).
     #[arg(long, env = "GPUMEM_SIM_GPU_BEHIND", global = true)]
     pub sim_gpu_behind: bool,
+
+    /// Make the simulated GPU run this many fences behind the host on every stream: the work
+    /// before a fence counts as done once this many more fences are recorded on its stream, as
+    /// on a GPU whose queue stays that deep, and a wait finishes it at once. Implies
+    /// --sim-gpu-behind, whose GPU never catches up by itself.
+    #[arg(long, env = "GPUMEM_SIM_GPU_LAG", value_name = "FENCES", global = true)]
+    pub sim_gpu_lag: Option<u64>,
 }
 
 impl CommonArgs {
@@ -163,8 +170,14 @@ impl CommonArgs {
             .map_err(|e| CliError::usage(format!("--sim-memory: {e}")))?;
         let count = settings::check_sim_devices(self.sim_devices)
             .map_err(|e| CliError::usage(format!("--sim-devices: {e}")))?;
+        if self.sim_gpu_lag == Some(0) {
+            return Err(CliError::usage(
+                "--sim-gpu-lag: give 1 fence or more (--sim-gpu-behind alone is a GPU that never catches up)",
+            ));
+        }
         Ok(sim::SimConfig {
-            gpu_behind: self.sim_gpu_behind,
+            gpu_behind: self.sim_gpu_behind || self.sim_gpu_lag.is_some(),
+            gpu_lag_fences: self.sim_gpu_lag.unwrap_or(0),
             ..settings::sim_config(total, count, self.sim_driver_costs)
         })
     }

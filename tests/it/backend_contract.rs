@@ -3,7 +3,7 @@
 
 use crate::support::{all_backends, sim_backend};
 use gpumem::backend::sim::{SimBackend, SimConfig, SimDeviceSpec};
-use gpumem::backend::DirectMemory;
+use gpumem::backend::{DirectMemory, StreamOrder};
 use gpumem::units::MIB;
 use gpumem::{BackendError, DeviceBackend, StreamId};
 use std::time::{Duration, Instant};
@@ -288,6 +288,34 @@ fn fences_can_be_waited_for_and_pass() {
             std::thread::sleep(Duration::from_millis(1));
         }
     });
+}
+
+#[test]
+fn a_simulated_gpu_lagging_two_fences_passes_each_once_two_more_are_on_its_stream() {
+    let sim = sim_backend();
+    sim.hold_fences(true);
+    sim.set_gpu_lag(2);
+    let (mine, other) = (StreamId(0x10), StreamId(0x20));
+    let first = sim.record_fence(0, mine).unwrap();
+    let second = sim.record_fence(0, mine).unwrap();
+    // Fences on another stream are another queue: they finish none of this one's work.
+    for _ in 0..4 {
+        sim.record_fence(0, other).unwrap();
+    }
+    assert!(
+        !sim.fence_passed(0, first).unwrap(),
+        "one later fence on its stream"
+    );
+    let third = sim.record_fence(0, mine).unwrap();
+    assert!(
+        sim.fence_passed(0, first).unwrap(),
+        "two later fences on its stream"
+    );
+    assert!(!sim.fence_passed(0, second).unwrap());
+    assert!(!sim.fence_passed(0, third).unwrap());
+    // A wait still finishes everything before the fence waited for, lag or not.
+    sim.wait_fence(0, third).unwrap();
+    assert!(sim.fence_passed(0, second).unwrap());
 }
 
 #[test]

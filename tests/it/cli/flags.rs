@@ -14,6 +14,8 @@ fn bad_flag_values_exit_2() {
         &["devices", "--devices", "zero"],
         &["replay"],
         &["replay", "--strategy", "magic", "x.trace"],
+        &["devices", "--sim-gpu-lag", "0"],
+        &["devices", "--sim-gpu-lag", "deep"],
     ] {
         let out = gpumem(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));

@@ -63,6 +63,10 @@ pub struct SimConfig {
     /// waited for ([`SimBackend::hold_fences`] from the start), so every wait a host running
     /// ahead of its GPU would make shows.
     pub gpu_behind: bool,
+    /// With `gpu_behind`, how many fences the GPU runs behind on each stream: a fence passes
+    /// by itself once that many more are recorded on its stream ([`SimBackend::set_gpu_lag`]).
+    /// 0: it never catches up by itself.
+    pub gpu_lag_fences: u64,
 }
 
 impl Default for SimConfig {
@@ -72,6 +76,7 @@ impl Default for SimConfig {
             granularity: 2 * MIB,
             driver_costs: DriverCosts::Free,
             gpu_behind: false,
+            gpu_lag_fences: 0,
         }
     }
 }
@@ -166,6 +171,7 @@ impl SimBackend {
             fences: SimFences::default(),
         };
         sim.hold_fences(config.gpu_behind);
+        sim.set_gpu_lag(config.gpu_lag_fences);
         sim
     }
 

@@ -1,5 +1,6 @@
 //! Streams on the simulated device ([`StreamOrder`]): CUDA graph captures begun and ended by
-//! tests, fences that pass at once unless held, and the synchronisations counted.
+//! tests, fences that pass at once unless held (then when waited for, or a set number of fences
+//! later), and the synchronisations counted.
 
 use super::costs::spend;
 use super::SimBackend;
@@ -25,17 +26,32 @@ pub(super) struct SimCaptures {
 /// Fences recorded and not yet seen passed. Simulated work finishes as it is queued, so a
 /// fence passes at once, unless a test holds them ([`SimBackend::hold_fences`]) to play a
 /// stream still busy. Held work still runs in stream order: waiting for a fence, or for a
-/// stream, finishes everything queued on that stream before it, as on a GPU.
+/// stream, finishes everything queued on that stream before it, as on a GPU; with a lag
+/// ([`SimBackend::set_gpu_lag`]) the work before a fence also finishes by itself once that
+/// many more fences have been recorded on its stream.
 #[derive(Debug, Default)]
 pub(super) struct SimFences {
-    /// (device, fence) -> (its stream, whether a wait has finished the work before it).
-    outstanding: Mutex<HashMap<(usize, u64), (StreamId, bool)>>,
+    /// (device, fence) -> its stream, its place among that stream's fences, and whether the
+    /// work before it has finished.
+    outstanding: Mutex<HashMap<(usize, u64), OutstandingFence>>,
+    /// (device, stream) -> fences recorded on it so far.
+    recorded: Mutex<HashMap<(usize, StreamId), u64>>,
     next: AtomicU64,
     held: AtomicBool,
+    /// While held, how many later fences on its stream finish a fence's work (0: none do).
+    lag_fences: AtomicU64,
     /// How long a wait for held work takes, in nanoseconds ([`SimBackend::set_gpu_backlog`]).
     backlog_ns: AtomicU64,
     /// Fences waited for (`wait_fence`).
     waits: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OutstandingFence {
+    stream: StreamId,
+    /// 1 for the first fence recorded on `stream`, and so on.
+    place: u64,
+    finished: bool,
 }
 
 impl SimBackend {
@@ -45,10 +61,17 @@ impl SimBackend {
         self.captures.syncs.load(Ordering::Relaxed)
     }
 
-    /// While held, no fence passes and every stream is busy, as a GPU still running a long
-    /// kernel.
+    /// While held, no fence passes (but those a lag has finished, [`SimBackend::set_gpu_lag`])
+    /// and every stream is busy, as a GPU still running a long kernel.
     pub fn hold_fences(&self, held: bool) {
         self.fences.held.store(held, Ordering::Relaxed);
+    }
+
+    /// While fences are held, the GPU runs `fences` fences behind the host on every stream: a
+    /// fence passes once that many more have been recorded on its stream, as on a GPU whose
+    /// queue stays that deep. 0 (the default) leaves held work unfinished until waited for.
+    pub fn set_gpu_lag(&self, fences: u64) {
+        self.fences.lag_fences.store(fences, Ordering::Relaxed);
     }
 
     /// How long a wait for held work takes (none by default): how far the GPU lags behind a
@@ -61,9 +84,10 @@ impl SimBackend {
     /// A wait has finished the work queued on `stream` (every stream: [`StreamId::ANY`]) up to
     /// fence `upto`: the fences before it have passed, whatever is held.
     fn finish_queued(&self, device: usize, stream: StreamId, upto: u64) {
-        for (&(d, fence), (on, finished)) in self.fences.outstanding.lock().iter_mut() {
-            if d == device && fence <= upto && (*on == stream || stream == StreamId::ANY) {
-                *finished = true;
+        for (&(d, fence), queued) in self.fences.outstanding.lock().iter_mut() {
+            if d == device && fence <= upto && (queued.stream == stream || stream == StreamId::ANY)
+            {
+                queued.finished = true;
             }
         }
     }
@@ -161,10 +185,32 @@ impl StreamOrder for SimBackend {
             });
         }
         let fence = self.fences.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.fences
-            .outstanding
-            .lock()
-            .insert((device, fence), (stream, false));
+        let place = {
+            let mut recorded = self.fences.recorded.lock();
+            let count = recorded.entry((device, stream)).or_insert(0);
+            *count += 1;
+            *count
+        };
+        let mut outstanding = self.fences.outstanding.lock();
+        outstanding.insert(
+            (device, fence),
+            OutstandingFence {
+                stream,
+                place,
+                finished: false,
+            },
+        );
+        let lag = self.fences.lag_fences.load(Ordering::Relaxed);
+        if lag > 0 {
+            // The GPU keeps `lag` fences behind: the work before this stream's fence `lag`
+            // places back has run.
+            for (&(d, _), queued) in outstanding.iter_mut() {
+                if d == device && queued.stream == stream && queued.place + lag <= place {
+                    queued.finished = true;
+                }
+            }
+        }
+        drop(outstanding);
         spend(self.costs.fence());
         Ok(Fence(fence))
     }
@@ -172,7 +218,7 @@ impl StreamOrder for SimBackend {
     fn fence_passed(&self, device: usize, fence: Fence) -> Result<bool, BackendError> {
         self.device(device)?;
         let mut outstanding = self.fences.outstanding.lock();
-        let Some(&(_, finished)) = outstanding.get(&(device, fence.0)) else {
+        let Some(&OutstandingFence { finished, .. }) = outstanding.get(&(device, fence.0)) else {
             return Err(BackendError::InvalidArgument {
                 call: "fence_passed",
                 reason: format!("fence {} of device {device} is unknown or passed", fence.0),
@@ -189,7 +235,9 @@ impl StreamOrder for SimBackend {
         self.device(device)?;
         // Waiting makes held work finish, as `synchronize_stream` does: simulated work is
         // only ever held back from queries, never from a wait.
-        let Some((stream, _)) = self.fences.outstanding.lock().remove(&(device, fence.0)) else {
+        let Some(OutstandingFence { stream, .. }) =
+            self.fences.outstanding.lock().remove(&(device, fence.0))
+        else {
             return Err(BackendError::InvalidArgument {
                 call: "wait_fence",
                 reason: format!("fence {} of device {device} is unknown or passed", fence.0),
