@@ -828,8 +828,8 @@ def ppo_rollout_train():
 
 
 def dit_sample_cfg():
-    """A DiT-B-style diffusion transformer (12 blocks, 768 wide, adaLN-zero conditioning on the
-    timestep and class) sampling with classifier-free guidance, fp16, no gradients: 8 requests,
+    """A DiT-B-style diffusion transformer (12 blocks, 768 wide, adaptive layer norm conditioned
+    on the timestep and class) sampling with classifier-free guidance, fp16, no gradients: 8 requests,
     each a batch of 4-16 latents (doubled for the guidance) of 32 or 64 px cut into 2 px patches
     (256 or 1,024 tokens), denoised in 12-24 steps. Every step's activations are freed before the
     next; the token count and batch change between requests."""
@@ -859,9 +859,10 @@ def dit_sample_cfg():
     classes = torch.nn.Embedding(1001, width)  # class 1000: no class, the guidance's other half
     blocks = torch.nn.ModuleList([Block() for _ in range(depth)])
     final = torch.nn.Linear(width, 2 * 2 * channels)
-    model = torch.nn.ModuleList([patch, time_mlp, classes, blocks, final]).to(DEV).half().eval()
+    torch.nn.ModuleList([patch, time_mlp, classes, blocks, final]).to(DEV).half().eval()
 
     def sinusoid(values, size):
+        # Periods from 2 pi to 2 pi x 10,000 (9.21 = ln 10,000), as transformers' positions have.
         frequencies = torch.exp(-torch.arange(size // 2, device=DEV) * (9.21 / (size // 2)))
         angles = values.float()[:, None] * frequencies[None]
         return torch.cat([angles.sin(), angles.cos()], dim=-1).half()
