@@ -264,8 +264,8 @@ for size, runs in runs_by_size("hit", 6):
         print(f"hit {size} B: {median(ours):.1f} ns (runs {min(ours):.1f}-{max(ours):.1f}){against}")
 PY
 echo "failed steps: $failed" | tee -a "$out/steps.txt"
-# Everything but the recorded traces in one file: a copy back from the host that limits how many
-# files it takes loses none of them.
+# Everything but the recorded traces in one archive, so that the results leave the GPU host in
+# one piece.
 archive=$(mktemp)
 tar czf "$archive" -C "$out" --exclude '*.trace.gz' --exclude results.tgz . && mv "$archive" "$out/results.tgz"
 exit 0
