@@ -80,15 +80,16 @@ impl Lendings {
     /// in the reserve unheld.
     pub(crate) fn park(&self, reserve: &PageReserve, mut lending: Lending) {
         let leftovers = std::mem::take(&mut lending.chunks);
-        {
-            let mut pending = self.pending.lock();
-            pending.push(lending);
-            self.count.store(pending.len(), Relaxed);
-        }
+        self.pend(lending);
         self.made.fetch_add(1, Relaxed);
-        let pages = leftovers.iter().map(|c| c.pages as u64).sum();
-        reserve.keep(leftovers);
-        reserve.end_unmapping(pages);
+        keep_in_reserve(reserve, leftovers);
+    }
+
+    /// `lending` waits for the GPU (or, held off, for the driver) among the pending ones.
+    fn pend(&self, lending: Lending) {
+        let mut pending = self.pending.lock();
+        pending.push(lending);
+        self.count.store(pending.len(), Relaxed);
     }
 
     /// How many lendings have been made: misses that lent instead of waiting for the GPU.
@@ -203,18 +204,21 @@ impl Lendings {
             lending.in_flight.done(&unmapped, &[]);
             lending.in_flight.hold_off(&kept_runs);
         }
-        let pages: u64 = lending.chunks.iter().map(|c| c.pages as u64).sum();
-        reserve.keep(std::mem::take(&mut lending.chunks));
-        reserve.end_unmapping(pages);
+        keep_in_reserve(reserve, std::mem::take(&mut lending.chunks));
         // Its arena may free what held the unmapped addresses (`old_addresses.rs`).
         let in_flight = Arc::clone(&lending.in_flight);
         if !kept.is_empty() {
             lending.ranges = kept;
             lending.held_off = true;
-            let mut pending = self.pending.lock();
-            pending.push(lending);
-            self.count.store(pending.len(), Relaxed);
+            self.pend(lending);
         }
         in_flight.lending_ended();
     }
+}
+
+/// Lent chunks no mapping took go into the reserve, no longer counted as on their way to it.
+fn keep_in_reserve(reserve: &PageReserve, chunks: Vec<PhysicalChunk>) {
+    let pages = chunks.iter().map(|c| c.pages as u64).sum();
+    reserve.keep(chunks);
+    reserve.end_unmapping(pages);
 }
